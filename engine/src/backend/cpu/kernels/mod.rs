@@ -1,0 +1,138 @@
+//! CPU kernels. Each node is compiled once, with static shapes and constant inputs known, into a
+//! [`Kernel`] that then runs many times on views into the planned arena.
+
+use crate::error::Result;
+use crate::ir::{DataType, Graph, Node, Op};
+
+mod conv;
+mod elementwise;
+mod gemm;
+mod generate;
+mod movement;
+mod norm;
+mod pool;
+mod resize;
+
+/// Compiles one node for the shapes recorded in `graph` (shape inference must have run, and
+/// shape-like inputs must be constants). Fails naming the op and node when unsupported.
+pub fn build_kernel(graph: &Graph, node: &Node) -> Result<Box<dyn Kernel>> {
+    match &node.op {
+        Op::Conv(_) | Op::ConvTranspose(_) => conv::build(graph, node),
+        Op::Gemm { .. } | Op::MatMul => gemm::build(graph, node),
+        Op::MaxPool(_) | Op::AveragePool(_) | Op::GlobalAveragePool { .. } | Op::GlobalMaxPool { .. } => {
+            pool::build(graph, node)
+        }
+        Op::BatchNormalization { .. } | Op::Softmax { .. } | Op::ReduceMean { .. } => norm::build(graph, node),
+        Op::Resize(_) => resize::build(graph, node),
+        Op::Unary(_) | Op::Binary(_) | Op::Elementwise(_) | Op::Clip | Op::Where => elementwise::build(graph, node),
+        Op::Concat { .. }
+        | Op::Split { .. }
+        | Op::Slice
+        | Op::Reshape { .. }
+        | Op::Transpose { .. }
+        | Op::Flatten { .. }
+        | Op::Squeeze { .. }
+        | Op::Unsqueeze { .. }
+        | Op::Gather { .. }
+        | Op::Expand
+        | Op::ScatterND
+        | Op::Pad { .. }
+        | Op::Cast { .. }
+        | Op::Identity => movement::build(graph, node),
+        Op::Shape { .. } | Op::ConstantOfShape { .. } | Op::Range => generate::build(graph, node),
+    }
+}
+
+/// A read-only view of one tensor (an arena slice or a constant's bytes).
+#[derive(Clone, Copy, Debug)]
+pub struct TensorRef<'a> {
+    pub dtype: DataType,
+    pub shape: &'a [usize],
+    pub bytes: &'a [u8],
+}
+
+/// A writable view of one output tensor in the arena.
+#[derive(Debug)]
+pub struct TensorMut<'a> {
+    pub dtype: DataType,
+    pub shape: &'a [usize],
+    pub bytes: &'a mut [u8],
+}
+
+fn cast_slice<T>(b: &[u8]) -> &[T] {
+    let size = std::mem::size_of::<T>();
+    assert!(
+        b.len() % size == 0 && (b.as_ptr() as usize) % std::mem::align_of::<T>() == 0,
+        "arena view misaligned or not a multiple of the element size"
+    );
+    // SAFETY: alignment and length checked above; T is a plain numeric type.
+    unsafe { std::slice::from_raw_parts(b.as_ptr() as *const T, b.len() / size) }
+}
+
+fn cast_slice_mut<T>(b: &mut [u8]) -> &mut [T] {
+    let size = std::mem::size_of::<T>();
+    assert!(
+        b.len() % size == 0 && (b.as_ptr() as usize) % std::mem::align_of::<T>() == 0,
+        "arena view misaligned or not a multiple of the element size"
+    );
+    // SAFETY: alignment and length checked above; T is a plain numeric type.
+    unsafe { std::slice::from_raw_parts_mut(b.as_mut_ptr() as *mut T, b.len() / size) }
+}
+
+impl<'a> TensorRef<'a> {
+    /// Elements as f32 (the planner aligns every view to 64 bytes).
+    pub fn f32(&self) -> &'a [f32] {
+        cast_slice(self.bytes)
+    }
+    /// Elements as i64.
+    pub fn i64(&self) -> &'a [i64] {
+        cast_slice(self.bytes)
+    }
+    /// Elements as i32.
+    pub fn i32(&self) -> &'a [i32] {
+        cast_slice(self.bytes)
+    }
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+    /// True when the view holds no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl<'a> TensorMut<'a> {
+    /// Elements as mutable f32.
+    pub fn f32(&mut self) -> &mut [f32] {
+        cast_slice_mut(self.bytes)
+    }
+    /// Elements as mutable i64.
+    pub fn i64(&mut self) -> &mut [i64] {
+        cast_slice_mut(self.bytes)
+    }
+    /// Elements as mutable i32.
+    pub fn i32(&mut self) -> &mut [i32] {
+        cast_slice_mut(self.bytes)
+    }
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+    /// True when the view holds no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// One node compiled for static shapes. `run` must not allocate: scratch space it needs is
+/// declared by [`Kernel::scratch_bytes`] and handed in from the planned arena.
+pub trait Kernel: Send + Sync {
+    /// Computes the outputs from the inputs (omitted optional inputs are `None`).
+    fn run(&self, inputs: &[Option<TensorRef<'_>>], outputs: &mut [TensorMut<'_>], scratch: &mut [u8]) -> Result<()>;
+
+    /// Bytes of scratch memory `run` needs (im2col buffers and the like).
+    fn scratch_bytes(&self) -> usize {
+        0
+    }
+}

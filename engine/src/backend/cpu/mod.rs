@@ -1,0 +1,3 @@
+//! The CPU backend: NHWC kernels, a planned arena, rayon threads.
+
+pub mod kernels;

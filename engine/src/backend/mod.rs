@@ -1,0 +1,3 @@
+//! Execution backends, each behind the same small trait.
+
+pub mod cpu;

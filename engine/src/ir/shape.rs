@@ -1,0 +1,1 @@
+//! Static shape and type inference. (Filled by the ONNX/shape work.)

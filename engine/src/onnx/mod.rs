@@ -1,0 +1,1 @@
+//! ONNX import. (Filled by the ONNX import work.)

@@ -1,0 +1,1 @@
+//! Graph optimization passes. (Filled by the passes work.)

@@ -1,0 +1,1 @@
+//! Activation memory planning by tensor lifetime.
