@@ -3,8 +3,11 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::backend::cpu::CpuBackend;
+use crate::backend::{Backend, BackendContext, Executable};
 use crate::error::{Error, Result};
 use crate::ir::{DataType, Graph, Tensor};
+use crate::passes::{prepare, OptimizeReport};
 
 /// How a model is loaded.
 #[derive(Clone, Debug)]
@@ -13,7 +16,7 @@ pub struct ModelOptions {
     pub batch: usize,
     /// Worker threads for the CPU backend; 0 means one per core.
     pub threads: usize,
-    /// Run the graph optimizer (constant folding, fusion, layout).
+    /// Run the fusion and layout passes (constant folding always runs).
     pub optimize: bool,
 }
 
@@ -34,20 +37,48 @@ pub struct TensorInfo {
 /// A loaded, optimized model. Weights live here once and are shared by every context.
 pub struct Model {
     graph: Arc<Graph>,
+    executable: Arc<dyn Executable>,
     inputs: Vec<TensorInfo>,
     outputs: Vec<TensorInfo>,
+    report: OptimizeReport,
 }
 
 impl Model {
     /// Loads an ONNX file.
     pub fn load(path: &Path, opts: &ModelOptions) -> Result<Model> {
-        let bytes = std::fs::read(path)?;
+        let bytes = std::fs::read(path)
+            .map_err(|e| Error::InvalidModel(format!("cannot read model '{}': {e}", path.display())))?;
         Model::from_bytes(&bytes, opts)
     }
 
     /// Loads an ONNX model from memory.
-    pub fn from_bytes(_bytes: &[u8], _opts: &ModelOptions) -> Result<Model> {
-        Err(Error::Unsupported("model loading is not wired yet".into()))
+    pub fn from_bytes(bytes: &[u8], opts: &ModelOptions) -> Result<Model> {
+        let graph = crate::onnx::load_model(bytes)?;
+        Model::from_graph(graph, opts)
+    }
+
+    /// Optimizes and compiles an imported graph.
+    pub fn from_graph(mut graph: Graph, opts: &ModelOptions) -> Result<Model> {
+        if opts.batch == 0 {
+            return Err(Error::BadInput("batch size must be at least 1".into()));
+        }
+        let report = prepare(&mut graph, opts.batch, opts.optimize)?;
+        let info = |ids: &[usize]| -> Result<Vec<TensorInfo>> {
+            ids.iter()
+                .map(|&v| {
+                    Ok(TensorInfo {
+                        name: graph.values[v].name.clone(),
+                        dtype: graph.values[v].dtype,
+                        shape: graph.shape(v)?.to_vec(),
+                    })
+                })
+                .collect()
+        };
+        let inputs = info(&graph.inputs)?;
+        let outputs = info(&graph.outputs)?;
+        let graph = Arc::new(graph);
+        let executable = CpuBackend { threads: opts.threads }.compile(Arc::clone(&graph))?;
+        Ok(Model { graph, executable, inputs, outputs, report })
     }
 
     /// The model's runtime inputs.
@@ -65,18 +96,59 @@ impl Model {
         &self.graph
     }
 
+    /// What the optimizer did.
+    pub fn optimize_report(&self) -> &OptimizeReport {
+        &self.report
+    }
+
+    /// Backend name ("cpu", ...).
+    pub fn backend(&self) -> &'static str {
+        self.executable.backend()
+    }
+
+    /// Bytes of activation memory each context reserves.
+    pub fn arena_bytes(&self) -> usize {
+        self.executable.arena_bytes()
+    }
+
     /// A new execution context: its own activation arena, sharing this model's weights.
     pub fn new_context(&self) -> Result<ExecutionContext> {
-        Err(Error::Unsupported("execution is not wired yet".into()))
+        let inner = Arc::clone(&self.executable).new_context()?;
+        let outputs = self.outputs.iter().map(|o| Tensor::zeros(o.dtype, o.shape.clone())).collect();
+        Ok(ExecutionContext { inner, inputs: self.inputs.clone(), outputs })
     }
 }
 
 /// Per-request (or per-camera) execution state: one planned activation arena.
-pub struct ExecutionContext {}
+pub struct ExecutionContext {
+    inner: Box<dyn BackendContext>,
+    inputs: Vec<TensorInfo>,
+    outputs: Vec<Tensor>,
+}
 
 impl ExecutionContext {
-    /// Runs the model; `inputs` are in the order of [`Model::inputs`], outputs in [`Model::outputs`] order.
-    pub fn run(&mut self, _inputs: &[Tensor]) -> Result<Vec<Tensor>> {
-        Err(Error::Unsupported("execution is not wired yet".into()))
+    /// The inputs this context expects.
+    pub fn inputs(&self) -> &[TensorInfo] {
+        &self.inputs
+    }
+
+    /// Runs the model; `inputs` are in the order of [`Model::inputs`]. The returned outputs are
+    /// buffers owned by the context (reused across runs, so nothing is allocated per inference).
+    pub fn run_ref(&mut self, inputs: &[&Tensor]) -> Result<&[Tensor]> {
+        if inputs.len() != self.inputs.len() {
+            return Err(Error::BadInput(format!(
+                "model takes {} input(s), got {}",
+                self.inputs.len(),
+                inputs.len()
+            )));
+        }
+        self.inner.run(inputs, &mut self.outputs)?;
+        Ok(&self.outputs)
+    }
+
+    /// Runs the model and returns owned copies of the outputs ([`Model::outputs`] order).
+    pub fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        let refs: Vec<&Tensor> = inputs.iter().collect();
+        Ok(self.run_ref(&refs)?.to_vec())
     }
 }

@@ -188,6 +188,22 @@ impl Tensor {
         }
     }
 
+    /// Mutable raw bytes of the elements (for kernels writing into an owned tensor).
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        fn bytes<T>(v: &mut [T]) -> &mut [u8] {
+            let n = std::mem::size_of_val(v);
+            // SAFETY: plain-old-data element types; every byte pattern is a valid value.
+            unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, n) }
+        }
+        match &mut self.data {
+            TensorData::F32(v) => bytes(v),
+            TensorData::I64(v) => bytes(v),
+            TensorData::I32(v) => bytes(v),
+            TensorData::I8(v) => bytes(v),
+            TensorData::U8(v) | TensorData::Bool(v) => v,
+        }
+    }
+
     /// Builds a tensor from little-endian bytes; errors when the byte count does not fit the shape.
     pub fn from_bytes(dtype: DataType, shape: Vec<usize>, bytes: &[u8]) -> Result<Self> {
         let n: usize = shape.iter().product();

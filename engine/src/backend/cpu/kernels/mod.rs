@@ -102,6 +102,13 @@ impl<'a> TensorRef<'a> {
     }
 }
 
+impl Default for TensorMut<'_> {
+    /// An empty placeholder view (used to fill fixed-size view arrays without allocating).
+    fn default() -> Self {
+        TensorMut { dtype: DataType::F32, shape: &[], bytes: &mut [] }
+    }
+}
+
 impl<'a> TensorMut<'a> {
     /// Elements as mutable f32.
     pub fn f32(&mut self) -> &mut [f32] {

@@ -1,0 +1,228 @@
+//! Runs a compiled graph: copies inputs into the arena, runs each node's kernel on views into
+//! the arena, copies outputs out. Nothing is allocated per inference.
+
+use std::sync::Arc;
+
+use super::kernels::{build_kernel, Kernel, TensorMut, TensorRef};
+use crate::backend::{Backend, BackendContext, Executable};
+use crate::error::{Error, Result};
+use crate::ir::{shape, Graph, Node, Tensor};
+use crate::plan::{self, MemoryPlan, Slot, ALIGNMENT};
+
+/// The CPU backend with its thread count (0 = one per core).
+pub struct CpuBackend {
+    pub threads: usize,
+}
+
+/// A graph compiled for the CPU: kernels (with prepacked weights) and the arena plan.
+pub struct CpuExecutable {
+    graph: Arc<Graph>,
+    kernels: Vec<Box<dyn Kernel>>,
+    plan: MemoryPlan,
+    pool: Arc<rayon::ThreadPool>,
+}
+
+impl Backend for CpuBackend {
+    fn compile(&self, graph: Arc<Graph>) -> Result<Arc<dyn Executable>> {
+        Ok(Arc::new(CpuExecutable::new(graph, self.threads)?))
+    }
+}
+
+impl CpuExecutable {
+    /// Compiles every node (failing on the first unsupported one) and plans the arena.
+    pub fn new(graph: Arc<Graph>, threads: usize) -> Result<Self> {
+        let kernels = graph.nodes.iter().map(|n| build_kernel(&graph, n)).collect::<Result<Vec<_>>>()?;
+        let scratch: Vec<usize> = kernels.iter().map(|k| k.scratch_bytes()).collect();
+        let plan = plan::plan(&graph, &scratch)?;
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("vigil-cpu-{i}"))
+            .build()
+            .map_err(|e| Error::Unsupported(format!("cannot start CPU worker threads: {e}")))?;
+        Ok(CpuExecutable { graph, kernels, plan, pool: Arc::new(pool) })
+    }
+
+    /// The arena plan (for reports: size against the lower bound).
+    pub fn plan(&self) -> &MemoryPlan {
+        &self.plan
+    }
+}
+
+impl Executable for CpuExecutable {
+    fn backend(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn new_context(self: Arc<Self>) -> Result<Box<dyn BackendContext>> {
+        let words = self.plan.arena_bytes.div_ceil(ALIGNMENT) + 1;
+        let arena = vec![AlignedBlock([0; ALIGNMENT]); words];
+        Ok(Box::new(CpuContext { exe: self, arena }))
+    }
+
+    fn arena_bytes(&self) -> usize {
+        self.plan.arena_bytes
+    }
+}
+
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct AlignedBlock([u8; ALIGNMENT]);
+
+/// One CPU execution context: a 64-byte-aligned arena laid out by the plan.
+struct CpuContext {
+    exe: Arc<CpuExecutable>,
+    arena: Vec<AlignedBlock>,
+}
+
+impl CpuContext {
+    fn slot(&self, v: usize) -> Result<Slot> {
+        self.exe.plan.values[v]
+            .ok_or_else(|| Error::InvalidModel(format!("value '{}' has no arena slot", self.exe.graph.values[v].name)))
+    }
+}
+
+impl BackendContext for CpuContext {
+    fn run(&mut self, inputs: &[&Tensor], outputs: &mut [Tensor]) -> Result<()> {
+        let exe = Arc::clone(&self.exe);
+        let g = &exe.graph;
+        if inputs.len() != g.inputs.len() || outputs.len() != g.outputs.len() {
+            return Err(Error::BadInput(format!(
+                "model takes {} inputs and gives {} outputs, got {} and {}",
+                g.inputs.len(),
+                g.outputs.len(),
+                inputs.len(),
+                outputs.len()
+            )));
+        }
+        let base = self.arena.as_mut_ptr() as *mut u8;
+        let arena_len = self.arena.len() * ALIGNMENT;
+        for (&v, t) in g.inputs.iter().zip(inputs) {
+            let value = &g.values[v];
+            if t.dtype() != value.dtype || Some(t.shape.as_slice()) != value.shape.as_deref() {
+                return Err(Error::BadInput(format!(
+                    "input '{}' must be {:?} {:?}, got {:?} {:?}",
+                    value.name,
+                    value.dtype,
+                    value.shape.as_deref().unwrap_or(&[]),
+                    t.dtype(),
+                    t.shape
+                )));
+            }
+            let slot = self.slot(v)?;
+            let src = t.as_bytes();
+            // SAFETY: the slot lies inside the arena (the plan sized it) and holds src.len() bytes.
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), base.add(slot.offset), src.len()) };
+        }
+        let result = exe.pool.install(|| {
+            for (i, (node, kernel)) in g.nodes.iter().zip(&exe.kernels).enumerate() {
+                run_node(g, &exe.plan, node, i, kernel.as_ref(), base, arena_len)?;
+            }
+            Ok::<(), Error>(())
+        });
+        result?;
+        for (&v, t) in g.outputs.iter().zip(outputs.iter_mut()) {
+            let value = &g.values[v];
+            let shape = g.shape(v)?;
+            if t.dtype() != value.dtype || t.shape != shape {
+                *t = Tensor::zeros(value.dtype, shape.to_vec());
+            }
+            let dst = t.as_bytes_mut();
+            if let Some(c) = &value.constant {
+                dst.copy_from_slice(c.as_bytes());
+                continue;
+            }
+            let slot = self.slot(v)?;
+            // SAFETY: the slot lies inside the arena and holds dst.len() bytes of this value.
+            unsafe { std::ptr::copy_nonoverlapping(base.add(slot.offset), dst.as_mut_ptr(), dst.len()) };
+        }
+        Ok(())
+    }
+}
+
+/// Runs one node on views into the arena.
+fn run_node(
+    g: &Graph,
+    plan: &MemoryPlan,
+    node: &Node,
+    index: usize,
+    kernel: &dyn Kernel,
+    base: *mut u8,
+    arena_len: usize,
+) -> Result<()> {
+    const MAX_IO: usize = 16;
+    if node.inputs.len() > MAX_IO || node.outputs.len() > MAX_IO {
+        return Err(Error::Unsupported(format!("node '{}' has more than {MAX_IO} inputs or outputs", node.name)));
+    }
+    let view = |v: usize| -> Result<(&[usize], &[u8])> {
+        let value = &g.values[v];
+        let shape = g.shape(v)?;
+        if let Some(c) = &value.constant {
+            return Ok((shape, c.as_bytes()));
+        }
+        let slot = plan.values[v]
+            .ok_or_else(|| Error::InvalidModel(format!("value '{}' has no arena slot", value.name)))?;
+        let len = shape.iter().product::<usize>() * value.dtype.size();
+        debug_assert!(slot.offset + len <= arena_len);
+        // SAFETY: planned slots lie inside the arena; inputs and outputs of one node are live at
+        // the same step, so the plan gives them disjoint bytes.
+        Ok((shape, unsafe { std::slice::from_raw_parts(base.add(slot.offset), len) }))
+    };
+    let mut ins: [Option<TensorRef>; MAX_IO] = [None; MAX_IO];
+    for (k, inp) in node.inputs.iter().enumerate() {
+        if let Some(v) = *inp {
+            let (shape, bytes) = view(v)?;
+            ins[k] = Some(TensorRef { dtype: g.values[v].dtype, shape, bytes });
+        }
+    }
+    let mut outs: [TensorMut; MAX_IO] = Default::default();
+    for (k, &v) in node.outputs.iter().enumerate() {
+        let value = &g.values[v];
+        let shape = g.shape(v)?;
+        let slot = plan.values[v]
+            .ok_or_else(|| Error::InvalidModel(format!("value '{}' has no arena slot", value.name)))?;
+        let len = shape.iter().product::<usize>() * value.dtype.size();
+        debug_assert!(slot.offset + len <= arena_len);
+        // SAFETY: as above; each output has its own disjoint slot.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(base.add(slot.offset), len) };
+        outs[k] = TensorMut { dtype: value.dtype, shape, bytes };
+    }
+    let scratch: &mut [u8] = match plan.scratch[index] {
+        // SAFETY: the scratch slot is live only during this node and disjoint from its tensors.
+        Some(s) => unsafe { std::slice::from_raw_parts_mut(base.add(s.offset), s.size) },
+        None => &mut [],
+    };
+    kernel.run(&ins[..node.inputs.len()], &mut outs[..node.outputs.len()], scratch)
+}
+
+/// Evaluates one node whose inputs are all constants (used by constant folding).
+pub fn eval_node(graph: &Graph, node: &Node) -> Result<Vec<Tensor>> {
+    let out_types = shape::infer_node(graph, node)?;
+    let kernel = build_kernel(graph, node)?;
+    let mut outs: Vec<Tensor> = out_types.into_iter().map(|(dt, s)| Tensor::zeros(dt, s)).collect();
+    let ins: Vec<Option<TensorRef>> = node
+        .inputs
+        .iter()
+        .map(|inp| {
+            inp.map(|v| {
+                let c = graph.constant(v).ok_or_else(|| {
+                    Error::InvalidModel(format!("eval of node '{}' needs constant inputs", node.name))
+                })?;
+                Ok(TensorRef { dtype: c.dtype(), shape: &c.shape, bytes: c.as_bytes() })
+            })
+            .transpose()
+        })
+        .collect::<Result<_>>()?;
+    let mut scratch = vec![AlignedBlock([0; ALIGNMENT]); kernel.scratch_bytes().div_ceil(ALIGNMENT)];
+    let scratch_bytes =
+        // SAFETY: reinterpreting aligned plain bytes.
+        unsafe { std::slice::from_raw_parts_mut(scratch.as_mut_ptr() as *mut u8, scratch.len() * ALIGNMENT) };
+    let shapes: Vec<Vec<usize>> = outs.iter().map(|t| t.shape.clone()).collect();
+    let mut views: Vec<TensorMut> = outs
+        .iter_mut()
+        .zip(&shapes)
+        .map(|(t, s)| TensorMut { dtype: t.dtype(), shape: s, bytes: t.as_bytes_mut() })
+        .collect();
+    kernel.run(&ins, &mut views, scratch_bytes)?;
+    drop(views);
+    Ok(outs)
+}

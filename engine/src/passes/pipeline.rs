@@ -1,0 +1,28 @@
+//! The optimizer's pass order: pin the batch, fold constants (inferring shapes as it goes),
+//! run the structural passes, then re-infer every shape for the backend.
+
+use super::{const_fold, optimize_after_folding, PassReport};
+use crate::error::Result;
+use crate::ir::{shape, Graph};
+
+/// What the optimizer did, for logs and `vigil inspect`.
+#[derive(Clone, Debug, Default)]
+pub struct OptimizeReport {
+    pub folded: usize,
+    pub passes: PassReport,
+}
+
+/// Prepares a freshly imported graph for a backend: static shapes for `batch`, constant folding
+/// (always: shape-computing subgraphs must become constants), and, when `optimize` is set, the
+/// fusion and layout passes.
+pub fn prepare(graph: &mut Graph, batch: usize, optimize: bool) -> Result<OptimizeReport> {
+    shape::pin_inputs(graph, batch)?;
+    let mut report = OptimizeReport::default();
+    report.folded = const_fold::fold_constants(graph)?;
+    if optimize {
+        report.passes = optimize_after_folding(graph)?;
+    }
+    shape::infer(graph)?;
+    graph.validate()?;
+    Ok(report)
+}
