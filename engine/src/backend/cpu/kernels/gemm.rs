@@ -186,7 +186,7 @@ pub(super) fn output_f32<'o>(
 /// Reinterprets (a prefix of) scratch bytes as `len` f32s; errors when too small or misaligned.
 pub(super) fn scratch_f32(scratch: &mut [u8], len: usize) -> Result<&mut [f32]> {
     let bytes = len * 4;
-    if scratch.len() < bytes || (scratch.as_ptr() as usize) % 4 != 0 {
+    if scratch.len() < bytes || (scratch.as_ptr() as usize) & 3 != 0 {
         return Err(Error::Shape(format!(
             "scratch of {} bytes cannot hold {len} f32s",
             scratch.len()

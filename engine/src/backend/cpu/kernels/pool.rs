@@ -54,6 +54,7 @@ struct Axis {
     count: Vec<f32>,
 }
 
+#[allow(clippy::too_many_arguments)]
 fn axis(
     inp: usize,
     out: usize,
