@@ -295,7 +295,7 @@ fn build_conv(graph: &Graph, node: &Node, a: &ConvAttrs) -> Result<Box<dyn Kerne
             (
                 wp,
                 ConvImpl::Pointwise {
-                    tile_rows: per_thread.clamp(32, 1024),
+                    tile_rows: rows.div_ceil(threads * 2).clamp(32, 1024),
                 },
             )
         } else {
@@ -393,6 +393,36 @@ impl ConvKernel {
 
     fn run_pointwise(&self, x: &[f32], out: &mut [f32], tile_rows: usize) -> Result<()> {
         let g = &self.g;
+        let rows = g.n * g.h * g.w;
+        let threads = rayon::current_num_threads();
+        if rows.div_ceil(tile_rows.max(1)) < threads {
+            // Too few row tiles to feed every thread: let GEMM split the columns too.
+            for gi in 0..g.groups {
+                let wg = &self.w[gi * g.cin_g * g.cout_g..(gi + 1) * g.cin_g * g.cout_g];
+                sgemm(
+                    rows,
+                    g.cout_g,
+                    g.cin_g,
+                    Mat {
+                        data: &x[gi * g.cin_g..],
+                        rs: g.cin,
+                        cs: 1,
+                    },
+                    Mat {
+                        data: wg,
+                        rs: g.cout_g,
+                        cs: 1,
+                    },
+                    &mut out[gi * g.cout_g..],
+                    g.cout,
+                    false,
+                    1.0,
+                    parallelism(rows, g.cout_g, g.cin_g),
+                )?;
+            }
+            epilogue_rows(out, &self.bias, self.act);
+            return Ok(());
+        }
         out.par_chunks_mut(tile_rows * g.cout)
             .enumerate()
             .try_for_each(|(t, o)| {
@@ -598,19 +628,67 @@ fn im2col_nchw(g: &Geom, xg: &[f32], p0: usize, pt: usize, col: &mut [f32]) {
         for ky in 0..g.kh {
             for kx in 0..g.kw {
                 let row = &mut col[((ci * g.kh + ky) * g.kw + kx) * pt..][..pt];
-                for (j, v) in row.iter_mut().enumerate() {
+                // Walk the tile one output row segment at a time.
+                let mut j = 0;
+                while j < pt {
                     let p = p0 + j;
-                    let iy = ((p / g.ow) * g.sh + ky * g.dh).wrapping_sub(g.pt);
-                    let ix = ((p % g.ow) * g.sw + kx * g.dw).wrapping_sub(g.pl);
-                    *v = if iy < g.h && ix < g.w {
-                        plane[iy * g.w + ix]
+                    let (oy, ox0) = (p / g.ow, p % g.ow);
+                    let seg = (g.ow - ox0).min(pt - j);
+                    let dst = &mut row[j..j + seg];
+                    let iy = (oy * g.sh + ky * g.dh).wrapping_sub(g.pt);
+                    if iy >= g.h {
+                        dst.fill(0.0);
                     } else {
-                        0.0
-                    };
+                        let src = &plane[iy * g.w..(iy + 1) * g.w];
+                        for (t, v) in dst.iter_mut().enumerate() {
+                            let ix = ((ox0 + t) * g.sw + kx * g.dw).wrapping_sub(g.pl);
+                            *v = if ix < g.w { src[ix] } else { 0.0 };
+                        }
+                    }
+                    j += seg;
                 }
             }
         }
     }
+}
+
+/// Accumulates channels `cb..cb+N` of one depthwise output pixel in registers.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn dw_block<const N: usize>(
+    g: &Geom,
+    x: &[f32],
+    w: &[f32],
+    bias: &[f32],
+    ni: usize,
+    oy: usize,
+    ox: usize,
+    cb: usize,
+    out: &mut [f32],
+) {
+    let c = g.cin;
+    let mut acc = [0.0f32; N];
+    acc.copy_from_slice(&bias[cb..cb + N]);
+    for ky in 0..g.kh {
+        let iy = (oy * g.sh + ky * g.dh).wrapping_sub(g.pt);
+        if iy >= g.h {
+            continue;
+        }
+        let xrow = &x[(ni * g.h + iy) * g.w * c..(ni * g.h + iy + 1) * g.w * c];
+        for kx in 0..g.kw {
+            let ix = (ox * g.sw + kx * g.dw).wrapping_sub(g.pl);
+            if ix >= g.w {
+                continue;
+            }
+            let xi = &xrow[ix * c + cb..ix * c + cb + N];
+            let t = (ky * g.kw + kx) * c + cb;
+            let wi = &w[t..t + N];
+            for i in 0..N {
+                acc[i] += xi[i] * wi[i];
+            }
+        }
+    }
+    out[cb..cb + N].copy_from_slice(&acc);
 }
 
 /// One NHWC depthwise output row (image/row index `row` = n*OH + oy), bias included, no activation.
@@ -620,25 +698,19 @@ fn dw_row_body(g: &Geom, x: &[f32], w: &[f32], bias: &[f32], row: usize, o: &mut
     let ni = row / g.oh;
     let oy = row % g.oh;
     for ox in 0..g.ow {
-        let acc = &mut o[ox * c..(ox + 1) * c];
-        acc.copy_from_slice(bias);
-        for ky in 0..g.kh {
-            let iy = (oy * g.sh + ky * g.dh).wrapping_sub(g.pt);
-            if iy >= g.h {
-                continue;
-            }
-            let xrow = &x[(ni * g.h + iy) * g.w * c..(ni * g.h + iy + 1) * g.w * c];
-            for kx in 0..g.kw {
-                let ix = (ox * g.sw + kx * g.dw).wrapping_sub(g.pl);
-                if ix >= g.w {
-                    continue;
-                }
-                let xi = &xrow[ix * c..(ix + 1) * c];
-                let wi = &w[(ky * g.kw + kx) * c..(ky * g.kw + kx + 1) * c];
-                for ((a, &xv), &wv) in acc.iter_mut().zip(xi).zip(wi) {
-                    *a += xv * wv;
-                }
-            }
+        let out = &mut o[ox * c..(ox + 1) * c];
+        let mut cb = 0;
+        while cb + 16 <= c {
+            dw_block::<16>(g, x, w, bias, ni, oy, ox, cb, out);
+            cb += 16;
+        }
+        while cb + 8 <= c {
+            dw_block::<8>(g, x, w, bias, ni, oy, ox, cb, out);
+            cb += 8;
+        }
+        while cb < c {
+            dw_block::<1>(g, x, w, bias, ni, oy, ox, cb, out);
+            cb += 1;
         }
     }
 }
@@ -1125,6 +1197,19 @@ mod tests {
                 ..base()
             },
             11,
+        );
+        // Too few rows for one tile per thread: single threaded-GEMM path.
+        check(
+            &Case {
+                n: 1,
+                h: 3,
+                w: 3,
+                k: (1, 1),
+                p: [0; 4],
+                group: 2,
+                ..base()
+            },
+            18,
         );
     }
 
