@@ -4,10 +4,12 @@
 
 mod bn_fold;
 mod cleanup;
+mod const_fold;
 mod fuse_activation;
 mod fuse_elementwise;
 mod layout;
 mod pad_fold;
+mod pipeline;
 mod transpose_cancel;
 mod util;
 
@@ -15,6 +17,8 @@ mod util;
 mod tests;
 
 pub use bn_fold::bn_fold;
+pub use const_fold::fold_constants;
+pub use pipeline::{prepare, OptimizeReport};
 pub use cleanup::cleanup;
 pub use fuse_activation::fuse_activation;
 pub use fuse_elementwise::fuse_elementwise;

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The whole test suite, on a fresh machine: installs what the tests need, then runs
+# formatting, lints and every test (unit, ONNX conformance, golden models, HTTP server).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# ONNX's own backend node tests (the conformance cases) ship inside PyPI onnx 1.22.0.
+if ! python3 -c 'import onnx, sys; sys.exit(onnx.__version__ != "1.22.0")' 2>/dev/null; then
+    python3 -m pip install --quiet --disable-pip-version-check "onnx==1.22.0"
+fi
+VIGIL_ONNX_NODE_TESTS="$(python3 -c 'import onnx, os; print(os.path.join(os.path.dirname(onnx.__file__), "backend/test/data/node"))')"
+export VIGIL_ONNX_NODE_TESTS
+
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -- -D warnings
+cargo test --workspace -- --nocapture 2>&1 | tee target/test-output.log
+grep -E "^test result:|conformance|agreement|worst relative|SKIP" target/test-output.log || true
