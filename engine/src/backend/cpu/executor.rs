@@ -31,14 +31,16 @@ impl Backend for CpuBackend {
 impl CpuExecutable {
     /// Compiles every node (failing on the first unsupported one) and plans the arena.
     pub fn new(graph: Arc<Graph>, threads: usize) -> Result<Self> {
-        let kernels = graph.nodes.iter().map(|n| build_kernel(&graph, n)).collect::<Result<Vec<_>>>()?;
-        let scratch: Vec<usize> = kernels.iter().map(|k| k.scratch_bytes()).collect();
-        let plan = plan::plan(&graph, &scratch)?;
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("vigil-cpu-{i}"))
             .build()
             .map_err(|e| Error::Unsupported(format!("cannot start CPU worker threads: {e}")))?;
+        // Kernels size their per-thread scratch from the pool they are built in.
+        let kernels =
+            pool.install(|| graph.nodes.iter().map(|n| build_kernel(&graph, n)).collect::<Result<Vec<_>>>())?;
+        let scratch: Vec<usize> = kernels.iter().map(|k| k.scratch_bytes()).collect();
+        let plan = plan::plan(&graph, &scratch)?;
         Ok(CpuExecutable { graph, kernels, plan, pool: Arc::new(pool) })
     }
 

@@ -62,7 +62,7 @@ pub struct TensorMut<'a> {
 fn cast_slice<T>(b: &[u8]) -> &[T] {
     let size = std::mem::size_of::<T>();
     assert!(
-        b.len() % size == 0 && (b.as_ptr() as usize) % std::mem::align_of::<T>() == 0,
+        b.len().is_multiple_of(size) && (b.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>()),
         "arena view misaligned or not a multiple of the element size"
     );
     // SAFETY: alignment and length checked above; T is a plain numeric type.
@@ -72,7 +72,7 @@ fn cast_slice<T>(b: &[u8]) -> &[T] {
 fn cast_slice_mut<T>(b: &mut [u8]) -> &mut [T] {
     let size = std::mem::size_of::<T>();
     assert!(
-        b.len() % size == 0 && (b.as_ptr() as usize) % std::mem::align_of::<T>() == 0,
+        b.len().is_multiple_of(size) && (b.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>()),
         "arena view misaligned or not a multiple of the element size"
     );
     // SAFETY: alignment and length checked above; T is a plain numeric type.
