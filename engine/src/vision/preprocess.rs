@@ -108,12 +108,12 @@ fn resize_window(
                 for (xx, px) in out_row.chunks_exact_mut(3).enumerate() {
                     let (xmin, n) = hc.bounds[xx];
                     let k = &hc.weights[xx * hc.ksize..xx * hc.ksize + n];
+                    let taps = &src_row[xmin * 3..(xmin + n) * 3];
                     let (mut a0, mut a1, mut a2) = (half, half, half);
-                    for (i, &w) in k.iter().enumerate() {
-                        let p = (xmin + i) * 3;
-                        a0 += i32::from(src_row[p]) * w;
-                        a1 += i32::from(src_row[p + 1]) * w;
-                        a2 += i32::from(src_row[p + 2]) * w;
+                    for (&w, p) in k.iter().zip(taps.chunks_exact(3)) {
+                        a0 += i32::from(p[0]) * w;
+                        a1 += i32::from(p[1]) * w;
+                        a2 += i32::from(p[2]) * w;
                     }
                     px[0] = clip8(a0);
                     px[1] = clip8(a1);
@@ -133,20 +133,25 @@ fn resize_window(
     };
     let stride = win_w * 3;
     let mut out = vec![0u8; win_h * stride];
-    out.par_chunks_mut(stride)
-        .enumerate()
-        .for_each(|(yy, out_row)| {
+    out.par_chunks_mut(stride).enumerate().for_each_init(
+        || vec![0i32; stride],
+        |acc, (yy, out_row)| {
             let (ymin, n) = vc.bounds[yy];
             let k = &vc.weights[yy * vc.ksize..yy * vc.ksize + n];
             let base = ymin - row_first;
-            for (x, o) in out_row.iter_mut().enumerate() {
-                let mut acc = half;
-                for (i, &w) in k.iter().enumerate() {
-                    acc += i32::from(tmp[(base + i) * stride + x]) * w;
+            acc.fill(half);
+            // Tap-major so each intermediate row is read contiguously (vectorizes).
+            for (i, &w) in k.iter().enumerate() {
+                let row = &tmp[(base + i) * stride..(base + i + 1) * stride];
+                for (a, &v) in acc.iter_mut().zip(row) {
+                    *a += i32::from(v) * w;
                 }
-                *o = clip8(acc);
             }
-        });
+            for (o, &a) in out_row.iter_mut().zip(acc.iter()) {
+                *o = clip8(a);
+            }
+        },
+    );
     out
 }
 

@@ -570,9 +570,13 @@ fn classification_softmax_topk_labels() {
         orig_width: 1,
         orig_height: 1,
     };
-    let Results::Classes(c) =
-        postprocess(&spec, &[out.clone()], &tr, &Overrides::default()).unwrap()
-    else {
+    let Results::Classes(c) = postprocess(
+        &spec,
+        std::slice::from_ref(&out),
+        &tr,
+        &Overrides::default(),
+    )
+    .unwrap() else {
         panic!("expected classes")
     };
     let z: f64 = logits.iter().map(|&l| f64::from(l).exp()).sum();
@@ -683,15 +687,13 @@ impl NanoOut {
     /// Plants a score and one-hot-ish bins (logit 40 at `bins[side]`) at anchor (col, row).
     fn plant(
         &mut self,
-        level: usize,
-        col: usize,
-        row: usize,
+        (level, col, row): (usize, usize, usize),
         class: usize,
         score: f32,
-        c: usize,
         bins: [usize; 4],
     ) {
         let fw = 416 / STRIDES[level];
+        let c = self.scores[level].len() / (fw * fw);
         let i = row * fw + col;
         self.scores[level][i * c + class] = score;
         for (side, &b) in bins.iter().enumerate() {
@@ -714,15 +716,15 @@ fn nanodet_decodes_planted_boxes() {
     let c = 3;
     let mut o = NanoOut::new(c);
     // Stride 16, col 10, row 7: centre (168, 120); bins l=3, t=2, r=4, b=1 → 48, 32, 64, 16.
-    o.plant(1, 10, 7, 2, 0.9, c, [3, 2, 4, 1]);
+    o.plant((1, 10, 7), 2, 0.9, [3, 2, 4, 1]);
     // Same class, neighbouring anchor, heavy overlap, lower score → suppressed by NMS.
-    o.plant(1, 11, 7, 2, 0.8, c, [4, 2, 3, 1]);
+    o.plant((1, 11, 7), 2, 0.8, [4, 2, 3, 1]);
     // Same place, another class → kept.
-    o.plant(1, 11, 7, 0, 0.85, c, [4, 2, 3, 1]);
+    o.plant((1, 11, 7), 0, 0.85, [4, 2, 3, 1]);
     // Stride 8, col 0, row 0: centre (4, 4); left 2*8 → clamped at the image edge.
-    o.plant(0, 0, 0, 1, 0.5, c, [2, 0, 1, 1]);
+    o.plant((0, 0, 0), 1, 0.5, [2, 0, 1, 1]);
     // Below threshold.
-    o.plant(2, 5, 5, 1, 0.3, c, [1, 1, 1, 1]);
+    o.plant((2, 5, 5), 1, 0.3, [1, 1, 1, 1]);
     let labels = vec!["person".to_string(), "bicycle".into(), "car".into()];
     let spec = VisionSpec::nanodet_m_416(labels);
     // Original image 832x624 stretched to 416x416: x * 2, y * 1.5.
@@ -787,7 +789,7 @@ fn nanodet_distribution_expectation() {
     // Two equal bins (2 and 3) → expectation 2.5 bins; check against a naive softmax.
     let c = 1;
     let mut o = NanoOut::new(c);
-    o.plant(2, 6, 6, 0, 0.99, c, [2, 2, 2, 2]);
+    o.plant((2, 6, 6), 0, 0.99, [2, 2, 2, 2]);
     let i = 6 * 13 + 6;
     for side in 0..4 {
         o.boxes[2][i * 44 + side * 11 + 3] = 40.0;
