@@ -5,9 +5,19 @@
 
 use serde::Serialize;
 
-use crate::error::{Error, Result};
-use crate::ir::Tensor;
-use crate::model::ExecutionContext;
+mod classify;
+mod decode;
+mod detect;
+mod pipeline;
+mod preprocess;
+#[cfg(test)]
+mod tests;
+
+pub use classify::{classify, softmax};
+pub use decode::{decode_image, sniff_format};
+pub use detect::{decode_nanodet, decode_yolov8, iou, nms};
+pub use pipeline::{infer_image, load_labels, parse_labels, postprocess};
+pub use preprocess::{preprocess, resize_bilinear};
 
 /// Limits applied while decoding untrusted images.
 #[derive(Clone, Copy, Debug)]
@@ -18,7 +28,9 @@ pub struct DecodeLimits {
 
 impl Default for DecodeLimits {
     fn default() -> Self {
-        DecodeLimits { max_pixels: 40_000_000 }
+        DecodeLimits {
+            max_pixels: 40_000_000,
+        }
     }
 }
 
@@ -48,6 +60,11 @@ pub struct Preprocess {
 }
 
 /// Maps model-input pixel coordinates back to original-image pixels.
+///
+/// Per axis: `original_x = (input_x - offset_x) * scale_x` (same for y). Stretch: offset 0,
+/// scale = orig/input. Letterbox: offset = padding before the image, scale = orig/resized.
+/// Centre crop: offset = -(crop origin in the resized image), scale = orig/resized. Boxes are
+/// clamped to `[0, orig_width] x [0, orig_height]` after mapping.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ImageTransform {
     pub scale_x: f32,
@@ -76,7 +93,9 @@ pub enum Task {
         /// Apply softmax to the logits (false when the model already outputs probabilities).
         softmax: bool,
     },
-    Detection { head: DetectionHead },
+    Detection {
+        head: DetectionHead,
+    },
 }
 
 /// Everything needed to go from an image to results with one model.
@@ -150,35 +169,12 @@ pub struct ImageInference {
     pub results: Results,
 }
 
-/// Decodes JPEG/PNG/BMP/WebP bytes to RGB, applying EXIF orientation and the pixel limit.
-pub fn decode_image(_bytes: &[u8], _limits: &DecodeLimits) -> Result<image::RgbImage> {
-    Err(Error::Unsupported("not implemented yet".into()))
-}
-
-/// Turns an RGB image into a [1, 3, H, W] f32 tensor and the transform back to image pixels.
-pub fn preprocess(_img: &image::RgbImage, _p: &Preprocess) -> Result<(Tensor, ImageTransform)> {
-    Err(Error::Unsupported("not implemented yet".into()))
-}
-
-/// Turns the model's outputs into classes or boxes (mapped back through `transform`).
-pub fn postprocess(
-    _spec: &VisionSpec,
-    _outputs: &[Tensor],
-    _transform: &ImageTransform,
-    _overrides: &Overrides,
-) -> Result<Results> {
-    Err(Error::Unsupported("not implemented yet".into()))
-}
-
-/// Decode → preprocess → run → postprocess, timing each stage.
-pub fn infer_image(
-    _ctx: &mut ExecutionContext,
-    _spec: &VisionSpec,
-    _bytes: &[u8],
-    _limits: &DecodeLimits,
-    _overrides: &Overrides,
-) -> Result<ImageInference> {
-    Err(Error::Unsupported("not implemented yet".into()))
+/// Class label `i`, or `class_{i}` when the label list is too short.
+pub(crate) fn label_for(labels: &[String], i: usize) -> String {
+    labels
+        .get(i)
+        .cloned()
+        .unwrap_or_else(|| format!("class_{i}"))
 }
 
 impl VisionSpec {
@@ -206,7 +202,12 @@ impl VisionSpec {
     /// Defaults for NanoDet-m 416 (../shared/models/MODELS.md).
     pub fn nanodet_m_416(labels: Vec<String>) -> VisionSpec {
         VisionSpec {
-            task: Task::Detection { head: DetectionHead::Nanodet { reg_max: 10, strides: vec![8, 16, 32] } },
+            task: Task::Detection {
+                head: DetectionHead::Nanodet {
+                    reg_max: 10,
+                    strides: vec![8, 16, 32],
+                },
+            },
             preprocess: Preprocess {
                 width: 416,
                 height: 416,
