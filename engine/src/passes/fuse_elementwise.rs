@@ -55,7 +55,7 @@ struct Member {
     steps: Vec<ChainStep>,
 }
 
-fn f32_known<'a>(graph: &'a Graph, v: ValueId) -> Option<&'a [usize]> {
+fn f32_known(graph: &Graph, v: ValueId) -> Option<&[usize]> {
     let val = &graph.values[v];
     (val.dtype == DataType::F32).then_some(())?;
     val.shape.as_deref()

@@ -292,12 +292,12 @@ fn rewrite(graph: &mut Graph, nhwc_node: &[bool], nhwc_val: &[bool]) -> Result<(
         }
     }
     // 2. Rewire every input slot to the id holding the layout its reader expects.
-    for i in 0..n_nodes {
+    for (i, &node_h) in nhwc_node.iter().enumerate() {
         for k in 0..graph.nodes[i].inputs.len() {
             let Some(u) = graph.nodes[i].inputs[k] else {
                 continue;
             };
-            let wants_h = nhwc_node[i] && data_slot(&graph.nodes[i].op, k);
+            let wants_h = node_h && data_slot(&graph.nodes[i].op, k);
             let new = if wants_h {
                 nhwc_input(graph, &mut rw, &producers, i, u)?
             } else if nhwc_val[u] {
@@ -309,8 +309,8 @@ fn rewrite(graph: &mut Graph, nhwc_node: &[bool], nhwc_val: &[bool]) -> Result<(
         }
     }
     // 3. Rewrite attributes and per-dimension inputs of NHWC nodes.
-    for i in 0..n_nodes {
-        if nhwc_node[i] {
+    for (i, &node_h) in nhwc_node.iter().enumerate() {
+        if node_h {
             rewrite_node(graph, i)?;
         }
     }

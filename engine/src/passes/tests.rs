@@ -496,6 +496,7 @@ fn count(g: &Graph, name: &str) -> usize {
 }
 
 /// Adds `Conv(x; W [cout, cin/group, k, k], B)` writing a new value of the given output shape.
+#[allow(clippy::too_many_arguments)]
 fn add_conv(
     g: &mut Graph,
     rng: &mut Rng,
@@ -1159,8 +1160,10 @@ fn layout_rewrites_conv_region_to_nhwc() {
 #[test]
 fn layout_remaps_split_pad_slice_and_resize_inputs() {
     let mut rng = Rng(15);
-    let mut g = Graph::default();
-    g.opset = 17;
+    let mut g = Graph {
+        opset: 17,
+        ..Default::default()
+    };
     let x = input(&mut g, "x", &[1, 2, 4, 4]);
     let y = add_conv(&mut g, &mut rng, x, 2, 4, 1, vec![], 1, &[1, 4, 4, 4]);
     let s0 = val(&mut g, "s0", &[1, 2, 4, 4]);
@@ -1333,8 +1336,10 @@ fn transpose_cancel_composes_folds_and_removes_inverse_pairs() {
 #[test]
 fn optimizer_on_efficientnet_like_block() {
     let mut rng = Rng(17);
-    let mut g = Graph::default();
-    g.opset = 17;
+    let mut g = Graph {
+        opset: 17,
+        ..Default::default()
+    };
     let x = input(&mut g, "x", &[1, 3, 8, 8]);
     let id = val(&mut g, "id", &[1, 3, 8, 8]);
     node(&mut g, Op::Identity, &[Some(x)], &[id]);
@@ -1427,8 +1432,10 @@ fn optimizer_on_efficientnet_like_block() {
 #[test]
 fn optimizer_on_nanodet_like_head() {
     let mut rng = Rng(18);
-    let mut g = Graph::default();
-    g.opset = 17;
+    let mut g = Graph {
+        opset: 17,
+        ..Default::default()
+    };
     let x = input(&mut g, "x", &[1, 2, 8, 8]);
     let p = pad_node(
         &mut g,
