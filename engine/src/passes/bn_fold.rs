@@ -12,7 +12,9 @@ pub fn bn_fold(graph: &mut Graph) -> Result<usize> {
     let mut count = 0;
     let mut i = 0;
     while i < graph.nodes.len() {
-        if matches!(graph.nodes[i].op, Op::BatchNormalization { .. }) && (fold_into_conv(graph, i)? || lower(graph, i)?) {
+        if matches!(graph.nodes[i].op, Op::BatchNormalization { .. })
+            && (fold_into_conv(graph, i)? || lower(graph, i)?)
+        {
             count += 1;
             // Re-examine from the start of the rewritten region.
             i = i.saturating_sub(1);
@@ -25,13 +27,21 @@ pub fn bn_fold(graph: &mut Graph) -> Result<usize> {
 
 /// Per-channel (scale, shift) of a BatchNormalization with constant parameters of length `c`.
 fn bn_affine(graph: &Graph, bn: &Node, eps: f32) -> Option<(Vec<f32>, Vec<f32>)> {
-    let get = |k| graph.const_input(bn, k).and_then(|t| t.as_f32().ok().map(|s| s.to_vec()));
+    let get = |k| {
+        graph
+            .const_input(bn, k)
+            .and_then(|t| t.as_f32().ok().map(|s| s.to_vec()))
+    };
     let (scale, beta, mean, var) = (get(1)?, get(2)?, get(3)?, get(4)?);
     let c = scale.len();
     if beta.len() != c || mean.len() != c || var.len() != c {
         return None;
     }
-    let s: Vec<f32> = scale.iter().zip(&var).map(|(g, v)| g / (v + eps).sqrt()).collect();
+    let s: Vec<f32> = scale
+        .iter()
+        .zip(&var)
+        .map(|(g, v)| g / (v + eps).sqrt())
+        .collect();
     let shift: Vec<f32> = (0..c).map(|k| beta[k] - mean[k] * s[k]).collect();
     Some((s, shift))
 }
@@ -88,12 +98,24 @@ fn fold_into_conv(graph: &mut Graph, i: usize) -> Result<bool> {
         },
     };
     let per = wd.len() / cout;
-    let new_w: Vec<f32> = wd.iter().enumerate().map(|(k, &v)| v * s[k / per]).collect();
+    let new_w: Vec<f32> = wd
+        .iter()
+        .enumerate()
+        .map(|(k, &v)| v * s[k / per])
+        .collect();
     let new_b: Vec<f32> = (0..cout).map(|o| bias[o] * s[o] + shift[o]).collect();
     let w_shape = w.shape.clone();
     let conv_name = conv.name.clone();
-    let wv = add_const(graph, &format!("{conv_name}_W_bn"), Tensor::from_f32(w_shape, new_w)?);
-    let bv = add_const(graph, &format!("{conv_name}_B_bn"), Tensor::from_f32(vec![cout], new_b)?);
+    let wv = add_const(
+        graph,
+        &format!("{conv_name}_W_bn"),
+        Tensor::from_f32(w_shape, new_w)?,
+    );
+    let bv = add_const(
+        graph,
+        &format!("{conv_name}_B_bn"),
+        Tensor::from_f32(vec![cout], new_b)?,
+    );
     let conv = &mut graph.nodes[p];
     conv.inputs.resize(3, None);
     conv.inputs[1] = Some(wv);
@@ -124,8 +146,16 @@ fn lower(graph: &mut Graph, i: usize) -> Result<bool> {
     cshape.resize(shape.len() - 1, 1);
     let name = graph.nodes[i].name.clone();
     let dtype = graph.values[x].dtype;
-    let sv = add_const(graph, &format!("{name}_scale"), Tensor::from_f32(cshape.clone(), s)?);
-    let bv = add_const(graph, &format!("{name}_shift"), Tensor::from_f32(cshape, shift)?);
+    let sv = add_const(
+        graph,
+        &format!("{name}_scale"),
+        Tensor::from_f32(cshape.clone(), s)?,
+    );
+    let bv = add_const(
+        graph,
+        &format!("{name}_shift"),
+        Tensor::from_f32(cshape, shift)?,
+    );
     let mid = add_value(graph, &format!("{name}_scaled"), dtype, Some(shape.clone()));
     if graph.values[out].shape.is_none() {
         graph.values[out].shape = Some(shape);

@@ -12,7 +12,8 @@ pub fn cleanup(graph: &mut Graph) -> Result<usize> {
     let mut i = 0;
     while i < graph.nodes.len() {
         let node = &graph.nodes[i];
-        if let (Op::Identity, Some(src), [out]) = (&node.op, node.input(0), node.outputs.as_slice()) {
+        if let (Op::Identity, Some(src), [out]) = (&node.op, node.input(0), node.outputs.as_slice())
+        {
             let out = *out;
             if bypass(graph, out, src) {
                 graph.nodes.remove(i);

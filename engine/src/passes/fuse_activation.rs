@@ -12,7 +12,8 @@ pub fn fuse_activation(graph: &mut Graph) -> Result<usize> {
     let mut count = 0;
     let mut i = 0;
     while i < graph.nodes.len() {
-        if canonicalize_gated(graph, i) || fuse_into_producer(graph, i) || fold_bias_add(graph, i)? {
+        if canonicalize_gated(graph, i) || fuse_into_producer(graph, i) || fold_bias_add(graph, i)?
+        {
             count += 1;
             i = i.saturating_sub(1);
             continue;
@@ -32,7 +33,10 @@ fn as_activation(graph: &Graph, i: usize) -> Option<Activation> {
                 None => Some(default),
                 Some(v) => graph.constant(v).and_then(scalar_f32),
             };
-            Some(Activation::Clip { min: bound(1, f32::NEG_INFINITY)?, max: bound(2, f32::INFINITY)? })
+            Some(Activation::Clip {
+                min: bound(1, f32::NEG_INFINITY)?,
+                max: bound(2, f32::INFINITY)?,
+            })
         }
         _ => None,
     }
@@ -122,10 +126,13 @@ fn fold_bias_add(graph: &mut Graph, i: usize) -> Result<bool> {
         if attrs.activation.is_some() || sole_consumer(graph, &consumers, y) != Some(i) {
             continue;
         }
-        let (Some(yshape), Some(w)) = (graph.values[y].shape.as_ref(), graph.const_input(pn, 1)) else {
+        let (Some(yshape), Some(w)) = (graph.values[y].shape.as_ref(), graph.const_input(pn, 1))
+        else {
             continue;
         };
-        let Some(&cout) = w.shape.first() else { continue };
+        let Some(&cout) = w.shape.first() else {
+            continue;
+        };
         let r = yshape.len();
         let ch = match attrs.layout {
             Layout::Nchw => 1,
@@ -137,20 +144,34 @@ fn fold_bias_add(graph: &mut Graph, i: usize) -> Result<bool> {
         }
         // Align the constant's shape to rank r and check it varies along the channel axis only.
         let off = r - ct.shape.len();
-        let per_channel = ct.shape.iter().enumerate().all(|(k, &d)| d == 1 || (k + off == ch && d == cout));
+        let per_channel = ct
+            .shape
+            .iter()
+            .enumerate()
+            .all(|(k, &d)| d == 1 || (k + off == ch && d == cout));
         if !per_channel {
             continue;
         }
-        let add: Vec<f32> = if cdata.len() == 1 { vec![cdata[0]; cout] } else { cdata.to_vec() };
+        let add: Vec<f32> = if cdata.len() == 1 {
+            vec![cdata[0]; cout]
+        } else {
+            cdata.to_vec()
+        };
         let bias: Vec<f32> = match pn.input(2) {
             None => add,
             Some(bv) => match graph.constant(bv).and_then(|t| t.as_f32().ok()) {
-                Some(old) if old.len() == cout => old.iter().zip(&add).map(|(o, a)| o + a).collect(),
+                Some(old) if old.len() == cout => {
+                    old.iter().zip(&add).map(|(o, a)| o + a).collect()
+                }
                 _ => continue,
             },
         };
         let name = pn.name.clone();
-        let bv = add_const(graph, &format!("{name}_B_add"), Tensor::from_f32(vec![cout], bias)?);
+        let bv = add_const(
+            graph,
+            &format!("{name}_B_add"),
+            Tensor::from_f32(vec![cout], bias)?,
+        );
         let pn = &mut graph.nodes[p];
         pn.inputs.resize(3, None);
         pn.inputs[2] = Some(bv);

@@ -55,14 +55,23 @@ struct Member {
     steps: Vec<ChainStep>,
 }
 
-fn f32_known<'a>(graph: &'a Graph, v: ValueId) -> Option<&'a [usize]> {
+fn f32_known(graph: &Graph, v: ValueId) -> Option<&[usize]> {
     let val = &graph.values[v];
     (val.dtype == DataType::F32).then_some(())?;
     val.shape.as_deref()
 }
 
 fn fusable_binary(op: BinaryOp) -> bool {
-    matches!(op, BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div | BinaryOp::Pow | BinaryOp::Max | BinaryOp::Min)
+    matches!(
+        op,
+        BinaryOp::Add
+            | BinaryOp::Sub
+            | BinaryOp::Mul
+            | BinaryOp::Div
+            | BinaryOp::Pow
+            | BinaryOp::Max
+            | BinaryOp::Min
+    )
 }
 
 /// Describes node `i` as a chain member whose running value is `run`, checking shapes: `run` and
@@ -77,16 +86,27 @@ fn member(graph: &Graph, i: usize, run: ValueId, head: bool) -> Option<Member> {
         return None;
     }
     let m = match &node.op {
-        Op::Unary(u) if *u != UnaryOp::Not && node.inputs.len() == 1 && node.input(0) == Some(run) => {
-            Member { inputs: vec![run], steps: vec![ChainStep::Unary(*u)] }
+        Op::Unary(u)
+            if *u != UnaryOp::Not && node.inputs.len() == 1 && node.input(0) == Some(run) =>
+        {
+            Member {
+                inputs: vec![run],
+                steps: vec![ChainStep::Unary(*u)],
+            }
         }
         Op::Clip if node.input(0) == Some(run) => {
             let bound = |k: usize, d: f32| match node.input(k) {
                 None => Some(d),
                 Some(v) => graph.constant(v).and_then(scalar_f32),
             };
-            let act = Activation::Clip { min: bound(1, f32::NEG_INFINITY)?, max: bound(2, f32::INFINITY)? };
-            Member { inputs: vec![run], steps: vec![ChainStep::Unary(UnaryOp::Act(act))] }
+            let act = Activation::Clip {
+                min: bound(1, f32::NEG_INFINITY)?,
+                max: bound(2, f32::INFINITY)?,
+            };
+            Member {
+                inputs: vec![run],
+                steps: vec![ChainStep::Unary(UnaryOp::Act(act))],
+            }
         }
         Op::Binary(op) if fusable_binary(*op) && node.inputs.len() == 2 => {
             let (a, b) = (node.input(0)?, node.input(1)?);
@@ -98,11 +118,20 @@ fn member(graph: &Graph, i: usize, run: ValueId, head: bool) -> Option<Member> {
             if broadcast(os, out_shape)? != out_shape {
                 return None;
             }
-            Member { inputs: vec![run, other], steps: vec![ChainStep::Binary { op: *op, operand: 1, acc_on_right }] }
+            Member {
+                inputs: vec![run, other],
+                steps: vec![ChainStep::Binary {
+                    op: *op,
+                    operand: 1,
+                    acc_on_right,
+                }],
+            }
         }
         Op::Elementwise(steps) if node.input(0) == Some(run) => {
             let inputs: Vec<ValueId> = node.inputs.iter().copied().collect::<Option<Vec<_>>>()?;
-            let refs_start = steps.iter().any(|s| matches!(s, ChainStep::Binary { operand: 0, .. }));
+            let refs_start = steps
+                .iter()
+                .any(|s| matches!(s, ChainStep::Binary { operand: 0, .. }));
             if !head && (refs_start || inputs[1..].contains(&run)) {
                 return None;
             }
@@ -111,7 +140,10 @@ fn member(graph: &Graph, i: usize, run: ValueId, head: bool) -> Option<Member> {
                     return None;
                 }
             }
-            Member { inputs, steps: steps.clone() }
+            Member {
+                inputs,
+                steps: steps.clone(),
+            }
         }
         _ => return None,
     };
@@ -127,7 +159,9 @@ fn head_member(graph: &Graph, i: usize) -> Option<Member> {
     }
     // Prefer a non-constant running value.
     candidates.sort_by_key(|&v| graph.values[v].constant.is_some());
-    candidates.into_iter().find_map(|run| member(graph, i, run, true))
+    candidates
+        .into_iter()
+        .find_map(|run| member(graph, i, run, true))
 }
 
 /// The node continuing the chain that currently ends at node `last`, if any.
@@ -136,7 +170,10 @@ fn next_member(graph: &Graph, consumers: &[Vec<usize>], last: usize) -> Option<u
         return None;
     };
     let c = sole_consumer(graph, consumers, *out)?;
-    let reads = graph.nodes[c].present_inputs().filter(|&v| v == *out).count();
+    let reads = graph.nodes[c]
+        .present_inputs()
+        .filter(|&v| v == *out)
+        .count();
     (reads == 1 && member(graph, c, *out, false).is_some()).then_some(c)
 }
 
@@ -171,9 +208,15 @@ fn build(graph: &Graph, chain: &[usize]) -> Option<Node> {
             .collect();
         for s in m.steps {
             steps.push(match s {
-                ChainStep::Binary { op, operand, acc_on_right } => {
-                    ChainStep::Binary { op, operand: *map.get(operand)?, acc_on_right }
-                }
+                ChainStep::Binary {
+                    op,
+                    operand,
+                    acc_on_right,
+                } => ChainStep::Binary {
+                    op,
+                    operand: *map.get(operand)?,
+                    acc_on_right,
+                },
                 u => u,
             });
         }

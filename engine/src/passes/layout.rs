@@ -22,7 +22,9 @@ const AXIS_TO_NHWC: [i64; 4] = [0, 3, 1, 2];
 ///
 /// Runs only when the graph has a 2-D Conv and no node is NHWC yet (so it is idempotent).
 pub fn layout(graph: &mut Graph) -> Result<usize> {
-    let has_conv = graph.nodes.iter().any(|n| matches!(n.op, Op::Conv(_)) && n.input(1).is_some_and(|w| rank(graph, w) == Some(4)));
+    let has_conv = graph.nodes.iter().any(|n| {
+        matches!(n.op, Op::Conv(_)) && n.input(1).is_some_and(|w| rank(graph, w) == Some(4))
+    });
     if !has_conv || graph.nodes.iter().any(is_nhwc_node) {
         return Ok(0);
     }
@@ -140,12 +142,18 @@ fn can_follow(graph: &Graph, node: &Node, nhwc_val: &[bool]) -> bool {
         Op::Softmax { axis } => graph.opset >= 13 && norm_axis(*axis).is_some(),
         Op::Clip => (1..3).all(|k| match node.input(k) {
             None => true,
-            Some(v) => graph.values[v].shape.as_ref().is_some_and(|s| s.iter().product::<usize>() == 1),
+            Some(v) => graph.values[v]
+                .shape
+                .as_ref()
+                .is_some_and(|s| s.iter().product::<usize>() == 1),
         }),
         Op::Slice => {
             let axes = match node.input(3) {
                 Some(_) => const_i64(graph, node.input(3)),
-                None => node.input(1).and_then(|s| graph.values[s].shape.clone()).map(|s| (0..s.iter().product::<usize>() as i64).collect()),
+                None => node
+                    .input(1)
+                    .and_then(|s| graph.values[s].shape.clone())
+                    .map(|s| (0..s.iter().product::<usize>() as i64).collect()),
             };
             axes.is_some_and(|a| a.iter().all(|&x| norm_axis(x).is_some()))
         }
@@ -153,7 +161,8 @@ fn can_follow(graph: &Graph, node: &Node, nhwc_val: &[bool]) -> bool {
             let pads_ok = const_i64(graph, node.input(1)).is_some();
             let axes_ok = match node.input(3) {
                 None => const_i64(graph, node.input(1)).is_some_and(|p| p.len() == 8),
-                Some(_) => const_i64(graph, node.input(3)).is_some_and(|a| a.iter().all(|&x| norm_axis(x).is_some())),
+                Some(_) => const_i64(graph, node.input(3))
+                    .is_some_and(|a| a.iter().all(|&x| norm_axis(x).is_some())),
             };
             pads_ok && axes_ok
         }
@@ -181,7 +190,14 @@ fn nhwc_shape(s: &[usize]) -> Vec<usize> {
 }
 
 fn transpose_node(name: String, perm: &[usize], input: ValueId, output: ValueId) -> Node {
-    Node { name, op: Op::Transpose { perm: perm.to_vec() }, inputs: vec![Some(input)], outputs: vec![output] }
+    Node {
+        name,
+        op: Op::Transpose {
+            perm: perm.to_vec(),
+        },
+        inputs: vec![Some(input)],
+        outputs: vec![output],
+    }
 }
 
 /// A constant broadcast operand re-laid-out for an NHWC rank-4 result: rank-aligned to 4 with
@@ -198,18 +214,29 @@ fn relayout_broadcast(t: &Tensor) -> Result<Option<Tensor>> {
 
 /// Reorders a per-dimension list (`[d0..d3]`) or begins/ends list (`[b0..b3, e0..e3]`) to NHWC.
 fn reorder_dims(v: &[i64]) -> Vec<i64> {
-    v.chunks(4).flat_map(|c| TO_NHWC.iter().map(move |&p| c.get(p).copied().unwrap_or(0))).collect()
+    v.chunks(4)
+        .flat_map(|c| TO_NHWC.iter().map(move |&p| c.get(p).copied().unwrap_or(0)))
+        .collect()
 }
 
 fn reorder_dims_f32(v: &[f32]) -> Vec<f32> {
-    v.chunks(4).flat_map(|c| TO_NHWC.iter().map(move |&p| c.get(p).copied().unwrap_or(0.0))).collect()
+    v.chunks(4)
+        .flat_map(|c| {
+            TO_NHWC
+                .iter()
+                .map(move |&p| c.get(p).copied().unwrap_or(0.0))
+        })
+        .collect()
 }
 
 /// Same-typed copy of an integer constant with new contents.
 fn int_const_like(t: &Tensor, data: Vec<i64>) -> Result<Tensor> {
     let shape = vec![data.len()];
     match t.dtype() {
-        crate::ir::DataType::I32 => Tensor::new(shape, crate::ir::TensorData::I32(data.iter().map(|&x| x as i32).collect())),
+        crate::ir::DataType::I32 => Tensor::new(
+            shape,
+            crate::ir::TensorData::I32(data.iter().map(|&x| x as i32).collect()),
+        ),
         _ => Tensor::from_i64(shape, data),
     }
 }
@@ -246,7 +273,9 @@ fn rewrite(graph: &mut Graph, nhwc_node: &[bool], nhwc_val: &[bool]) -> Result<(
         }
         for k in 0..graph.nodes[p].outputs.len() {
             let v = graph.nodes[p].outputs[k];
-            let Some(shape) = graph.values[v].shape.clone() else { continue };
+            let Some(shape) = graph.values[v].shape.clone() else {
+                continue;
+            };
             let hshape = nhwc_shape(&shape);
             if is_output(graph, v) {
                 let base = format!("{}_nhwc", graph.values[v].name);
@@ -263,10 +292,12 @@ fn rewrite(graph: &mut Graph, nhwc_node: &[bool], nhwc_val: &[bool]) -> Result<(
         }
     }
     // 2. Rewire every input slot to the id holding the layout its reader expects.
-    for i in 0..n_nodes {
+    for (i, &node_h) in nhwc_node.iter().enumerate() {
         for k in 0..graph.nodes[i].inputs.len() {
-            let Some(u) = graph.nodes[i].inputs[k] else { continue };
-            let wants_h = nhwc_node[i] && data_slot(&graph.nodes[i].op, k);
+            let Some(u) = graph.nodes[i].inputs[k] else {
+                continue;
+            };
+            let wants_h = node_h && data_slot(&graph.nodes[i].op, k);
             let new = if wants_h {
                 nhwc_input(graph, &mut rw, &producers, i, u)?
             } else if nhwc_val[u] {
@@ -278,8 +309,8 @@ fn rewrite(graph: &mut Graph, nhwc_node: &[bool], nhwc_val: &[bool]) -> Result<(
         }
     }
     // 3. Rewrite attributes and per-dimension inputs of NHWC nodes.
-    for i in 0..n_nodes {
-        if nhwc_node[i] {
+    for (i, &node_h) in nhwc_node.iter().enumerate() {
+        if node_h {
             rewrite_node(graph, i)?;
         }
     }
@@ -295,7 +326,13 @@ fn rewrite(graph: &mut Graph, nhwc_node: &[bool], nhwc_val: &[bool]) -> Result<(
 }
 
 /// The NHWC id an NHWC reader should use for input `u`.
-fn nhwc_input(graph: &mut Graph, rw: &mut Rewriter, producers: &[Option<usize>], i: usize, u: ValueId) -> Result<ValueId> {
+fn nhwc_input(
+    graph: &mut Graph,
+    rw: &mut Rewriter,
+    producers: &[Option<usize>],
+    i: usize,
+    u: ValueId,
+) -> Result<ValueId> {
     if let Some(&h) = rw.to_h.get(&u) {
         return Ok(h);
     }
@@ -317,7 +354,9 @@ fn nhwc_input(graph: &mut Graph, rw: &mut Rewriter, producers: &[Option<usize>],
     if let Some(&h) = rw.conv_h.get(&u) {
         return Ok(h);
     }
-    let Some(shape) = graph.values[u].shape.clone() else { return Ok(u) };
+    let Some(shape) = graph.values[u].shape.clone() else {
+        return Ok(u);
+    };
     let base = format!("{}_nhwc", graph.values[u].name);
     let dtype = graph.values[u].dtype;
     let uh = add_value(graph, &base, dtype, Some(nhwc_shape(&shape)));
@@ -331,11 +370,18 @@ fn nhwc_input(graph: &mut Graph, rw: &mut Rewriter, producers: &[Option<usize>],
 }
 
 /// The NCHW id an NCHW reader should use for re-laid-out value `u` (converter made on demand).
-fn nchw_view(graph: &mut Graph, rw: &mut Rewriter, producers: &[Option<usize>], u: ValueId) -> ValueId {
+fn nchw_view(
+    graph: &mut Graph,
+    rw: &mut Rewriter,
+    producers: &[Option<usize>],
+    u: ValueId,
+) -> ValueId {
     if let Some(&c) = rw.to_c.get(&u) {
         return c;
     }
-    let Some(hshape) = graph.values[u].shape.clone() else { return u };
+    let Some(hshape) = graph.values[u].shape.clone() else {
+        return u;
+    };
     let shape: Vec<usize> = TO_NCHW.iter().map(|&p| hshape[p]).collect();
     let base = format!("{}_nchw", graph.values[u].name);
     let dtype = graph.values[u].dtype;
@@ -367,9 +413,17 @@ fn rewrite_node(graph: &mut Graph, i: usize) -> Result<()> {
     match &node.op {
         Op::Resize(_) => {
             for (k, len) in [(1usize, 8usize), (2, 4), (3, 4)] {
-                let Some(t) = graph.const_input(node, k).filter(|t| t.len() == len).cloned() else { continue };
+                let Some(t) = graph
+                    .const_input(node, k)
+                    .filter(|t| t.len() == len)
+                    .cloned()
+                else {
+                    continue;
+                };
                 let nt = match t.dtype() {
-                    crate::ir::DataType::F32 => Tensor::from_f32(vec![len], reorder_dims_f32(t.as_f32()?))?,
+                    crate::ir::DataType::F32 => {
+                        Tensor::from_f32(vec![len], reorder_dims_f32(t.as_f32()?))?
+                    }
                     _ => int_const_like(&t, reorder_dims(&t.to_i64_vec()?))?,
                 };
                 set_input(graph, k, nt);
@@ -378,7 +432,10 @@ fn rewrite_node(graph: &mut Graph, i: usize) -> Result<()> {
         Op::Slice => {
             let axes = match node.input(3) {
                 Some(_) => const_i64(graph, node.input(3)),
-                None => node.input(1).and_then(|s| graph.values[s].shape.clone()).map(|s| (0..s.iter().product::<usize>() as i64).collect()),
+                None => node
+                    .input(1)
+                    .and_then(|s| graph.values[s].shape.clone())
+                    .map(|s| (0..s.iter().product::<usize>() as i64).collect()),
             };
             if let Some(axes) = axes {
                 let mapped: Vec<i64> = axes.iter().map(|&a| map_axis(a)).collect();
@@ -394,7 +451,11 @@ fn rewrite_node(graph: &mut Graph, i: usize) -> Result<()> {
                 let mapped: Vec<i64> = axes_t.to_i64_vec()?.iter().map(|&a| map_axis(a)).collect();
                 set_input(graph, 3, int_const_like(&axes_t, mapped)?);
             } else if let Some(pads_t) = graph.const_input(node, 1).cloned() {
-                set_input(graph, 1, int_const_like(&pads_t, reorder_dims(&pads_t.to_i64_vec()?))?);
+                set_input(
+                    graph,
+                    1,
+                    int_const_like(&pads_t, reorder_dims(&pads_t.to_i64_vec()?))?,
+                );
             }
         }
         _ => {}
@@ -405,9 +466,10 @@ fn rewrite_node(graph: &mut Graph, i: usize) -> Result<()> {
         Op::MaxPool(a) | Op::AveragePool(a) => a.layout = Layout::Nhwc,
         Op::GlobalAveragePool { layout } | Op::GlobalMaxPool { layout } => *layout = Layout::Nhwc,
         Op::Resize(a) => a.layout = Layout::Nhwc,
-        Op::Concat { axis } | Op::Split { axis, .. } | Op::Softmax { axis } => *axis = map_axis(*axis),
+        Op::Concat { axis } | Op::Split { axis, .. } | Op::Softmax { axis } => {
+            *axis = map_axis(*axis)
+        }
         _ => {}
     }
     Ok(())
 }
-

@@ -46,7 +46,11 @@ impl PassReport {
 
     /// Rewrites made by the named pass (0 if it never ran).
     pub fn get(&self, pass: &str) -> usize {
-        self.rewrites.iter().filter(|(p, _)| *p == pass).map(|(_, n)| n).sum()
+        self.rewrites
+            .iter()
+            .filter(|(p, _)| *p == pass)
+            .map(|(_, n)| n)
+            .sum()
     }
 
     fn add(&mut self, pass: &'static str, n: usize) {
@@ -62,7 +66,11 @@ type Pass = fn(&mut Graph) -> Result<usize>;
 /// Upper bound on fixed-point rounds; real graphs settle in two or three.
 const MAX_ROUNDS: usize = 32;
 
-fn run_to_fixed_point(graph: &mut Graph, passes: &[(&'static str, Pass)], report: &mut PassReport) -> Result<usize> {
+fn run_to_fixed_point(
+    graph: &mut Graph,
+    passes: &[(&'static str, Pass)],
+    report: &mut PassReport,
+) -> Result<usize> {
     for round in 1..=MAX_ROUNDS {
         let mut changed = 0;
         for (name, pass) in passes {
@@ -74,7 +82,9 @@ fn run_to_fixed_point(graph: &mut Graph, passes: &[(&'static str, Pass)], report
             return Ok(round);
         }
     }
-    Err(Error::InvalidModel(format!("graph optimizer did not converge in {MAX_ROUNDS} rounds")))
+    Err(Error::InvalidModel(format!(
+        "graph optimizer did not converge in {MAX_ROUNDS} rounds"
+    )))
 }
 
 /// Runs the optimizer (after constant folding): cleanup, pad/BN folding and fusions to a fixed
@@ -91,7 +101,8 @@ pub fn optimize_after_folding(graph: &mut Graph) -> Result<PassReport> {
     report.rounds = run_to_fixed_point(graph, &local, &mut report)?;
     let n = layout(graph)?;
     report.add("layout", n);
-    let post: [(&'static str, Pass); 2] = [("transpose_cancel", transpose_cancel), ("cleanup", cleanup)];
+    let post: [(&'static str, Pass); 2] =
+        [("transpose_cancel", transpose_cancel), ("cleanup", cleanup)];
     run_to_fixed_point(graph, &post, &mut report)?;
     Ok(report)
 }

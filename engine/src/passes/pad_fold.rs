@@ -54,7 +54,12 @@ fn full_pads(graph: &Graph, i: usize) -> Option<Vec<i64>> {
 
 fn try_fold(graph: &mut Graph, i: usize) -> Result<bool> {
     let node = &graph.nodes[i];
-    if node.op != (Op::Pad { mode: PadMode::Constant }) || node.outputs.len() != 1 {
+    if node.op
+        != (Op::Pad {
+            mode: PadMode::Constant,
+        })
+        || node.outputs.len() != 1
+    {
         return Ok(false);
     }
     let (Some(data), out) = (node.input(0), node.outputs[0]) else {
@@ -91,7 +96,8 @@ fn try_fold(graph: &mut Graph, i: usize) -> Result<bool> {
         Layout::Nchw => (2..rank).collect(),
         Layout::Nhwc => (1..rank - 1).collect(),
     };
-    let non_spatial_padded = (0..rank).any(|d| !spatial.contains(&d) && (pads[d] != 0 || pads[rank + d] != 0));
+    let non_spatial_padded =
+        (0..rank).any(|d| !spatial.contains(&d) && (pads[d] != 0 || pads[rank + d] != 0));
     if non_spatial_padded {
         return Ok(false);
     }
@@ -101,7 +107,8 @@ fn try_fold(graph: &mut Graph, i: usize) -> Result<bool> {
         .map(|&d| pads[d] as usize)
         .chain(spatial.iter().map(|&d| pads[rank + d] as usize))
         .collect();
-    let producer_non_negative = graph.producers()[data].is_some_and(|p| produces_non_negative(graph, &graph.nodes[p]));
+    let producer_non_negative =
+        graph.producers()[data].is_some_and(|p| produces_non_negative(graph, &graph.nodes[p]));
     let merge = |old: &[usize]| -> Option<Vec<usize>> {
         match old.len() {
             0 => Some(extra.clone()),
@@ -151,7 +158,11 @@ fn try_fold(graph: &mut Graph, i: usize) -> Result<bool> {
         }
         Op::AveragePool(a) => {
             let old_zero = a.pads.iter().all(|&p| p == 0);
-            if value != 0.0 || a.ceil_mode || a.auto_pad != AutoPad::NotSet || !(a.count_include_pad || old_zero) {
+            if value != 0.0
+                || a.ceil_mode
+                || a.auto_pad != AutoPad::NotSet
+                || !(a.count_include_pad || old_zero)
+            {
                 return Ok(false);
             }
             let Some(p) = merge(&a.pads) else {

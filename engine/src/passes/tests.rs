@@ -21,9 +21,21 @@ fn t32(shape: &[usize], data: Vec<f32>) -> Tensor {
 fn conv_nchw(x: &Tensor, w: &Tensor, b: Option<&Tensor>, a: &ConvAttrs) -> Tensor {
     let (n, c, h, wd) = (x.shape[0], x.shape[1], x.shape[2], x.shape[3]);
     let (o, cg, kh, kw) = (w.shape[0], w.shape[1], w.shape[2], w.shape[3]);
-    let s = if a.strides.is_empty() { vec![1, 1] } else { a.strides.clone() };
-    let d = if a.dilations.is_empty() { vec![1, 1] } else { a.dilations.clone() };
-    let p = if a.pads.is_empty() { vec![0; 4] } else { a.pads.clone() };
+    let s = if a.strides.is_empty() {
+        vec![1, 1]
+    } else {
+        a.strides.clone()
+    };
+    let d = if a.dilations.is_empty() {
+        vec![1, 1]
+    } else {
+        a.dilations.clone()
+    };
+    let p = if a.pads.is_empty() {
+        vec![0; 4]
+    } else {
+        a.pads.clone()
+    };
     let g = a.group;
     assert_eq!(c, cg * g);
     let oh = (h + p[0] + p[2] - ((kh - 1) * d[0] + 1)) / s[0] + 1;
@@ -52,7 +64,8 @@ fn conv_nchw(x: &Tensor, w: &Tensor, b: Option<&Tensor>, a: &ConvAttrs) -> Tenso
                             }
                         }
                     }
-                    out[((ni * o + oc) * oh + y) * ow + xx] = a.activation.map_or(acc, |act| act.apply(acc));
+                    out[((ni * o + oc) * oh + y) * ow + xx] =
+                        a.activation.map_or(acc, |act| act.apply(acc));
                 }
             }
         }
@@ -64,8 +77,16 @@ fn conv_nchw(x: &Tensor, w: &Tensor, b: Option<&Tensor>, a: &ConvAttrs) -> Tenso
 fn pool_nchw(x: &Tensor, a: &PoolAttrs, max: bool) -> Tensor {
     let (n, c, h, w) = (x.shape[0], x.shape[1], x.shape[2], x.shape[3]);
     let (kh, kw) = (a.kernel_shape[0], a.kernel_shape[1]);
-    let s = if a.strides.is_empty() { vec![1, 1] } else { a.strides.clone() };
-    let p = if a.pads.is_empty() { vec![0; 4] } else { a.pads.clone() };
+    let s = if a.strides.is_empty() {
+        vec![1, 1]
+    } else {
+        a.strides.clone()
+    };
+    let p = if a.pads.is_empty() {
+        vec![0; 4]
+    } else {
+        a.pads.clone()
+    };
     let oh = (h + p[0] + p[2] - kh) / s[0] + 1;
     let ow = (w + p[1] + p[3] - kw) / s[1] + 1;
     let xv = f(x);
@@ -109,7 +130,11 @@ fn to_nhwc(t: &Tensor) -> Tensor {
 fn bcast_index(out_idx: &[usize], shape: &[usize]) -> usize {
     let off = out_idx.len() - shape.len();
     let st = strides(shape);
-    shape.iter().enumerate().map(|(k, &d)| if d == 1 { 0 } else { out_idx[k + off] * st[k] }).sum()
+    shape
+        .iter()
+        .enumerate()
+        .map(|(k, &d)| if d == 1 { 0 } else { out_idx[k + off] * st[k] })
+        .sum()
 }
 
 fn binary(op: BinaryOp, a: f32, b: f32) -> f32 {
@@ -153,7 +178,11 @@ fn pointwise(ins: &[&Tensor], fun: impl Fn(&[f32]) -> f32) -> Tensor {
     let mut out = Vec::with_capacity(n);
     let mut args = vec![0f32; ins.len()];
     for lin in 0..n {
-        let idx: Vec<usize> = st.iter().zip(&shape).map(|(&s, &d)| (lin / s) % d).collect();
+        let idx: Vec<usize> = st
+            .iter()
+            .zip(&shape)
+            .map(|(&s, &d)| (lin / s) % d)
+            .collect();
         for (k, t) in ins.iter().enumerate() {
             args[k] = datas[k][bcast_index(&idx, &t.shape)];
         }
@@ -162,12 +191,19 @@ fn pointwise(ins: &[&Tensor], fun: impl Fn(&[f32]) -> f32) -> Tensor {
     t32(&shape, out)
 }
 
-fn eval_node(g: &Graph, node: &Node, env: &HashMap<ValueId, Tensor>) -> Vec<Tensor> {
-    let get = |k: usize| -> Option<Tensor> { node.input(k).map(|v| env.get(&v).cloned().expect("input computed")) };
+fn eval_node(node: &Node, env: &HashMap<ValueId, Tensor>) -> Vec<Tensor> {
+    let get = |k: usize| -> Option<Tensor> {
+        node.input(k)
+            .map(|v| env.get(&v).cloned().expect("input computed"))
+    };
     let x = get(0).expect("input 0");
     let out = match &node.op {
         Op::Conv(a) => {
-            let xin = if a.layout == Layout::Nhwc { to_nchw(&x) } else { x };
+            let xin = if a.layout == Layout::Nhwc {
+                to_nchw(&x)
+            } else {
+                x
+            };
             let y = conv_nchw(&xin, &get(1).expect("W"), get(2).as_ref(), a);
             if a.layout == Layout::Nhwc {
                 to_nhwc(&y)
@@ -177,7 +213,11 @@ fn eval_node(g: &Graph, node: &Node, env: &HashMap<ValueId, Tensor>) -> Vec<Tens
         }
         Op::MaxPool(a) | Op::AveragePool(a) => {
             let max = matches!(node.op, Op::MaxPool(_));
-            let xin = if a.layout == Layout::Nhwc { to_nchw(&x) } else { x };
+            let xin = if a.layout == Layout::Nhwc {
+                to_nchw(&x)
+            } else {
+                x
+            };
             let y = pool_nchw(&xin, a, max);
             if a.layout == Layout::Nhwc {
                 to_nhwc(&y)
@@ -186,10 +226,16 @@ fn eval_node(g: &Graph, node: &Node, env: &HashMap<ValueId, Tensor>) -> Vec<Tens
             }
         }
         Op::GlobalAveragePool { layout } => {
-            let xin = if *layout == Layout::Nhwc { to_nchw(&x) } else { x };
+            let xin = if *layout == Layout::Nhwc {
+                to_nchw(&x)
+            } else {
+                x
+            };
             let (n, c, h, w) = (xin.shape[0], xin.shape[1], xin.shape[2], xin.shape[3]);
             let v = f(&xin);
-            let o: Vec<f32> = (0..n * c).map(|k| v[k * h * w..(k + 1) * h * w].iter().sum::<f32>() / (h * w) as f32).collect();
+            let o: Vec<f32> = (0..n * c)
+                .map(|k| v[k * h * w..(k + 1) * h * w].iter().sum::<f32>() / (h * w) as f32)
+                .collect();
             let y = t32(&[n, c, 1, 1], o);
             if *layout == Layout::Nhwc {
                 to_nhwc(&y)
@@ -198,7 +244,12 @@ fn eval_node(g: &Graph, node: &Node, env: &HashMap<ValueId, Tensor>) -> Vec<Tens
             }
         }
         Op::BatchNormalization { epsilon } => {
-            let (s, b, m, var) = (f(&get(1).unwrap()), f(&get(2).unwrap()), f(&get(3).unwrap()), f(&get(4).unwrap()));
+            let (s, b, m, var) = (
+                f(&get(1).unwrap()),
+                f(&get(2).unwrap()),
+                f(&get(3).unwrap()),
+                f(&get(4).unwrap()),
+            );
             let c = x.shape[1];
             let inner: usize = x.shape[2..].iter().product();
             let v: Vec<f32> = f(&x)
@@ -229,7 +280,11 @@ fn eval_node(g: &Graph, node: &Node, env: &HashMap<ValueId, Tensor>) -> Vec<Tens
                 for s in steps {
                     acc = match *s {
                         ChainStep::Unary(u) => unary(u, acc),
-                        ChainStep::Binary { op, operand, acc_on_right } => {
+                        ChainStep::Binary {
+                            op,
+                            operand,
+                            acc_on_right,
+                        } => {
                             if acc_on_right {
                                 binary(op, a[operand], acc)
                             } else {
@@ -241,11 +296,15 @@ fn eval_node(g: &Graph, node: &Node, env: &HashMap<ValueId, Tensor>) -> Vec<Tens
                 acc
             })
         }
-        Op::Pad { mode: PadMode::Constant } => {
+        Op::Pad {
+            mode: PadMode::Constant,
+        } => {
             let pads = get(1).unwrap().to_i64_vec().unwrap();
             let val = get(2).map_or(0.0, |t| f(&t)[0]);
             let r = x.shape.len();
-            let oshape: Vec<usize> = (0..r).map(|d| (x.shape[d] as i64 + pads[d] + pads[r + d]) as usize).collect();
+            let oshape: Vec<usize> = (0..r)
+                .map(|d| (x.shape[d] as i64 + pads[d] + pads[r + d]) as usize)
+                .collect();
             let ost = strides(&oshape);
             let ist = strides(&x.shape);
             let xv = f(&x);
@@ -269,16 +328,34 @@ fn eval_node(g: &Graph, node: &Node, env: &HashMap<ValueId, Tensor>) -> Vec<Tens
         Op::Reshape { .. } => {
             let spec = get(1).unwrap().to_i64_vec().unwrap();
             let total = x.len();
-            let mut shape: Vec<usize> = spec.iter().enumerate().map(|(k, &d)| if d == 0 { x.shape[k] } else { d.max(1) as usize }).collect();
+            let mut shape: Vec<usize> = spec
+                .iter()
+                .enumerate()
+                .map(|(k, &d)| {
+                    if d == 0 {
+                        x.shape[k]
+                    } else {
+                        d.max(1) as usize
+                    }
+                })
+                .collect();
             if let Some(p) = spec.iter().position(|&d| d == -1) {
-                let known: usize = shape.iter().enumerate().filter(|(k, _)| *k != p).map(|(_, &d)| d).product();
+                let known: usize = shape
+                    .iter()
+                    .enumerate()
+                    .filter(|(k, _)| *k != p)
+                    .map(|(_, &d)| d)
+                    .product();
                 shape[p] = total / known;
             }
             t32(&shape, f(&x))
         }
         Op::Flatten { axis } => {
             let a = *axis as usize;
-            t32(&[x.shape[..a].iter().product(), x.shape[a..].iter().product()], f(&x))
+            t32(
+                &[x.shape[..a].iter().product(), x.shape[a..].iter().product()],
+                f(&x),
+            )
         }
         Op::Concat { axis } => {
             let ins: Vec<Tensor> = (0..node.inputs.len()).map(|k| get(k).unwrap()).collect();
@@ -315,10 +392,14 @@ fn eval(g: &Graph, inputs: &[Tensor]) -> Vec<Tensor> {
         env.insert(v, t.clone());
     }
     for node in &g.nodes {
-        let outs = eval_node(g, node, &env);
+        let outs = eval_node(node, &env);
         for (&o, t) in node.outputs.iter().zip(outs) {
             if let Some(s) = &g.values[o].shape {
-                assert_eq!(s, &t.shape, "recorded shape of '{}' differs from computed", g.values[o].name);
+                assert_eq!(
+                    s, &t.shape,
+                    "recorded shape of '{}' differs from computed",
+                    g.values[o].name
+                );
             }
             env.insert(o, t);
         }
@@ -341,7 +422,10 @@ fn assert_close(a: &[Tensor], b: &[Tensor], tol: f32) {
 struct Rng(u64);
 impl Rng {
     fn next(&mut self) -> f32 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
     fn tensor(&mut self, shape: &[usize]) -> Tensor {
@@ -365,7 +449,12 @@ fn val(g: &mut Graph, name: &str, shape: &[usize]) -> ValueId {
 
 fn node(g: &mut Graph, op: Op, inputs: &[Option<ValueId>], outputs: &[ValueId]) {
     let name = format!("n{}", g.nodes.len());
-    g.nodes.push(Node { name, op, inputs: inputs.to_vec(), outputs: outputs.to_vec() });
+    g.nodes.push(Node {
+        name,
+        op,
+        inputs: inputs.to_vec(),
+        outputs: outputs.to_vec(),
+    });
 }
 
 fn i64c(g: &mut Graph, name: &str, v: Vec<i64>) -> ValueId {
@@ -407,11 +496,27 @@ fn count(g: &Graph, name: &str) -> usize {
 }
 
 /// Adds `Conv(x; W [cout, cin/group, k, k], B)` writing a new value of the given output shape.
-fn add_conv(g: &mut Graph, rng: &mut Rng, x: ValueId, cin: usize, cout: usize, k: usize, pads: Vec<usize>, group: usize, out_shape: &[usize]) -> ValueId {
+#[allow(clippy::too_many_arguments)]
+fn add_conv(
+    g: &mut Graph,
+    rng: &mut Rng,
+    x: ValueId,
+    cin: usize,
+    cout: usize,
+    k: usize,
+    pads: Vec<usize>,
+    group: usize,
+    out_shape: &[usize],
+) -> ValueId {
     let w = f32c(g, "W", rng.tensor(&[cout, cin / group, k, k]));
     let b = f32c(g, "B", rng.tensor(&[cout]));
     let y = val(g, "conv_out", out_shape);
-    node(g, Op::Conv(conv_attrs(k, pads, group)), &[Some(x), Some(w), Some(b)], &[y]);
+    node(
+        g,
+        Op::Conv(conv_attrs(k, pads, group)),
+        &[Some(x), Some(w), Some(b)],
+        &[y],
+    );
     y
 }
 
@@ -427,7 +532,12 @@ fn cleanup_removes_identity_and_dead_nodes_keeping_output_ids() {
     let dead = val(&mut g, "dead", &[1, 2, 3, 3]);
     node(&mut g, Op::Identity, &[Some(x)], &[a]);
     node(&mut g, Op::Unary(UnaryOp::Exp), &[Some(a)], &[dead]);
-    node(&mut g, Op::Unary(UnaryOp::Act(Activation::Relu)), &[Some(a)], &[r]);
+    node(
+        &mut g,
+        Op::Unary(UnaryOp::Act(Activation::Relu)),
+        &[Some(a)],
+        &[r],
+    );
     node(&mut g, Op::Identity, &[Some(r)], &[out]);
     g.outputs = vec![out];
     let mut rng = Rng(1);
@@ -458,11 +568,24 @@ fn cleanup_keeps_identity_between_graph_input_and_output() {
 
 // ---------------------------------------------------------------- pad_fold
 
-fn pad_node(g: &mut Graph, x: ValueId, pads: Vec<i64>, value: Option<f32>, out_shape: &[usize]) -> ValueId {
+fn pad_node(
+    g: &mut Graph,
+    x: ValueId,
+    pads: Vec<i64>,
+    value: Option<f32>,
+    out_shape: &[usize],
+) -> ValueId {
     let p = i64c(g, "pads", pads);
     let cv = value.map(|v| f32c(g, "pv", t32(&[], vec![v])));
     let y = val(g, "padded", out_shape);
-    node(g, Op::Pad { mode: PadMode::Constant }, &[Some(x), Some(p), cv], &[y]);
+    node(
+        g,
+        Op::Pad {
+            mode: PadMode::Constant,
+        },
+        &[Some(x), Some(p), cv],
+        &[y],
+    );
     y
 }
 
@@ -472,14 +595,32 @@ fn pad_fold_into_conv_matches_reference() {
     let mut g = Graph::default();
     let x = input(&mut g, "x", &[1, 3, 6, 5]);
     // TF-style asymmetric SAME padding: top 0, left 1, bottom 1, right 2.
-    let p = pad_node(&mut g, x, vec![0, 0, 0, 1, 0, 0, 1, 2], Some(0.0), &[1, 3, 7, 8]);
-    let y = add_conv(&mut g, &mut rng, p, 3, 4, 3, vec![1, 0, 1, 0], 1, &[1, 4, 7, 6]);
+    let p = pad_node(
+        &mut g,
+        x,
+        vec![0, 0, 0, 1, 0, 0, 1, 2],
+        Some(0.0),
+        &[1, 3, 7, 8],
+    );
+    let y = add_conv(
+        &mut g,
+        &mut rng,
+        p,
+        3,
+        4,
+        3,
+        vec![1, 0, 1, 0],
+        1,
+        &[1, 4, 7, 6],
+    );
     g.outputs = vec![y];
     let xin = rng.tensor(&[1, 3, 6, 5]);
     let before = eval(&g, std::slice::from_ref(&xin));
     assert_eq!(pad_fold(&mut g).unwrap(), 1);
     assert_eq!(count(&g, "Pad"), 0);
-    let Op::Conv(a) = &g.nodes[0].op else { panic!("conv expected") };
+    let Op::Conv(a) = &g.nodes[0].op else {
+        panic!("conv expected")
+    };
     assert_eq!(a.pads, vec![1, 1, 2, 2]);
     assert_eq!(g.nodes[0].inputs[0], Some(x));
     assert_close(&eval(&g, &[xin]), &before, 1e-5);
@@ -512,25 +653,47 @@ fn pad_fold_refuses_unsafe_cases() {
 #[test]
 fn pad_fold_into_maxpool_neg_inf_and_after_relu() {
     let mut rng = Rng(4);
-    for (case, value, relu, expect) in [(0, -f32::MAX, false, 1), (1, 0.0, true, 1), (2, 0.0, false, 0)] {
+    for (case, value, relu, expect) in [
+        (0, -f32::MAX, false, 1),
+        (1, 0.0, true, 1),
+        (2, 0.0, false, 0),
+    ] {
         let mut g = Graph::default();
         let x = input(&mut g, "x", &[1, 2, 5, 5]);
         let src = if relu {
             let r = val(&mut g, "r", &[1, 2, 5, 5]);
-            node(&mut g, Op::Unary(UnaryOp::Act(Activation::Relu)), &[Some(x)], &[r]);
+            node(
+                &mut g,
+                Op::Unary(UnaryOp::Act(Activation::Relu)),
+                &[Some(x)],
+                &[r],
+            );
             r
         } else {
             x
         };
-        let p = pad_node(&mut g, src, vec![0, 0, 0, 0, 0, 0, 1, 1], Some(value), &[1, 2, 6, 6]);
+        let p = pad_node(
+            &mut g,
+            src,
+            vec![0, 0, 0, 0, 0, 0, 1, 1],
+            Some(value),
+            &[1, 2, 6, 6],
+        );
         let y = val(&mut g, "y", &[1, 2, 3, 3]);
-        node(&mut g, Op::MaxPool(pool_attrs(2, 2, false)), &[Some(p)], &[y]);
+        node(
+            &mut g,
+            Op::MaxPool(pool_attrs(2, 2, false)),
+            &[Some(p)],
+            &[y],
+        );
         g.outputs = vec![y];
         let xin = rng.tensor(&[1, 2, 5, 5]);
         let before = eval(&g, std::slice::from_ref(&xin));
         assert_eq!(pad_fold(&mut g).unwrap(), expect, "case {case}");
         if expect == 1 {
-            let Some(Op::MaxPool(a)) = g.nodes.last().map(|n| &n.op) else { panic!() };
+            let Some(Op::MaxPool(a)) = g.nodes.last().map(|n| &n.op) else {
+                panic!()
+            };
             assert_eq!(a.pads, vec![0, 0, 1, 1]);
         }
         assert_close(&eval(&g, &[xin]), &before, 0.0);
@@ -544,12 +707,19 @@ fn pad_fold_into_average_pool_counts_padding() {
     let x = input(&mut g, "x", &[1, 2, 4, 4]);
     let p = pad_node(&mut g, x, vec![0, 0, 1, 1, 0, 0, 1, 1], None, &[1, 2, 6, 6]);
     let y = val(&mut g, "y", &[1, 2, 4, 4]);
-    node(&mut g, Op::AveragePool(pool_attrs(3, 1, false)), &[Some(p)], &[y]);
+    node(
+        &mut g,
+        Op::AveragePool(pool_attrs(3, 1, false)),
+        &[Some(p)],
+        &[y],
+    );
     g.outputs = vec![y];
     let xin = rng.tensor(&[1, 2, 4, 4]);
     let before = eval(&g, std::slice::from_ref(&xin));
     assert_eq!(pad_fold(&mut g).unwrap(), 1);
-    let Op::AveragePool(a) = &g.nodes[0].op else { panic!() };
+    let Op::AveragePool(a) = &g.nodes[0].op else {
+        panic!()
+    };
     assert!(a.count_include_pad);
     assert_close(&eval(&g, &[xin]), &before, 1e-6);
 }
@@ -571,10 +741,25 @@ fn bn_fold_into_conv_and_depthwise_conv() {
         let mut rng = Rng(6 + group as u64);
         let mut g = Graph::default();
         let x = input(&mut g, "x", &[1, cin, 5, 5]);
-        let y = add_conv(&mut g, &mut rng, x, cin, 4, 3, vec![1, 1, 1, 1], group, &[1, 4, 5, 5]);
+        let y = add_conv(
+            &mut g,
+            &mut rng,
+            x,
+            cin,
+            4,
+            3,
+            vec![1, 1, 1, 1],
+            group,
+            &[1, 4, 5, 5],
+        );
         let [s, b, m, v] = bn_consts(&mut g, &mut rng, 4);
         let out = val(&mut g, "out", &[1, 4, 5, 5]);
-        node(&mut g, Op::BatchNormalization { epsilon: 1e-3 }, &[Some(y), s, b, m, v], &[out]);
+        node(
+            &mut g,
+            Op::BatchNormalization { epsilon: 1e-3 },
+            &[Some(y), s, b, m, v],
+            &[out],
+        );
         g.outputs = vec![out];
         let xin = rng.tensor(&[1, cin, 5, 5]);
         let before = eval(&g, std::slice::from_ref(&xin));
@@ -591,15 +776,32 @@ fn bn_after_non_conv_becomes_mul_add() {
     let mut g = Graph::default();
     let x = input(&mut g, "x", &[1, 3, 2, 2]);
     let r = val(&mut g, "r", &[1, 3, 2, 2]);
-    node(&mut g, Op::Unary(UnaryOp::Act(Activation::Relu)), &[Some(x)], &[r]);
+    node(
+        &mut g,
+        Op::Unary(UnaryOp::Act(Activation::Relu)),
+        &[Some(x)],
+        &[r],
+    );
     let [s, b, m, v] = bn_consts(&mut g, &mut rng, 3);
     let out = val(&mut g, "out", &[1, 3, 2, 2]);
-    node(&mut g, Op::BatchNormalization { epsilon: 1e-5 }, &[Some(r), s, b, m, v], &[out]);
+    node(
+        &mut g,
+        Op::BatchNormalization { epsilon: 1e-5 },
+        &[Some(r), s, b, m, v],
+        &[out],
+    );
     g.outputs = vec![out];
     let xin = rng.tensor(&[1, 3, 2, 2]);
     let before = eval(&g, std::slice::from_ref(&xin));
     assert_eq!(bn_fold(&mut g).unwrap(), 1);
-    assert_eq!((count(&g, "Mul"), count(&g, "Add"), count(&g, "BatchNormalization")), (1, 1, 0));
+    assert_eq!(
+        (
+            count(&g, "Mul"),
+            count(&g, "Add"),
+            count(&g, "BatchNormalization")
+        ),
+        (1, 1, 0)
+    );
     assert_close(&eval(&g, &[xin]), &before, 1e-5);
 }
 
@@ -611,7 +813,17 @@ fn fuse_activation_clip_silu_hardswish_and_bias_add() {
     for case in 0..4 {
         let mut g = Graph::default();
         let x = input(&mut g, "x", &[1, 2, 4, 4]);
-        let y = add_conv(&mut g, &mut rng, x, 2, 3, 3, vec![1, 1, 1, 1], 1, &[1, 3, 4, 4]);
+        let y = add_conv(
+            &mut g,
+            &mut rng,
+            x,
+            2,
+            3,
+            3,
+            vec![1, 1, 1, 1],
+            1,
+            &[1, 3, 4, 4],
+        );
         let out = val(&mut g, "out", &[1, 3, 4, 4]);
         let expect = match case {
             0 => {
@@ -622,20 +834,43 @@ fn fuse_activation_clip_silu_hardswish_and_bias_add() {
             }
             1 => {
                 let s = val(&mut g, "s", &[1, 3, 4, 4]);
-                node(&mut g, Op::Unary(UnaryOp::Act(Activation::Sigmoid)), &[Some(y)], &[s]);
-                node(&mut g, Op::Binary(BinaryOp::Mul), &[Some(s), Some(y)], &[out]);
+                node(
+                    &mut g,
+                    Op::Unary(UnaryOp::Act(Activation::Sigmoid)),
+                    &[Some(y)],
+                    &[s],
+                );
+                node(
+                    &mut g,
+                    Op::Binary(BinaryOp::Mul),
+                    &[Some(s), Some(y)],
+                    &[out],
+                );
                 Some(Activation::Silu)
             }
             2 => {
                 let s = val(&mut g, "s", &[1, 3, 4, 4]);
-                let hs = Activation::HardSigmoid { alpha: 1.0 / 6.0, beta: 0.5 };
+                let hs = Activation::HardSigmoid {
+                    alpha: 1.0 / 6.0,
+                    beta: 0.5,
+                };
                 node(&mut g, Op::Unary(UnaryOp::Act(hs)), &[Some(y)], &[s]);
-                node(&mut g, Op::Binary(BinaryOp::Mul), &[Some(y), Some(s)], &[out]);
+                node(
+                    &mut g,
+                    Op::Binary(BinaryOp::Mul),
+                    &[Some(y), Some(s)],
+                    &[out],
+                );
                 Some(Activation::HardSwish)
             }
             _ => {
                 let c = f32c(&mut g, "c", rng.tensor(&[1, 3, 1, 1]));
-                node(&mut g, Op::Binary(BinaryOp::Add), &[Some(c), Some(y)], &[out]);
+                node(
+                    &mut g,
+                    Op::Binary(BinaryOp::Add),
+                    &[Some(c), Some(y)],
+                    &[out],
+                );
                 None
             }
         };
@@ -644,7 +879,9 @@ fn fuse_activation_clip_silu_hardswish_and_bias_add() {
         let before = eval(&g, std::slice::from_ref(&xin));
         assert!(fuse_activation(&mut g).unwrap() >= 1);
         assert_eq!(g.nodes.len(), 1, "case {case}");
-        let Op::Conv(a) = &g.nodes[0].op else { panic!() };
+        let Op::Conv(a) = &g.nodes[0].op else {
+            panic!()
+        };
         assert_eq!(a.activation, expect);
         assert_eq!(g.nodes[0].outputs, vec![out]);
         assert_close(&eval(&g, &[xin]), &before, 1e-5);
@@ -658,7 +895,12 @@ fn fuse_activation_needs_sole_reader() {
     let x = input(&mut g, "x", &[1, 2, 4, 4]);
     let y = add_conv(&mut g, &mut rng, x, 2, 2, 1, vec![], 1, &[1, 2, 4, 4]);
     let r = val(&mut g, "r", &[1, 2, 4, 4]);
-    node(&mut g, Op::Unary(UnaryOp::Act(Activation::Relu)), &[Some(y)], &[r]);
+    node(
+        &mut g,
+        Op::Unary(UnaryOp::Act(Activation::Relu)),
+        &[Some(y)],
+        &[r],
+    );
     g.outputs = vec![r, y];
     assert_eq!(fuse_activation(&mut g).unwrap(), 0);
     // A per-channel [C] constant aligns with W, not C, so it must not become the bias.
@@ -667,7 +909,12 @@ fn fuse_activation_needs_sole_reader() {
     let y = add_conv(&mut g2, &mut rng, x, 2, 4, 1, vec![], 1, &[1, 4, 4, 4]);
     let c = f32c(&mut g2, "c", rng.tensor(&[4]));
     let out = val(&mut g2, "out", &[1, 4, 4, 4]);
-    node(&mut g2, Op::Binary(BinaryOp::Add), &[Some(y), Some(c)], &[out]);
+    node(
+        &mut g2,
+        Op::Binary(BinaryOp::Add),
+        &[Some(y), Some(c)],
+        &[out],
+    );
     g2.outputs = vec![out];
     assert_eq!(fuse_activation(&mut g2).unwrap(), 0);
 }
@@ -687,9 +934,19 @@ fn fuse_elementwise_chain_steps_and_numerics() {
     let one = f32c(&mut g, "one", t32(&[], vec![1.0]));
     let lo = f32c(&mut g, "lo", t32(&[], vec![0.0]));
     let hi = f32c(&mut g, "hi", t32(&[], vec![0.5]));
-    node(&mut g, Op::Unary(UnaryOp::Act(Activation::Relu)), &[Some(x)], &[a]);
+    node(
+        &mut g,
+        Op::Unary(UnaryOp::Act(Activation::Relu)),
+        &[Some(x)],
+        &[a],
+    );
     node(&mut g, Op::Binary(BinaryOp::Mul), &[Some(a), Some(k)], &[b]);
-    node(&mut g, Op::Binary(BinaryOp::Sub), &[Some(one), Some(b)], &[c]);
+    node(
+        &mut g,
+        Op::Binary(BinaryOp::Sub),
+        &[Some(one), Some(b)],
+        &[c],
+    );
     node(&mut g, Op::Clip, &[Some(c), Some(lo), Some(hi)], &[out]);
     g.outputs = vec![out];
     let xin = rng.tensor(&[1, 3, 2, 2]);
@@ -698,13 +955,23 @@ fn fuse_elementwise_chain_steps_and_numerics() {
     assert_eq!(g.nodes.len(), 1);
     assert_eq!(g.nodes[0].inputs, vec![Some(x), Some(k), Some(one)]);
     assert_eq!(g.nodes[0].outputs, vec![out]);
-    let Op::Elementwise(steps) = &g.nodes[0].op else { panic!() };
+    let Op::Elementwise(steps) = &g.nodes[0].op else {
+        panic!()
+    };
     assert_eq!(
         steps,
         &vec![
             ChainStep::Unary(UnaryOp::Act(Activation::Relu)),
-            ChainStep::Binary { op: BinaryOp::Mul, operand: 1, acc_on_right: false },
-            ChainStep::Binary { op: BinaryOp::Sub, operand: 2, acc_on_right: true },
+            ChainStep::Binary {
+                op: BinaryOp::Mul,
+                operand: 1,
+                acc_on_right: false
+            },
+            ChainStep::Binary {
+                op: BinaryOp::Sub,
+                operand: 2,
+                acc_on_right: true
+            },
             ChainStep::Unary(UnaryOp::Act(Activation::Clip { min: 0.0, max: 0.5 })),
         ]
     );
@@ -727,7 +994,12 @@ fn fuse_elementwise_never_grows_the_accumulator_and_respects_fanout() {
     node(&mut g, Op::Unary(UnaryOp::Neg), &[Some(a)], &[n]);
     // `n` has two readers: the chain must stop there.
     node(&mut g, Op::Unary(UnaryOp::Abs), &[Some(n)], &[t]);
-    node(&mut g, Op::Binary(BinaryOp::Mul), &[Some(n), Some(t)], &[out]);
+    node(
+        &mut g,
+        Op::Binary(BinaryOp::Mul),
+        &[Some(n), Some(t)],
+        &[out],
+    );
     g.outputs = vec![out];
     let ins = [rng.tensor(&[1, 3, 1, 1]), rng.tensor(&[1, 3, 2, 2])];
     let before = eval(&g, &ins);
@@ -735,12 +1007,20 @@ fn fuse_elementwise_never_grows_the_accumulator_and_respects_fanout() {
     // Exp stays alone (its output would be broadcast), Add+Neg fuse from `y`, Abs+Mul fuse.
     assert_eq!(count(&g, "Exp"), 1);
     assert_eq!(count(&g, "FusedElementwise"), 2);
-    let fused: Vec<&Node> = g.nodes.iter().filter(|n| matches!(n.op, Op::Elementwise(_))).collect();
+    let fused: Vec<&Node> = g
+        .nodes
+        .iter()
+        .filter(|n| matches!(n.op, Op::Elementwise(_)))
+        .collect();
     assert_eq!(fused[0].inputs, vec![Some(y), Some(e)]);
     assert_eq!(
         fused[0].op,
         Op::Elementwise(vec![
-            ChainStep::Binary { op: BinaryOp::Add, operand: 1, acc_on_right: true },
+            ChainStep::Binary {
+                op: BinaryOp::Add,
+                operand: 1,
+                acc_on_right: true
+            },
             ChainStep::Unary(UnaryOp::Neg)
         ])
     );
@@ -749,7 +1029,11 @@ fn fuse_elementwise_never_grows_the_accumulator_and_respects_fanout() {
         fused[1].op,
         Op::Elementwise(vec![
             ChainStep::Unary(UnaryOp::Abs),
-            ChainStep::Binary { op: BinaryOp::Mul, operand: 0, acc_on_right: true }
+            ChainStep::Binary {
+                op: BinaryOp::Mul,
+                operand: 0,
+                acc_on_right: true
+            }
         ])
     );
     assert_close(&eval(&g, &ins), &before, 1e-6);
@@ -762,22 +1046,54 @@ fn layout_rewrites_conv_region_to_nhwc() {
     let mut rng = Rng(14);
     let mut g = Graph::default();
     let x = input(&mut g, "x", &[1, 3, 6, 6]);
-    let y = add_conv(&mut g, &mut rng, x, 3, 4, 3, vec![1, 1, 1, 1], 1, &[1, 4, 6, 6]);
+    let y = add_conv(
+        &mut g,
+        &mut rng,
+        x,
+        3,
+        4,
+        3,
+        vec![1, 1, 1, 1],
+        1,
+        &[1, 4, 6, 6],
+    );
     let r = val(&mut g, "r", &[1, 4, 6, 6]);
-    node(&mut g, Op::Unary(UnaryOp::Act(Activation::Relu)), &[Some(y)], &[r]);
+    node(
+        &mut g,
+        Op::Unary(UnaryOp::Act(Activation::Relu)),
+        &[Some(y)],
+        &[r],
+    );
     let kdata: Vec<f32> = vec![1.0, 2.0, 3.0, 4.0];
     let k = f32c(&mut g, "k", t32(&[1, 4, 1, 1], kdata.clone()));
     let a = val(&mut g, "a", &[1, 4, 6, 6]);
     node(&mut g, Op::Binary(BinaryOp::Add), &[Some(r), Some(k)], &[a]);
-    let k3 = f32c(&mut g, "k3", rng.tensor(&[4, 1, 1]));
+    let k3 = f32c(&mut g, "k3", rng.tensor(&[1, 6, 6]));
     let m = val(&mut g, "m", &[1, 4, 6, 6]);
-    node(&mut g, Op::Binary(BinaryOp::Mul), &[Some(k3), Some(a)], &[m]);
+    node(
+        &mut g,
+        Op::Binary(BinaryOp::Mul),
+        &[Some(k3), Some(a)],
+        &[m],
+    );
     let cat = val(&mut g, "cat", &[1, 8, 6, 6]);
     node(&mut g, Op::Concat { axis: 1 }, &[Some(m), Some(a)], &[cat]);
     let p = val(&mut g, "p", &[1, 8, 3, 3]);
-    node(&mut g, Op::MaxPool(pool_attrs(2, 2, false)), &[Some(cat)], &[p]);
+    node(
+        &mut g,
+        Op::MaxPool(pool_attrs(2, 2, false)),
+        &[Some(cat)],
+        &[p],
+    );
     let gap = val(&mut g, "gap", &[1, 8, 1, 1]);
-    node(&mut g, Op::GlobalAveragePool { layout: Layout::Nchw }, &[Some(p)], &[gap]);
+    node(
+        &mut g,
+        Op::GlobalAveragePool {
+            layout: Layout::Nchw,
+        },
+        &[Some(p)],
+        &[gap],
+    );
     let flat = val(&mut g, "flat", &[1, 8]);
     node(&mut g, Op::Flatten { axis: 1 }, &[Some(gap)], &[flat]);
     g.outputs = vec![flat, r];
@@ -792,8 +1108,16 @@ fn layout_rewrites_conv_region_to_nhwc() {
     assert_eq!(g.values[r].shape, Some(vec![1, 4, 6, 6]));
     assert_eq!(g.values[flat].shape, Some(vec![1, 8]));
     // Input converter first.
-    assert_eq!(g.nodes[0].op, Op::Transpose { perm: vec![0, 2, 3, 1] });
-    assert_eq!(g.values[g.nodes[0].outputs[0]].shape, Some(vec![1, 6, 6, 3]));
+    assert_eq!(
+        g.nodes[0].op,
+        Op::Transpose {
+            perm: vec![0, 2, 3, 1]
+        }
+    );
+    assert_eq!(
+        g.values[g.nodes[0].outputs[0]].shape,
+        Some(vec![1, 6, 6, 3])
+    );
     for nd in &g.nodes {
         match &nd.op {
             Op::Conv(c) => {
@@ -809,7 +1133,10 @@ fn layout_rewrites_conv_region_to_nhwc() {
                 assert_eq!(kc.as_f32().unwrap(), kdata.as_slice());
             }
             Op::Binary(BinaryOp::Mul) => {
-                assert_eq!(g.constant(nd.inputs[0].unwrap()).unwrap().shape, vec![1, 1, 1, 4]);
+                assert_eq!(
+                    g.constant(nd.inputs[0].unwrap()).unwrap().shape,
+                    vec![1, 6, 6, 1]
+                );
             }
             _ => {}
         }
@@ -833,21 +1160,48 @@ fn layout_rewrites_conv_region_to_nhwc() {
 #[test]
 fn layout_remaps_split_pad_slice_and_resize_inputs() {
     let mut rng = Rng(15);
-    let mut g = Graph::default();
-    g.opset = 17;
+    let mut g = Graph {
+        opset: 17,
+        ..Default::default()
+    };
     let x = input(&mut g, "x", &[1, 2, 4, 4]);
     let y = add_conv(&mut g, &mut rng, x, 2, 4, 1, vec![], 1, &[1, 4, 4, 4]);
     let s0 = val(&mut g, "s0", &[1, 2, 4, 4]);
     let s1 = val(&mut g, "s1", &[1, 2, 4, 4]);
-    node(&mut g, Op::Split { axis: -3, split: None }, &[Some(y)], &[s0, s1]);
+    node(
+        &mut g,
+        Op::Split {
+            axis: -3,
+            split: None,
+        },
+        &[Some(y)],
+        &[s0, s1],
+    );
     let pads = i64c(&mut g, "pads", vec![0, 0, 1, 2, 0, 0, 3, 4]);
     let pd = val(&mut g, "pd", &[1, 2, 8, 10]);
-    node(&mut g, Op::Pad { mode: PadMode::Constant }, &[Some(s0), Some(pads)], &[pd]);
+    node(
+        &mut g,
+        Op::Pad {
+            mode: PadMode::Constant,
+        },
+        &[Some(s0), Some(pads)],
+        &[pd],
+    );
     let roi = f32c(&mut g, "roi", t32(&[0], vec![]));
     let scales = f32c(&mut g, "scales", t32(&[4], vec![1.0, 1.0, 2.0, 3.0]));
     let rs = val(&mut g, "rs", &[1, 2, 16, 30]);
-    let ra = ResizeAttrs { mode: ResizeMode::Linear, coord: CoordMode::HalfPixel, nearest: NearestMode::Floor, layout: Layout::Nchw };
-    node(&mut g, Op::Resize(ra), &[Some(pd), Some(roi), Some(scales)], &[rs]);
+    let ra = ResizeAttrs {
+        mode: ResizeMode::Linear,
+        coord: CoordMode::HalfPixel,
+        nearest: NearestMode::Floor,
+        layout: Layout::Nchw,
+    };
+    node(
+        &mut g,
+        Op::Resize(ra),
+        &[Some(pd), Some(roi), Some(scales)],
+        &[rs],
+    );
     let st = i64c(&mut g, "st", vec![1, 0]);
     let en = i64c(&mut g, "en", vec![2, 3]);
     let sl = val(&mut g, "sl", &[1, 1, 3, 4]);
@@ -859,7 +1213,11 @@ fn layout_remaps_split_pad_slice_and_resize_inputs() {
         match &nd.op {
             Op::Split { axis, .. } => assert_eq!(*axis, 3),
             Op::Pad { .. } => {
-                let p = g.constant(nd.inputs[1].unwrap()).unwrap().to_i64_vec().unwrap();
+                let p = g
+                    .constant(nd.inputs[1].unwrap())
+                    .unwrap()
+                    .to_i64_vec()
+                    .unwrap();
                 assert_eq!(p, vec![0, 1, 2, 0, 0, 3, 4, 0]);
                 assert_eq!(g.values[nd.outputs[0]].shape, Some(vec![1, 8, 10, 2]));
             }
@@ -869,7 +1227,11 @@ fn layout_remaps_split_pad_slice_and_resize_inputs() {
                 assert_eq!(s.as_f32().unwrap(), &[1.0, 2.0, 3.0, 1.0]);
             }
             Op::Slice => {
-                let ax = g.constant(nd.inputs[3].unwrap()).unwrap().to_i64_vec().unwrap();
+                let ax = g
+                    .constant(nd.inputs[3].unwrap())
+                    .unwrap()
+                    .to_i64_vec()
+                    .unwrap();
                 assert_eq!(ax, vec![0, 3]);
             }
             _ => {}
@@ -880,7 +1242,12 @@ fn layout_remaps_split_pad_slice_and_resize_inputs() {
     // Both outputs are produced by NCHW converters with the right perm.
     for &o in &g.outputs {
         let p = g.producers()[o].unwrap();
-        assert_eq!(g.nodes[p].op, Op::Transpose { perm: vec![0, 3, 1, 2] });
+        assert_eq!(
+            g.nodes[p].op,
+            Op::Transpose {
+                perm: vec![0, 3, 1, 2]
+            }
+        );
     }
 }
 
@@ -892,20 +1259,60 @@ fn transpose_cancel_composes_folds_and_removes_inverse_pairs() {
     let a = val(&mut g, "a", &[1, 3, 4, 2]);
     let b = val(&mut g, "b", &[1, 2, 3, 4]);
     let c = val(&mut g, "c", &[1, 2, 3, 4]);
-    node(&mut g, Op::Transpose { perm: vec![0, 2, 3, 1] }, &[Some(x)], &[a]);
-    node(&mut g, Op::Transpose { perm: vec![0, 3, 1, 2] }, &[Some(a)], &[b]);
+    node(
+        &mut g,
+        Op::Transpose {
+            perm: vec![0, 2, 3, 1],
+        },
+        &[Some(x)],
+        &[a],
+    );
+    node(
+        &mut g,
+        Op::Transpose {
+            perm: vec![0, 3, 1, 2],
+        },
+        &[Some(a)],
+        &[b],
+    );
     node(&mut g, Op::Unary(UnaryOp::Neg), &[Some(b)], &[c]);
     // A transposed constant folds.
     let k = f32c(&mut g, "k", rng.tensor(&[1, 3, 4, 2]));
     let kt = val(&mut g, "kt", &[1, 2, 3, 4]);
-    node(&mut g, Op::Transpose { perm: vec![0, 3, 1, 2] }, &[Some(k)], &[kt]);
+    node(
+        &mut g,
+        Op::Transpose {
+            perm: vec![0, 3, 1, 2],
+        },
+        &[Some(k)],
+        &[kt],
+    );
     let out = val(&mut g, "out", &[1, 2, 3, 4]);
-    node(&mut g, Op::Binary(BinaryOp::Add), &[Some(c), Some(kt)], &[out]);
+    node(
+        &mut g,
+        Op::Binary(BinaryOp::Add),
+        &[Some(c), Some(kt)],
+        &[out],
+    );
     // Two transposes compose into one.
     let d = val(&mut g, "d", &[2, 1, 3, 4]);
     let e = val(&mut g, "e", &[4, 3, 1, 2]);
-    node(&mut g, Op::Transpose { perm: vec![1, 0, 2, 3] }, &[Some(x)], &[d]);
-    node(&mut g, Op::Transpose { perm: vec![3, 2, 1, 0] }, &[Some(d)], &[e]);
+    node(
+        &mut g,
+        Op::Transpose {
+            perm: vec![1, 0, 2, 3],
+        },
+        &[Some(x)],
+        &[d],
+    );
+    node(
+        &mut g,
+        Op::Transpose {
+            perm: vec![3, 2, 1, 0],
+        },
+        &[Some(d)],
+        &[e],
+    );
     g.outputs = vec![out, e];
     let xin = rng.tensor(&[1, 2, 3, 4]);
     let before = eval(&g, std::slice::from_ref(&xin));
@@ -914,7 +1321,12 @@ fn transpose_cancel_composes_folds_and_removes_inverse_pairs() {
     assert_eq!(count(&g, "Transpose"), 1);
     assert!(g.values[kt].constant.is_some());
     let p = g.producers()[e].unwrap();
-    assert_eq!(g.nodes[p].op, Op::Transpose { perm: vec![3, 2, 0, 1] });
+    assert_eq!(
+        g.nodes[p].op,
+        Op::Transpose {
+            perm: vec![3, 2, 0, 1]
+        }
+    );
     assert_eq!(g.nodes[p].inputs, vec![Some(x)]);
     assert_close(&eval(&g, &[xin]), &before, 0.0);
 }
@@ -924,12 +1336,20 @@ fn transpose_cancel_composes_folds_and_removes_inverse_pairs() {
 #[test]
 fn optimizer_on_efficientnet_like_block() {
     let mut rng = Rng(17);
-    let mut g = Graph::default();
-    g.opset = 17;
+    let mut g = Graph {
+        opset: 17,
+        ..Default::default()
+    };
     let x = input(&mut g, "x", &[1, 3, 8, 8]);
     let id = val(&mut g, "id", &[1, 3, 8, 8]);
     node(&mut g, Op::Identity, &[Some(x)], &[id]);
-    let p = pad_node(&mut g, id, vec![0, 0, 0, 0, 0, 0, 1, 1], None, &[1, 3, 9, 9]);
+    let p = pad_node(
+        &mut g,
+        id,
+        vec![0, 0, 0, 0, 0, 0, 1, 1],
+        None,
+        &[1, 3, 9, 9],
+    );
     let mut a = conv_attrs(3, vec![0; 4], 1);
     a.strides = vec![2, 2];
     let w = f32c(&mut g, "W", rng.tensor(&[4, 3, 3, 3]));
@@ -937,21 +1357,53 @@ fn optimizer_on_efficientnet_like_block() {
     node(&mut g, Op::Conv(a), &[Some(p), Some(w), None], &[y]);
     let [s, b, m, v] = bn_consts(&mut g, &mut rng, 4);
     let bn = val(&mut g, "bn", &[1, 4, 4, 4]);
-    node(&mut g, Op::BatchNormalization { epsilon: 1e-3 }, &[Some(y), s, b, m, v], &[bn]);
+    node(
+        &mut g,
+        Op::BatchNormalization { epsilon: 1e-3 },
+        &[Some(y), s, b, m, v],
+        &[bn],
+    );
     let lo = f32c(&mut g, "lo", t32(&[], vec![0.0]));
     let hi = f32c(&mut g, "hi", t32(&[], vec![6.0]));
     let r6 = val(&mut g, "r6", &[1, 4, 4, 4]);
     node(&mut g, Op::Clip, &[Some(bn), Some(lo), Some(hi)], &[r6]);
-    let dw = add_conv(&mut g, &mut rng, r6, 4, 4, 3, vec![1, 1, 1, 1], 4, &[1, 4, 4, 4]);
+    let dw = add_conv(
+        &mut g,
+        &mut rng,
+        r6,
+        4,
+        4,
+        3,
+        vec![1, 1, 1, 1],
+        4,
+        &[1, 4, 4, 4],
+    );
     let r6b = val(&mut g, "r6b", &[1, 4, 4, 4]);
     node(&mut g, Op::Clip, &[Some(dw), Some(lo), Some(hi)], &[r6b]);
     let res = val(&mut g, "res", &[1, 4, 4, 4]);
-    node(&mut g, Op::Binary(BinaryOp::Add), &[Some(r6b), Some(r6)], &[res]);
+    node(
+        &mut g,
+        Op::Binary(BinaryOp::Add),
+        &[Some(r6b), Some(r6)],
+        &[res],
+    );
     let gap = val(&mut g, "gap", &[1, 4, 1, 1]);
-    node(&mut g, Op::GlobalAveragePool { layout: Layout::Nchw }, &[Some(res)], &[gap]);
+    node(
+        &mut g,
+        Op::GlobalAveragePool {
+            layout: Layout::Nchw,
+        },
+        &[Some(res)],
+        &[gap],
+    );
     let shp = i64c(&mut g, "shape", vec![0, -1]);
     let flat = val(&mut g, "flat", &[1, 4]);
-    node(&mut g, Op::Reshape { allowzero: false }, &[Some(gap), Some(shp)], &[flat]);
+    node(
+        &mut g,
+        Op::Reshape { allowzero: false },
+        &[Some(gap), Some(shp)],
+        &[flat],
+    );
     g.outputs = vec![flat];
     let xin = rng.tensor(&[1, 3, 8, 8]);
     let before = eval(&g, std::slice::from_ref(&xin));
@@ -964,7 +1416,13 @@ fn optimizer_on_efficientnet_like_block() {
     let hist = g.op_histogram();
     assert_eq!(
         hist,
-        vec![("Add", 1), ("FusedConv", 2), ("GlobalAveragePool", 1), ("Reshape", 1), ("Transpose", 1)],
+        vec![
+            ("Add", 1),
+            ("FusedConv", 2),
+            ("GlobalAveragePool", 1),
+            ("Reshape", 1),
+            ("Transpose", 1)
+        ],
         "{hist:?}"
     );
     assert_eq!(g.outputs, vec![flat]);
@@ -974,24 +1432,65 @@ fn optimizer_on_efficientnet_like_block() {
 #[test]
 fn optimizer_on_nanodet_like_head() {
     let mut rng = Rng(18);
-    let mut g = Graph::default();
-    g.opset = 17;
+    let mut g = Graph {
+        opset: 17,
+        ..Default::default()
+    };
     let x = input(&mut g, "x", &[1, 2, 8, 8]);
-    let p = pad_node(&mut g, x, vec![0, 0, 1, 1, 0, 0, 1, 1], None, &[1, 2, 10, 10]);
+    let p = pad_node(
+        &mut g,
+        x,
+        vec![0, 0, 1, 1, 0, 0, 1, 1],
+        None,
+        &[1, 2, 10, 10],
+    );
     let y = add_conv(&mut g, &mut rng, p, 2, 4, 3, vec![], 1, &[1, 4, 8, 8]);
     let lr = val(&mut g, "lr", &[1, 4, 8, 8]);
-    node(&mut g, Op::Unary(UnaryOp::Act(Activation::LeakyRelu { alpha: 0.1 })), &[Some(y)], &[lr]);
-    let pm = pad_node(&mut g, lr, vec![0, 0, 0, 0, 0, 0, 1, 1], Some(f32::NEG_INFINITY), &[1, 4, 9, 9]);
+    node(
+        &mut g,
+        Op::Unary(UnaryOp::Act(Activation::LeakyRelu { alpha: 0.1 })),
+        &[Some(y)],
+        &[lr],
+    );
+    let pm = pad_node(
+        &mut g,
+        lr,
+        vec![0, 0, 0, 0, 0, 0, 1, 1],
+        Some(f32::NEG_INFINITY),
+        &[1, 4, 9, 9],
+    );
     let mp = val(&mut g, "mp", &[1, 4, 4, 4]);
-    node(&mut g, Op::MaxPool(pool_attrs(3, 2, false)), &[Some(pm)], &[mp]);
+    node(
+        &mut g,
+        Op::MaxPool(pool_attrs(3, 2, false)),
+        &[Some(pm)],
+        &[mp],
+    );
     let head = add_conv(&mut g, &mut rng, mp, 4, 3, 1, vec![], 1, &[1, 3, 4, 4]);
     let sg = val(&mut g, "sg", &[1, 3, 4, 4]);
-    node(&mut g, Op::Unary(UnaryOp::Act(Activation::Sigmoid)), &[Some(head)], &[sg]);
+    node(
+        &mut g,
+        Op::Unary(UnaryOp::Act(Activation::Sigmoid)),
+        &[Some(head)],
+        &[sg],
+    );
     let shp = i64c(&mut g, "shape", vec![1, 3, 16]);
     let rsh = val(&mut g, "rsh", &[1, 3, 16]);
-    node(&mut g, Op::Reshape { allowzero: false }, &[Some(sg), Some(shp)], &[rsh]);
+    node(
+        &mut g,
+        Op::Reshape { allowzero: false },
+        &[Some(sg), Some(shp)],
+        &[rsh],
+    );
     let out = val(&mut g, "out", &[1, 16, 3]);
-    node(&mut g, Op::Transpose { perm: vec![0, 2, 1] }, &[Some(rsh)], &[out]);
+    node(
+        &mut g,
+        Op::Transpose {
+            perm: vec![0, 2, 1],
+        },
+        &[Some(rsh)],
+        &[out],
+    );
     g.outputs = vec![out];
     let xin = rng.tensor(&[1, 2, 8, 8]);
     let before = eval(&g, std::slice::from_ref(&xin));
@@ -1001,6 +1500,56 @@ fn optimizer_on_nanodet_like_head() {
     assert_eq!(count(&g, "Pad"), 0);
     assert_eq!(count(&g, "FusedConv"), 2);
     assert_eq!(count(&g, "MaxPool"), 1);
+    // NHWC head → Reshape [1, H*W, C] directly: only the input converter remains.
+    assert_eq!(count(&g, "Transpose"), 1, "{:?}", g.op_histogram());
+    assert_eq!(count(&g, "Reshape"), 1);
     assert_eq!(g.outputs, vec![out]);
     assert_close(&eval(&g, &[xin]), &before, 1e-5);
+}
+
+#[test]
+fn transpose_reshape_transpose_becomes_reshape_only_when_order_is_kept() {
+    for (zs, expect_reshape_only) in [(vec![1usize, 4, 6], true), (vec![1, 8, 3], false)] {
+        let mut rng = Rng(19);
+        let mut g = Graph::default();
+        let x = input(&mut g, "x", &[1, 2, 3, 4]);
+        let t1 = val(&mut g, "t1", &[1, 4, 2, 3]);
+        node(
+            &mut g,
+            Op::Transpose {
+                perm: vec![0, 3, 1, 2],
+            },
+            &[Some(x)],
+            &[t1],
+        );
+        let shp = i64c(&mut g, "shape", zs.iter().map(|&d| d as i64).collect());
+        let rs = val(&mut g, "rs", &zs);
+        node(
+            &mut g,
+            Op::Reshape { allowzero: false },
+            &[Some(t1), Some(shp)],
+            &[rs],
+        );
+        let out = val(&mut g, "out", &[zs[0], zs[2], zs[1]]);
+        node(
+            &mut g,
+            Op::Transpose {
+                perm: vec![0, 2, 1],
+            },
+            &[Some(rs)],
+            &[out],
+        );
+        g.outputs = vec![out];
+        let xin = rng.tensor(&[1, 2, 3, 4]);
+        let before = eval(&g, std::slice::from_ref(&xin));
+        transpose_cancel(&mut g).unwrap();
+        cleanup(&mut g).unwrap();
+        if expect_reshape_only {
+            assert_eq!(g.op_histogram(), vec![("Reshape", 1)]);
+        } else {
+            assert_eq!(count(&g, "Transpose"), 2);
+        }
+        assert_eq!(g.outputs, vec![out]);
+        assert_close(&eval(&g, &[xin]), &before, 0.0);
+    }
 }

@@ -17,7 +17,10 @@ pub(crate) fn bypass(graph: &mut Graph, out: ValueId, src: ValueId) -> bool {
         graph.replace_uses(out, src);
         return true;
     }
-    if graph.outputs.contains(&src) || graph.inputs.contains(&src) || graph.values[src].constant.is_some() {
+    if graph.outputs.contains(&src)
+        || graph.inputs.contains(&src)
+        || graph.values[src].constant.is_some()
+    {
         return false;
     }
     let Some(p) = graph.producers()[src] else {
@@ -56,7 +59,12 @@ pub(crate) fn add_const(graph: &mut Graph, base: &str, t: Tensor) -> ValueId {
 }
 
 /// Adds a non-constant value of the given type and shape with a name derived from `base`.
-pub(crate) fn add_value(graph: &mut Graph, base: &str, dtype: DataType, shape: Option<Vec<usize>>) -> ValueId {
+pub(crate) fn add_value(
+    graph: &mut Graph,
+    base: &str,
+    dtype: DataType,
+    shape: Option<Vec<usize>>,
+) -> ValueId {
     let name = format!("{base}__{}", graph.values.len());
     let v = graph.add_value(name, dtype);
     graph.values[v].shape = shape;
@@ -129,7 +137,10 @@ pub(crate) fn is_perm(perm: &[usize], rank: usize) -> bool {
 /// Transposes a tensor: output dim `i` is input dim `perm[i]` (ONNX Transpose semantics).
 pub(crate) fn permute_tensor(t: &Tensor, perm: &[usize]) -> Result<Tensor> {
     if !is_perm(perm, t.shape.len()) {
-        return Err(Error::Shape(format!("perm {perm:?} does not fit a tensor of shape {:?}", t.shape)));
+        return Err(Error::Shape(format!(
+            "perm {perm:?} does not fit a tensor of shape {:?}",
+            t.shape
+        )));
     }
     let s = &t.shape;
     let data = match &t.data {
@@ -148,8 +159,16 @@ pub(crate) fn broadcast(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
     let r = a.len().max(b.len());
     let mut out = vec![0; r];
     for i in 0..r {
-        let da = if i + a.len() >= r { a[i + a.len() - r] } else { 1 };
-        let db = if i + b.len() >= r { b[i + b.len() - r] } else { 1 };
+        let da = if i + a.len() >= r {
+            a[i + a.len() - r]
+        } else {
+            1
+        };
+        let db = if i + b.len() >= r {
+            b[i + b.len() - r]
+        } else {
+            1
+        };
         out[i] = if da == db || db == 1 {
             da
         } else if da == 1 {
@@ -174,7 +193,9 @@ pub(crate) fn scalar_f32(t: &Tensor) -> Option<f32> {
 pub(crate) fn produces_non_negative(graph: &Graph, node: &Node) -> bool {
     use crate::ir::{Activation, UnaryOp};
     let act_ok = |a: Option<Activation>| match a {
-        Some(Activation::Relu) | Some(Activation::Sigmoid) | Some(Activation::HardSigmoid { .. }) => true,
+        Some(Activation::Relu)
+        | Some(Activation::Sigmoid)
+        | Some(Activation::HardSigmoid { .. }) => true,
         Some(Activation::Clip { min, .. }) => min >= 0.0,
         _ => false,
     };
@@ -183,7 +204,10 @@ pub(crate) fn produces_non_negative(graph: &Graph, node: &Node) -> bool {
         Op::Unary(UnaryOp::Abs) | Op::Unary(UnaryOp::Exp) => true,
         Op::Conv(c) => act_ok(c.activation),
         Op::Gemm { activation, .. } => act_ok(*activation),
-        Op::Clip => graph.const_input(node, 1).and_then(scalar_f32).is_some_and(|m| m >= 0.0),
+        Op::Clip => graph
+            .const_input(node, 1)
+            .and_then(scalar_f32)
+            .is_some_and(|m| m >= 0.0),
         _ => false,
     }
 }

@@ -299,11 +299,11 @@ fn build_conv(graph: &Graph, node: &Node, a: &ConvAttrs) -> Result<Box<dyn Kerne
                 },
             )
         } else {
-            let tile_rows = (SCRATCH_BUDGET / threads / (kg * 4))
+            let tile_rows = (SCRATCH_BUDGET / threads / (kg * 4).max(1))
                 .max(8)
                 .min(per_thread)
                 .min(512);
-            let slot = (tile_rows * kg).next_multiple_of(16);
+            let slot = (tile_rows * kg).next_multiple_of(16).max(16);
             (
                 wp,
                 ConvImpl::Im2col {
@@ -345,6 +345,9 @@ impl Kernel for ConvKernel {
         let g = &self.g;
         let x = input_f32(inputs, 0, g.n * g.cin * g.h * g.w)?;
         let out = output_f32(outputs, 0, g.n * g.cout * g.oh * g.ow)?;
+        if out.is_empty() {
+            return Ok(());
+        }
         match self.imp {
             ConvImpl::Pointwise { tile_rows } => self.run_pointwise(x, out, tile_rows),
             ConvImpl::Depthwise => {

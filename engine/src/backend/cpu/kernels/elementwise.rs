@@ -14,7 +14,9 @@ use rayon::prelude::*;
 
 use super::{Kernel, TensorMut, TensorRef};
 use crate::error::{Error, Result};
-use crate::ir::{Activation, BinaryOp, ChainStep, DataType, Graph, Node, Op, Tensor, UnaryOp, ValueId};
+use crate::ir::{
+    Activation, BinaryOp, ChainStep, DataType, Graph, Node, Op, Tensor, UnaryOp, ValueId,
+};
 
 /// Outputs with at least this many elements are split across the rayon pool.
 pub(super) const PAR_MIN: usize = 1 << 16;
@@ -42,13 +44,19 @@ impl Pod for f32 {}
 pub(super) fn view<'a, T: Pod>(b: &'a [u8], n: usize, node: &str) -> Result<&'a [T]> {
     let sz = std::mem::size_of::<T>();
     if b.len() != n * sz {
-        return Err(Error::Shape(format!("node '{node}': tensor view holds {} bytes, expected {}", b.len(), n * sz)));
+        return Err(Error::Shape(format!(
+            "node '{node}': tensor view holds {} bytes, expected {}",
+            b.len(),
+            n * sz
+        )));
     }
     if n == 0 {
         return Ok(&[]);
     }
-    if (b.as_ptr() as usize) % std::mem::align_of::<T>() != 0 {
-        return Err(Error::Shape(format!("node '{node}': misaligned tensor view")));
+    if !(b.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>()) {
+        return Err(Error::Shape(format!(
+            "node '{node}': misaligned tensor view"
+        )));
     }
     // SAFETY: length and alignment checked above; T is plain old data valid for any bit pattern.
     Ok(unsafe { std::slice::from_raw_parts(b.as_ptr() as *const T, n) })
@@ -58,13 +66,19 @@ pub(super) fn view<'a, T: Pod>(b: &'a [u8], n: usize, node: &str) -> Result<&'a 
 pub(super) fn view_mut<'a, T: Pod>(b: &'a mut [u8], n: usize, node: &str) -> Result<&'a mut [T]> {
     let sz = std::mem::size_of::<T>();
     if b.len() != n * sz {
-        return Err(Error::Shape(format!("node '{node}': output view holds {} bytes, expected {}", b.len(), n * sz)));
+        return Err(Error::Shape(format!(
+            "node '{node}': output view holds {} bytes, expected {}",
+            b.len(),
+            n * sz
+        )));
     }
     if n == 0 {
         return Ok(&mut []);
     }
-    if (b.as_ptr() as usize) % std::mem::align_of::<T>() != 0 {
-        return Err(Error::Shape(format!("node '{node}': misaligned output view")));
+    if !(b.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>()) {
+        return Err(Error::Shape(format!(
+            "node '{node}': misaligned output view"
+        )));
     }
     // SAFETY: length and alignment checked above; T is plain old data valid for any bit pattern.
     Ok(unsafe { std::slice::from_raw_parts_mut(b.as_mut_ptr() as *mut T, n) })
@@ -80,32 +94,57 @@ pub(super) fn pod_from_bytes<T: Pod>(b: &[u8]) -> Option<T> {
 }
 
 /// Run-time input `i`, or an error naming the node when it was not supplied.
-pub(super) fn input<'a>(inputs: &[Option<TensorRef<'a>>], i: usize, node: &str) -> Result<TensorRef<'a>> {
-    inputs.get(i).copied().flatten().ok_or_else(|| Error::BadInput(format!("node '{node}': input {i} missing at run time")))
+pub(super) fn input<'a>(
+    inputs: &[Option<TensorRef<'a>>],
+    i: usize,
+    node: &str,
+) -> Result<TensorRef<'a>> {
+    inputs
+        .get(i)
+        .copied()
+        .flatten()
+        .ok_or_else(|| Error::BadInput(format!("node '{node}': input {i} missing at run time")))
 }
 
 /// Run-time output `i`, or an error naming the node.
-pub(super) fn output<'o, 'a>(outputs: &'o mut [TensorMut<'a>], i: usize, node: &str) -> Result<&'o mut TensorMut<'a>> {
-    outputs.get_mut(i).ok_or_else(|| Error::BadInput(format!("node '{node}': output {i} missing at run time")))
+pub(super) fn output<'o, 'a>(
+    outputs: &'o mut [TensorMut<'a>],
+    i: usize,
+    node: &str,
+) -> Result<&'o mut TensorMut<'a>> {
+    outputs
+        .get_mut(i)
+        .ok_or_else(|| Error::BadInput(format!("node '{node}': output {i} missing at run time")))
 }
 
 /// The value id of required input `i` of `node`.
 pub(super) fn in_id(node: &Node, i: usize) -> Result<ValueId> {
-    node.input(i)
-        .ok_or_else(|| Error::InvalidModel(format!("{} node '{}' lacks required input {i}", node.op.name(), node.name)))
+    node.input(i).ok_or_else(|| {
+        Error::InvalidModel(format!(
+            "{} node '{}' lacks required input {i}",
+            node.op.name(),
+            node.name
+        ))
+    })
 }
 
 /// The value id of output `i` of `node`.
 pub(super) fn out_id(node: &Node, i: usize) -> Result<ValueId> {
-    node.outputs
-        .get(i)
-        .copied()
-        .ok_or_else(|| Error::InvalidModel(format!("{} node '{}' lacks output {i}", node.op.name(), node.name)))
+    node.outputs.get(i).copied().ok_or_else(|| {
+        Error::InvalidModel(format!(
+            "{} node '{}' lacks output {i}",
+            node.op.name(),
+            node.name
+        ))
+    })
 }
 
 /// The static shape of value `v` (owned).
 pub(super) fn shape_of(graph: &Graph, v: ValueId) -> Result<Vec<usize>> {
-    graph.values.get(v).ok_or_else(|| Error::InvalidModel(format!("value id {v} out of range")))?;
+    graph
+        .values
+        .get(v)
+        .ok_or_else(|| Error::InvalidModel(format!("value id {v} out of range")))?;
     Ok(graph.shape(v)?.to_vec())
 }
 
@@ -138,7 +177,10 @@ pub(super) fn norm_axis(node: &Node, axis: i64, rank: usize) -> Result<usize> {
     let r = rank as i64;
     let a = if axis < 0 { axis + r } else { axis };
     if a < 0 || a >= r {
-        return Err(shape_err(node, format_args!("axis {axis} out of range for rank {rank}")));
+        return Err(shape_err(
+            node,
+            format_args!("axis {axis} out of range for rank {rank}"),
+        ));
     }
     Ok(a as usize)
 }
@@ -146,7 +188,9 @@ pub(super) fn norm_axis(node: &Node, axis: i64, rank: usize) -> Result<usize> {
 /// Runs `f(start, chunk)` over `out` in [`CHUNK`]-sized pieces, in parallel when `out` is big.
 pub(super) fn drive<T: Send>(out: &mut [T], f: impl Fn(usize, &mut [T]) + Sync + Send) {
     if out.len() >= PAR_MIN {
-        out.par_chunks_mut(CHUNK).enumerate().for_each(|(i, c)| f(i * CHUNK, c));
+        out.par_chunks_mut(CHUNK)
+            .enumerate()
+            .for_each(|(i, c)| f(i * CHUNK, c));
     } else {
         for (i, c) in out.chunks_mut(CHUNK).enumerate() {
             f(i * CHUNK, c);
@@ -170,14 +214,20 @@ impl Bcast {
     /// Plans reading each of `ins` broadcast (numpy rules) to `out`.
     pub(super) fn new(node: &Node, out: &[usize], ins: &[&[usize]]) -> Result<Self> {
         if ins.len() > MAX_INPUTS {
-            return Err(unsupported(node, format_args!("more than {MAX_INPUTS} broadcast inputs")));
+            return Err(unsupported(
+                node,
+                format_args!("more than {MAX_INPUTS} broadcast inputs"),
+            ));
         }
         let r = out.len();
         let n = ins.len();
         let mut full = vec![0usize; n * r];
         for (k, s) in ins.iter().enumerate() {
             if s.len() > r {
-                return Err(shape_err(node, format_args!("input shape {s:?} has higher rank than output {out:?}")));
+                return Err(shape_err(
+                    node,
+                    format_args!("input shape {s:?} has higher rank than output {out:?}"),
+                ));
             }
             let off = r - s.len();
             let cs = strides_of(s);
@@ -186,7 +236,10 @@ impl Bcast {
                 if dim == out[d] {
                     full[k * r + d] = if dim == 1 { 0 } else { cs[j] };
                 } else if dim != 1 {
-                    return Err(shape_err(node, format_args!("input shape {s:?} does not broadcast to {out:?}")));
+                    return Err(shape_err(
+                        node,
+                        format_args!("input shape {s:?} does not broadcast to {out:?}"),
+                    ));
                 }
             }
         }
@@ -218,7 +271,12 @@ impl Bcast {
                 strides[k * rank + d] = col[k];
             }
         }
-        Ok(Bcast { dims, strides, n_inputs: n, len: numel(out) })
+        Ok(Bcast {
+            dims,
+            strides,
+            n_inputs: n,
+            len: numel(out),
+        })
     }
 
     /// Output element count.
@@ -364,7 +422,10 @@ fn map<T: Copy>(x: &mut [T], f: impl Fn(T) -> T) {
 fn erf(x: f32) -> f32 {
     let x = x as f64;
     let t = 1.0 / (1.0 + 0.327_591_1 * x.abs());
-    let poly = ((((1.061_405_429 * t - 1.453_152_027) * t + 1.421_413_741) * t - 0.284_496_736) * t + 0.254_829_592) * t;
+    let poly = ((((1.061_405_429 * t - 1.453_152_027) * t + 1.421_413_741) * t - 0.284_496_736)
+        * t
+        + 0.254_829_592)
+        * t;
     let y = 1.0 - poly * (-x * x).exp();
     y.copysign(x) as f32
 }
@@ -402,7 +463,10 @@ impl Num for f32 {
         self.min(o)
     }
     fn scalar(t: &Tensor) -> Result<f32> {
-        t.to_f32_vec().first().copied().ok_or_else(|| Error::Shape("empty scalar tensor".into()))
+        t.to_f32_vec()
+            .first()
+            .copied()
+            .ok_or_else(|| Error::Shape("empty scalar tensor".into()))
     }
     fn convert(t: &Tensor) -> Result<Vec<f32>> {
         Ok(t.to_f32_vec())
@@ -415,11 +479,15 @@ impl Num for f32 {
             UnaryOp::Act(a) => match a {
                 Activation::Relu => map(x, |v| Activation::Relu.apply(v)),
                 Activation::Clip { min, max } => map(x, |v| Activation::Clip { min, max }.apply(v)),
-                Activation::LeakyRelu { alpha } => map(x, |v| Activation::LeakyRelu { alpha }.apply(v)),
+                Activation::LeakyRelu { alpha } => {
+                    map(x, |v| Activation::LeakyRelu { alpha }.apply(v))
+                }
                 Activation::Sigmoid => map(x, |v| Activation::Sigmoid.apply(v)),
                 Activation::Silu => map(x, |v| Activation::Silu.apply(v)),
                 Activation::HardSwish => map(x, |v| Activation::HardSwish.apply(v)),
-                Activation::HardSigmoid { alpha, beta } => map(x, |v| Activation::HardSigmoid { alpha, beta }.apply(v)),
+                Activation::HardSigmoid { alpha, beta } => {
+                    map(x, |v| Activation::HardSigmoid { alpha, beta }.apply(v))
+                }
                 Activation::Tanh => map(x, |v| Activation::Tanh.apply(v)),
             },
             UnaryOp::Neg => map(x, |v| -v),
@@ -496,7 +564,10 @@ macro_rules! int_num {
                 Ord::min(self, o)
             }
             fn scalar(t: &Tensor) -> Result<$t> {
-                t.to_i64_vec()?.first().map(|&v| v as $t).ok_or_else(|| Error::Shape("empty scalar tensor".into()))
+                t.to_i64_vec()?
+                    .first()
+                    .map(|&v| v as $t)
+                    .ok_or_else(|| Error::Shape("empty scalar tensor".into()))
             }
             fn convert(t: &Tensor) -> Result<Vec<$t>> {
                 Ok(t.to_i64_vec()?.into_iter().map(|v| v as $t).collect())
@@ -528,7 +599,14 @@ int_num!(i32, DataType::I32);
 
 /// `out[j] = f(a[j*sa], b[j*sb])` with strides 0/1 specialised for vectorisation.
 #[inline(always)]
-fn zip3<T: Copy, O: Copy>(out: &mut [O], a: &[T], sa: usize, b: &[T], sb: usize, f: impl Fn(T, T) -> O) {
+fn zip3<T: Copy, O: Copy>(
+    out: &mut [O],
+    a: &[T],
+    sa: usize,
+    b: &[T],
+    sb: usize,
+    f: impl Fn(T, T) -> O,
+) {
     let n = out.len();
     match (sa != 0, sb != 0) {
         (true, true) => {
@@ -610,7 +688,11 @@ fn arith_acc<T: Num>(op: Arith, acc: &mut [T], b: &[T], sb: usize, acc_right: bo
 enum Step<T> {
     Unary(UnaryOp),
     Clamp(T, T),
-    Bin { op: Arith, operand: usize, acc_right: bool },
+    Bin {
+        op: Arith,
+        operand: usize,
+        acc_right: bool,
+    },
 }
 
 /// A chain of steps over broadcast inputs; plain Unary/Binary/Clip are one-step chains.
@@ -626,10 +708,21 @@ struct ChainKernel<T> {
 
 impl<T: Num> ChainKernel<T> {
     #[inline]
-    fn eval(&self, dst: &mut [T], ins: &[&[T]; MAX_INPUTS], offs: &[usize; MAX_INPUTS], st: &[usize; MAX_INPUTS]) {
+    fn eval(
+        &self,
+        dst: &mut [T],
+        ins: &[&[T]; MAX_INPUTS],
+        offs: &[usize; MAX_INPUTS],
+        st: &[usize; MAX_INPUTS],
+    ) {
         let n = dst.len();
         let mut steps = &self.steps[..];
-        if let Some(&Step::Bin { op, operand, acc_right }) = steps.first() {
+        if let Some(&Step::Bin {
+            op,
+            operand,
+            acc_right,
+        }) = steps.first()
+        {
             let a = seg_slice(ins[0], offs[0], st[0], n);
             let b = seg_slice(ins[operand], offs[operand], st[operand], n);
             if acc_right {
@@ -654,7 +747,11 @@ impl<T: Num> ChainKernel<T> {
                         v
                     }
                 }),
-                Step::Bin { op, operand, acc_right } => {
+                Step::Bin {
+                    op,
+                    operand,
+                    acc_right,
+                } => {
                     let b = seg_slice(ins[operand], offs[operand], st[operand], n);
                     arith_acc(op, dst, b, st[operand], acc_right);
                 }
@@ -664,7 +761,12 @@ impl<T: Num> ChainKernel<T> {
 }
 
 impl<T: Num> Kernel for ChainKernel<T> {
-    fn run(&self, inputs: &[Option<TensorRef<'_>>], outputs: &mut [TensorMut<'_>], _scratch: &mut [u8]) -> Result<()> {
+    fn run(
+        &self,
+        inputs: &[Option<TensorRef<'_>>],
+        outputs: &mut [TensorMut<'_>],
+        _scratch: &mut [u8],
+    ) -> Result<()> {
         let mut ins: [&[T]; MAX_INPUTS] = [&[]; MAX_INPUTS];
         for (k, &len) in self.lens.iter().enumerate() {
             ins[k] = match &self.converted[k] {
@@ -672,11 +774,16 @@ impl<T: Num> Kernel for ChainKernel<T> {
                 None => view(input(inputs, k, &self.name)?.bytes, len, &self.name)?,
             };
         }
-        let out = view_mut::<T>(output(outputs, 0, &self.name)?.bytes, self.plan.len(), &self.name)?;
+        let out = view_mut::<T>(
+            output(outputs, 0, &self.name)?.bytes,
+            self.plan.len(),
+            &self.name,
+        )?;
         drive(out, |start, chunk| {
-            self.plan.segments(start, chunk.len(), |rel, seg, offs, st| {
-                self.eval(&mut chunk[rel..rel + seg], &ins, offs, st);
-            });
+            self.plan
+                .segments(start, chunk.len(), |rel, seg, offs, st| {
+                    self.eval(&mut chunk[rel..rel + seg], &ins, offs, st);
+                });
         });
         Ok(())
     }
@@ -691,8 +798,16 @@ fn build_chain<T: Num>(graph: &Graph, node: &Node) -> Result<Box<dyn Kernel>> {
             (1, vec![Step::Unary(*u)])
         }
         Op::Binary(b) => {
-            let op = arith_of(*b).ok_or_else(|| unsupported(node, format_args!("{b:?} as arithmetic")))?;
-            (2, vec![Step::Bin { op, operand: 1, acc_right: false }])
+            let op = arith_of(*b)
+                .ok_or_else(|| unsupported(node, format_args!("{b:?} as arithmetic")))?;
+            (
+                2,
+                vec![Step::Bin {
+                    op,
+                    operand: 1,
+                    acc_right: false,
+                }],
+            )
         }
         Op::Clip => {
             let bound = |i: usize, default: T| -> Result<T> {
@@ -700,11 +815,17 @@ fn build_chain<T: Num>(graph: &Graph, node: &Node) -> Result<Box<dyn Kernel>> {
                     None => Ok(default),
                     Some(v) => match graph.constant(v) {
                         Some(t) => T::scalar(t),
-                        None => Err(unsupported(node, format_args!("non-constant Clip bound (input {i})"))),
+                        None => Err(unsupported(
+                            node,
+                            format_args!("non-constant Clip bound (input {i})"),
+                        )),
                     },
                 }
             };
-            (1, vec![Step::Clamp(bound(1, T::LOWEST)?, bound(2, T::HIGHEST)?)])
+            (
+                1,
+                vec![Step::Clamp(bound(1, T::LOWEST)?, bound(2, T::HIGHEST)?)],
+            )
         }
         Op::Elementwise(chain) => {
             let n_in = node.inputs.len();
@@ -713,19 +834,31 @@ fn build_chain<T: Num>(graph: &Graph, node: &Node) -> Result<Box<dyn Kernel>> {
                 steps.push(match *s {
                     ChainStep::Unary(u) => {
                         if !T::unary_ok(u) {
-                            return Err(unsupported(node, format_args!("fused {u:?} on {:?}", T::DT)));
+                            return Err(unsupported(
+                                node,
+                                format_args!("fused {u:?} on {:?}", T::DT),
+                            ));
                         }
                         Step::Unary(u)
                     }
-                    ChainStep::Binary { op, operand, acc_on_right } => {
-                        let a = arith_of(op).ok_or_else(|| unsupported(node, format_args!("fused {op:?}")))?;
+                    ChainStep::Binary {
+                        op,
+                        operand,
+                        acc_on_right,
+                    } => {
+                        let a = arith_of(op)
+                            .ok_or_else(|| unsupported(node, format_args!("fused {op:?}")))?;
                         if operand >= n_in {
                             return Err(Error::InvalidModel(format!(
                                 "fused node '{}' reads operand {operand} of {n_in} inputs",
                                 node.name
                             )));
                         }
-                        Step::Bin { op: a, operand, acc_right: acc_on_right }
+                        Step::Bin {
+                            op: a,
+                            operand,
+                            acc_right: acc_on_right,
+                        }
                     }
                 });
             }
@@ -769,11 +902,20 @@ fn build_chain<T: Num>(graph: &Graph, node: &Node) -> Result<Box<dyn Kernel>> {
     for (k, c) in converted.iter().enumerate() {
         if let Some(c) = c {
             if c.len() != numel(&shapes[k]) {
-                return Err(shape_err(node, format_args!("constant input {k} has the wrong element count")));
+                return Err(shape_err(
+                    node,
+                    format_args!("constant input {k} has the wrong element count"),
+                ));
             }
         }
     }
-    Ok(Box::new(ChainKernel { name: node.name.clone(), plan, lens, converted, steps }))
+    Ok(Box::new(ChainKernel {
+        name: node.name.clone(),
+        plan,
+        lens,
+        converted,
+        steps,
+    }))
 }
 
 // ------------------------------------------------------------------------------------------
@@ -802,8 +944,12 @@ fn cmp_seg<T: CmpElem>(op: Cmp, out: &mut [u8], a: &[T], sa: usize, b: &[T], sb:
         Cmp::Equal => zip3(out, a, sa, b, sb, |x, y| (x == y) as u8),
         Cmp::Less => zip3(out, a, sa, b, sb, |x, y| (x < y) as u8),
         Cmp::Greater => zip3(out, a, sa, b, sb, |x, y| (x > y) as u8),
-        Cmp::And => zip3(out, a, sa, b, sb, |x: T, y: T| (x.truthy() && y.truthy()) as u8),
-        Cmp::Or => zip3(out, a, sa, b, sb, |x: T, y: T| (x.truthy() || y.truthy()) as u8),
+        Cmp::And => zip3(out, a, sa, b, sb, |x: T, y: T| {
+            (x.truthy() && y.truthy()) as u8
+        }),
+        Cmp::Or => zip3(out, a, sa, b, sb, |x: T, y: T| {
+            (x.truthy() || y.truthy()) as u8
+        }),
     }
 }
 
@@ -817,16 +963,34 @@ struct CmpKernel<T> {
 }
 
 impl<T: CmpElem> Kernel for CmpKernel<T> {
-    fn run(&self, inputs: &[Option<TensorRef<'_>>], outputs: &mut [TensorMut<'_>], _scratch: &mut [u8]) -> Result<()> {
-        let a = view::<T>(input(inputs, 0, &self.name)?.bytes, self.lens[0], &self.name)?;
-        let b = view::<T>(input(inputs, 1, &self.name)?.bytes, self.lens[1], &self.name)?;
-        let out = view_mut::<u8>(output(outputs, 0, &self.name)?.bytes, self.plan.len(), &self.name)?;
+    fn run(
+        &self,
+        inputs: &[Option<TensorRef<'_>>],
+        outputs: &mut [TensorMut<'_>],
+        _scratch: &mut [u8],
+    ) -> Result<()> {
+        let a = view::<T>(
+            input(inputs, 0, &self.name)?.bytes,
+            self.lens[0],
+            &self.name,
+        )?;
+        let b = view::<T>(
+            input(inputs, 1, &self.name)?.bytes,
+            self.lens[1],
+            &self.name,
+        )?;
+        let out = view_mut::<u8>(
+            output(outputs, 0, &self.name)?.bytes,
+            self.plan.len(),
+            &self.name,
+        )?;
         drive(out, |start, chunk| {
-            self.plan.segments(start, chunk.len(), |rel, seg, offs, st| {
-                let x = seg_slice(a, offs[0], st[0], seg);
-                let y = seg_slice(b, offs[1], st[1], seg);
-                cmp_seg(self.op, &mut chunk[rel..rel + seg], x, st[0], y, st[1]);
-            });
+            self.plan
+                .segments(start, chunk.len(), |rel, seg, offs, st| {
+                    let x = seg_slice(a, offs[0], st[0], seg);
+                    let y = seg_slice(b, offs[1], st[1], seg);
+                    cmp_seg(self.op, &mut chunk[rel..rel + seg], x, st[0], y, st[1]);
+                });
         });
         Ok(())
     }
@@ -844,21 +1008,59 @@ fn build_cmp(graph: &Graph, node: &Node, op: Cmp) -> Result<Box<dyn Kernel>> {
         )));
     }
     if graph.values[out].dtype != DataType::Bool {
-        return Err(Error::Type(format!("{} node '{}': output must be Bool", node.op.name(), node.name)));
+        return Err(Error::Type(format!(
+            "{} node '{}': output must be Bool",
+            node.op.name(),
+            node.name
+        )));
     }
     if matches!(op, Cmp::And | Cmp::Or) && dt != DataType::Bool {
         return Err(unsupported(node, format_args!("logic op on {dt:?}")));
     }
-    let (sa, sb, so) = (shape_of(graph, a)?, shape_of(graph, b)?, shape_of(graph, out)?);
+    let (sa, sb, so) = (
+        shape_of(graph, a)?,
+        shape_of(graph, b)?,
+        shape_of(graph, out)?,
+    );
     let plan = Bcast::new(node, &so, &[&sa, &sb])?;
     let lens = [numel(&sa), numel(&sb)];
     let name = node.name.clone();
     Ok(match dt {
-        DataType::F32 => Box::new(CmpKernel::<f32> { name, op, plan, lens, _t: Default::default() }),
-        DataType::I64 => Box::new(CmpKernel::<i64> { name, op, plan, lens, _t: Default::default() }),
-        DataType::I32 => Box::new(CmpKernel::<i32> { name, op, plan, lens, _t: Default::default() }),
-        DataType::I8 => Box::new(CmpKernel::<i8> { name, op, plan, lens, _t: Default::default() }),
-        DataType::U8 | DataType::Bool => Box::new(CmpKernel::<u8> { name, op, plan, lens, _t: Default::default() }),
+        DataType::F32 => Box::new(CmpKernel::<f32> {
+            name,
+            op,
+            plan,
+            lens,
+            _t: Default::default(),
+        }),
+        DataType::I64 => Box::new(CmpKernel::<i64> {
+            name,
+            op,
+            plan,
+            lens,
+            _t: Default::default(),
+        }),
+        DataType::I32 => Box::new(CmpKernel::<i32> {
+            name,
+            op,
+            plan,
+            lens,
+            _t: Default::default(),
+        }),
+        DataType::I8 => Box::new(CmpKernel::<i8> {
+            name,
+            op,
+            plan,
+            lens,
+            _t: Default::default(),
+        }),
+        DataType::U8 | DataType::Bool => Box::new(CmpKernel::<u8> {
+            name,
+            op,
+            plan,
+            lens,
+            _t: Default::default(),
+        }),
     })
 }
 
@@ -869,7 +1071,12 @@ struct NotKernel {
 }
 
 impl Kernel for NotKernel {
-    fn run(&self, inputs: &[Option<TensorRef<'_>>], outputs: &mut [TensorMut<'_>], _scratch: &mut [u8]) -> Result<()> {
+    fn run(
+        &self,
+        inputs: &[Option<TensorRef<'_>>],
+        outputs: &mut [TensorMut<'_>],
+        _scratch: &mut [u8],
+    ) -> Result<()> {
         let x = view::<u8>(input(inputs, 0, &self.name)?.bytes, self.len, &self.name)?;
         let out = view_mut::<u8>(output(outputs, 0, &self.name)?.bytes, self.len, &self.name)?;
         for (o, &v) in out.iter_mut().zip(x) {
@@ -882,13 +1089,22 @@ impl Kernel for NotKernel {
 fn build_not(graph: &Graph, node: &Node) -> Result<Box<dyn Kernel>> {
     let (x, out) = (in_id(node, 0)?, out_id(node, 0)?);
     if graph.values[x].dtype != DataType::Bool || graph.values[out].dtype != DataType::Bool {
-        return Err(unsupported(node, format_args!("Not on {:?}", graph.values[x].dtype)));
+        return Err(unsupported(
+            node,
+            format_args!("Not on {:?}", graph.values[x].dtype),
+        ));
     }
     let (sx, so) = (shape_of(graph, x)?, shape_of(graph, out)?);
     if sx != so {
-        return Err(shape_err(node, format_args!("input {sx:?} vs output {so:?}")));
+        return Err(shape_err(
+            node,
+            format_args!("input {sx:?} vs output {so:?}"),
+        ));
     }
-    Ok(Box::new(NotKernel { name: node.name.clone(), len: numel(&so) }))
+    Ok(Box::new(NotKernel {
+        name: node.name.clone(),
+        len: numel(&so),
+    }))
 }
 
 /// Where(condition, X, Y) for any element type, moved by element size.
@@ -899,7 +1115,13 @@ struct WhereKernel {
     elem: usize,
 }
 
-fn where_typed<E: Pod>(k: &WhereKernel, c: &[u8], x: &[u8], y: &[u8], out: &mut [u8]) -> Result<()> {
+fn where_typed<E: Pod>(
+    k: &WhereKernel,
+    c: &[u8],
+    x: &[u8],
+    y: &[u8],
+    out: &mut [u8],
+) -> Result<()> {
     let x = view::<E>(x, k.lens[1], &k.name)?;
     let y = view::<E>(y, k.lens[2], &k.name)?;
     let out = view_mut::<E>(out, k.plan.len(), &k.name)?;
@@ -907,7 +1129,11 @@ fn where_typed<E: Pod>(k: &WhereKernel, c: &[u8], x: &[u8], y: &[u8], out: &mut 
         k.plan.segments(start, chunk.len(), |rel, seg, offs, st| {
             let dst = &mut chunk[rel..rel + seg];
             for (j, o) in dst.iter_mut().enumerate() {
-                *o = if c[offs[0] + j * st[0]] != 0 { x[offs[1] + j * st[1]] } else { y[offs[2] + j * st[2]] };
+                *o = if c[offs[0] + j * st[0]] != 0 {
+                    x[offs[1] + j * st[1]]
+                } else {
+                    y[offs[2] + j * st[2]]
+                };
             }
         });
     });
@@ -915,8 +1141,17 @@ fn where_typed<E: Pod>(k: &WhereKernel, c: &[u8], x: &[u8], y: &[u8], out: &mut 
 }
 
 impl Kernel for WhereKernel {
-    fn run(&self, inputs: &[Option<TensorRef<'_>>], outputs: &mut [TensorMut<'_>], _scratch: &mut [u8]) -> Result<()> {
-        let c = view::<u8>(input(inputs, 0, &self.name)?.bytes, self.lens[0], &self.name)?;
+    fn run(
+        &self,
+        inputs: &[Option<TensorRef<'_>>],
+        outputs: &mut [TensorMut<'_>],
+        _scratch: &mut [u8],
+    ) -> Result<()> {
+        let c = view::<u8>(
+            input(inputs, 0, &self.name)?.bytes,
+            self.lens[0],
+            &self.name,
+        )?;
         let x = input(inputs, 1, &self.name)?.bytes;
         let y = input(inputs, 2, &self.name)?.bytes;
         let out = &mut *output(outputs, 0, &self.name)?.bytes;
@@ -930,15 +1165,31 @@ impl Kernel for WhereKernel {
 }
 
 fn build_where(graph: &Graph, node: &Node) -> Result<Box<dyn Kernel>> {
-    let (c, x, y, out) = (in_id(node, 0)?, in_id(node, 1)?, in_id(node, 2)?, out_id(node, 0)?);
+    let (c, x, y, out) = (
+        in_id(node, 0)?,
+        in_id(node, 1)?,
+        in_id(node, 2)?,
+        out_id(node, 0)?,
+    );
     if graph.values[c].dtype != DataType::Bool {
-        return Err(Error::Type(format!("Where node '{}': condition must be Bool", node.name)));
+        return Err(Error::Type(format!(
+            "Where node '{}': condition must be Bool",
+            node.name
+        )));
     }
     let dt = graph.values[x].dtype;
     if graph.values[y].dtype != dt || graph.values[out].dtype != dt {
-        return Err(Error::Type(format!("Where node '{}': X, Y and output types differ", node.name)));
+        return Err(Error::Type(format!(
+            "Where node '{}': X, Y and output types differ",
+            node.name
+        )));
     }
-    let (sc, sx, sy, so) = (shape_of(graph, c)?, shape_of(graph, x)?, shape_of(graph, y)?, shape_of(graph, out)?);
+    let (sc, sx, sy, so) = (
+        shape_of(graph, c)?,
+        shape_of(graph, x)?,
+        shape_of(graph, y)?,
+        shape_of(graph, out)?,
+    );
     let plan = Bcast::new(node, &so, &[&sc, &sx, &sy])?;
     Ok(Box::new(WhereKernel {
         name: node.name.clone(),
@@ -986,7 +1237,10 @@ pub(super) mod test_util {
 
     impl Buf {
         fn new(bytes: &[u8]) -> Self {
-            let mut b = Buf { words: vec![0; bytes.len().div_ceil(8)], n: bytes.len() };
+            let mut b = Buf {
+                words: vec![0; bytes.len().div_ceil(8)],
+                n: bytes.len(),
+            };
             b.bytes_mut().copy_from_slice(bytes);
             b
         }
@@ -1031,7 +1285,12 @@ pub(super) mod test_util {
                 v
             })
             .collect();
-        let node = Node { name: "n".into(), op, inputs, outputs };
+        let node = Node {
+            name: "n".into(),
+            op,
+            inputs,
+            outputs,
+        };
         let k = build_kernel(&g, &node)?;
         let bufs: Vec<Option<(Buf, &Tensor)>> = ins
             .iter()
@@ -1042,13 +1301,26 @@ pub(super) mod test_util {
             .collect();
         let refs: Vec<Option<TensorRef>> = bufs
             .iter()
-            .map(|o| o.as_ref().map(|(b, t)| TensorRef { dtype: t.dtype(), shape: &t.shape, bytes: b.bytes() }))
+            .map(|o| {
+                o.as_ref().map(|(b, t)| TensorRef {
+                    dtype: t.dtype(),
+                    shape: &t.shape,
+                    bytes: b.bytes(),
+                })
+            })
             .collect();
-        let mut out_bufs: Vec<Buf> = outs.iter().map(|(dt, s)| Buf::new(&vec![0xAB; numel(s) * dt.size()])).collect();
+        let mut out_bufs: Vec<Buf> = outs
+            .iter()
+            .map(|(dt, s)| Buf::new(&vec![0xAB; numel(s) * dt.size()]))
+            .collect();
         let mut views: Vec<TensorMut> = out_bufs
             .iter_mut()
             .zip(outs)
-            .map(|(b, (dt, s))| TensorMut { dtype: *dt, shape: s, bytes: b.bytes_mut() })
+            .map(|(b, (dt, s))| TensorMut {
+                dtype: *dt,
+                shape: s,
+                bytes: b.bytes_mut(),
+            })
             .collect();
         k.run(&refs, &mut views, &mut [])?;
         drop(views);
@@ -1057,7 +1329,14 @@ pub(super) mod test_util {
             .map(|((dt, s), b)| {
                 let t = Tensor::from_bytes(*dt, s.clone(), b.bytes())?;
                 // Keep Bool bytes raw so a kernel writing anything but 0/1 is caught.
-                Ok(if *dt == DataType::Bool { Tensor { shape: s.clone(), data: TensorData::Bool(b.bytes().to_vec()) } } else { t })
+                Ok(if *dt == DataType::Bool {
+                    Tensor {
+                        shape: s.clone(),
+                        data: TensorData::Bool(b.bytes().to_vec()),
+                    }
+                } else {
+                    t
+                })
             })
             .collect()
     }
@@ -1065,31 +1344,48 @@ pub(super) mod test_util {
     /// Runs a single-output op.
     pub fn run1(op: Op, ins: Vec<In>, dt: DataType, shape: &[usize]) -> Result<Tensor> {
         let mut v = run_op(op, ins, &[(dt, shape.to_vec())])?;
-        v.pop().ok_or_else(|| crate::error::Error::Shape("no output".into()))
+        v.pop()
+            .ok_or_else(|| crate::error::Error::Shape("no output".into()))
     }
 
     /// An f32 tensor.
     pub fn f32t(shape: &[usize], d: Vec<f32>) -> Tensor {
-        Tensor { shape: shape.to_vec(), data: TensorData::F32(d) }
+        Tensor {
+            shape: shape.to_vec(),
+            data: TensorData::F32(d),
+        }
     }
     /// An i64 tensor.
     pub fn i64t(shape: &[usize], d: Vec<i64>) -> Tensor {
-        Tensor { shape: shape.to_vec(), data: TensorData::I64(d) }
+        Tensor {
+            shape: shape.to_vec(),
+            data: TensorData::I64(d),
+        }
     }
     /// An i32 tensor.
     pub fn i32t(shape: &[usize], d: Vec<i32>) -> Tensor {
-        Tensor { shape: shape.to_vec(), data: TensorData::I32(d) }
+        Tensor {
+            shape: shape.to_vec(),
+            data: TensorData::I32(d),
+        }
     }
     /// A Bool tensor.
     pub fn boolt(shape: &[usize], d: Vec<u8>) -> Tensor {
-        Tensor { shape: shape.to_vec(), data: TensorData::Bool(d) }
+        Tensor {
+            shape: shape.to_vec(),
+            data: TensorData::Bool(d),
+        }
     }
     /// Deterministic pseudo-random f32 values in [-2, 2).
     pub fn rand_f32(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let mut s = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         (0..n)
             .map(|_| {
-                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 ((s >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
             })
             .collect()
@@ -1116,6 +1412,9 @@ pub(super) mod test_util {
 #[cfg(test)]
 mod tests {
     use super::test_util::*;
+
+    type BinRef = fn(f32, f32) -> f32;
+    type UnRef = fn(f32) -> f32;
     use crate::ir::{Activation, BinaryOp, ChainStep, DataType, Op, UnaryOp};
 
     fn numel(s: &[usize]) -> usize {
@@ -1126,8 +1425,16 @@ mod tests {
         let r = a.len().max(b.len());
         (0..r)
             .map(|i| {
-                let x = if i + a.len() >= r { a[i + a.len() - r] } else { 1 };
-                let y = if i + b.len() >= r { b[i + b.len() - r] } else { 1 };
+                let x = if i + a.len() >= r {
+                    a[i + a.len() - r]
+                } else {
+                    1
+                };
+                let y = if i + b.len() >= r {
+                    b[i + b.len() - r]
+                } else {
+                    1
+                };
                 x.max(y)
             })
             .collect()
@@ -1147,7 +1454,7 @@ mod tests {
 
     #[test]
     fn binary_f32_broadcasting_all_directions() {
-        let ops: [(BinaryOp, fn(f32, f32) -> f32); 7] = [
+        let ops: [(BinaryOp, BinRef); 7] = [
             (BinaryOp::Add, |a, b| a + b),
             (BinaryOp::Sub, |a, b| a - b),
             (BinaryOp::Mul, |a, b| a * b),
@@ -1174,7 +1481,10 @@ mod tests {
                 let got = out.as_f32().unwrap();
                 for (i, &g) in got.iter().enumerate() {
                     let want = f(a[bcast_index(&so, sa, i)], b[bcast_index(&so, sb, i)]);
-                    assert!(g == want || (g.is_nan() && want.is_nan()), "{op:?} {sa:?} {sb:?} at {i}: {g} vs {want}");
+                    assert!(
+                        g == want || (g.is_nan() && want.is_nan()),
+                        "{op:?} {sa:?} {sb:?} at {i}: {g} vs {want}"
+                    );
                 }
             }
         }
@@ -1185,8 +1495,16 @@ mod tests {
         let (sa, sb) = ([2usize, 16, 64, 64], [1usize, 16, 1, 1]);
         let a = rand_f32(numel(&sa), 1);
         let b = rand_f32(16, 2);
-        let out = run1(Op::Binary(BinaryOp::Mul), vec![In::Rt(f32t(&sa, a.clone())), In::Const(f32t(&sb, b.clone()))], DataType::F32, &sa)
-            .unwrap();
+        let out = run1(
+            Op::Binary(BinaryOp::Mul),
+            vec![
+                In::Rt(f32t(&sa, a.clone())),
+                In::Const(f32t(&sb, b.clone())),
+            ],
+            DataType::F32,
+            &sa,
+        )
+        .unwrap();
         for (i, &g) in out.as_f32().unwrap().iter().enumerate() {
             assert_eq!(g, a[i] * b[(i / 4096) % 16]);
         }
@@ -1196,7 +1514,10 @@ mod tests {
     fn binary_integer_paths() {
         let out = run1(
             Op::Binary(BinaryOp::Div),
-            vec![In::Rt(i64t(&[5], vec![7, -7, 7, -7, 5])), In::Rt(i64t(&[5], vec![2, 2, -2, -2, 0]))],
+            vec![
+                In::Rt(i64t(&[5], vec![7, -7, 7, -7, 5])),
+                In::Rt(i64t(&[5], vec![2, 2, -2, -2, 0])),
+            ],
             DataType::I64,
             &[5],
         )
@@ -1204,7 +1525,10 @@ mod tests {
         assert_eq!(out.to_i64_vec().unwrap(), vec![3, -3, -3, 3, 0]);
         let out = run1(
             Op::Binary(BinaryOp::Sub),
-            vec![In::Rt(i32t(&[2, 1], vec![10, 20])), In::Rt(i32t(&[3], vec![1, 2, 3]))],
+            vec![
+                In::Rt(i32t(&[2, 1], vec![10, 20])),
+                In::Rt(i32t(&[3], vec![1, 2, 3])),
+            ],
             DataType::I32,
             &[2, 3],
         )
@@ -1212,7 +1536,10 @@ mod tests {
         assert_eq!(out.to_i64_vec().unwrap(), vec![9, 8, 7, 19, 18, 17]);
         let out = run1(
             Op::Binary(BinaryOp::Pow),
-            vec![In::Rt(i64t(&[3], vec![2, 3, -2])), In::Rt(i64t(&[3], vec![3, 2, 3]))],
+            vec![
+                In::Rt(i64t(&[3], vec![2, 3, -2])),
+                In::Rt(i64t(&[3], vec![3, 2, 3])),
+            ],
             DataType::I64,
             &[3],
         )
@@ -1220,7 +1547,10 @@ mod tests {
         assert_eq!(out.to_i64_vec().unwrap(), vec![8, 9, -8]);
         let out = run1(
             Op::Binary(BinaryOp::Max),
-            vec![In::Rt(i64t(&[3], vec![2, -3, 5])), In::Const(i64t(&[], vec![0]))],
+            vec![
+                In::Rt(i64t(&[3], vec![2, -3, 5])),
+                In::Const(i64t(&[], vec![0])),
+            ],
             DataType::I64,
             &[3],
         )
@@ -1229,7 +1559,10 @@ mod tests {
         // Pow with an f32 base and a constant i64 exponent (ONNX allows mixed types).
         let out = run1(
             Op::Binary(BinaryOp::Pow),
-            vec![In::Rt(f32t(&[2], vec![3.0, 0.5])), In::Const(i64t(&[], vec![2]))],
+            vec![
+                In::Rt(f32t(&[2], vec![3.0, 0.5])),
+                In::Const(i64t(&[], vec![2])),
+            ],
             DataType::F32,
             &[2],
         )
@@ -1243,7 +1576,10 @@ mod tests {
         let b = vec![2.0, 2.0];
         let out = run1(
             Op::Binary(BinaryOp::Less),
-            vec![In::Rt(f32t(&[3, 1], a.clone())), In::Rt(f32t(&[2], b.clone()))],
+            vec![
+                In::Rt(f32t(&[3, 1], a.clone())),
+                In::Rt(f32t(&[2], b.clone())),
+            ],
             DataType::Bool,
             &[3, 2],
         )
@@ -1251,7 +1587,10 @@ mod tests {
         assert_eq!(out.as_bytes(), &[1, 1, 0, 0, 0, 0]);
         let out = run1(
             Op::Binary(BinaryOp::Greater),
-            vec![In::Rt(i32t(&[3], vec![1, 5, 3])), In::Rt(i32t(&[], vec![3]))],
+            vec![
+                In::Rt(i32t(&[3], vec![1, 5, 3])),
+                In::Rt(i32t(&[], vec![3])),
+            ],
             DataType::Bool,
             &[3],
         )
@@ -1259,7 +1598,10 @@ mod tests {
         assert_eq!(out.as_bytes(), &[0, 1, 0]);
         let out = run1(
             Op::Binary(BinaryOp::Equal),
-            vec![In::Rt(i64t(&[2, 2], vec![1, 2, 3, 4])), In::Rt(i64t(&[2, 1], vec![2, 3]))],
+            vec![
+                In::Rt(i64t(&[2, 2], vec![1, 2, 3, 4])),
+                In::Rt(i64t(&[2, 1], vec![2, 3])),
+            ],
             DataType::Bool,
             &[2, 2],
         )
@@ -1267,9 +1609,27 @@ mod tests {
         assert_eq!(out.as_bytes(), &[0, 1, 1, 0]);
         let x = boolt(&[4], vec![0, 0, 1, 1]);
         let y = boolt(&[4], vec![0, 1, 0, 1]);
-        let and = run1(Op::Binary(BinaryOp::And), vec![In::Rt(x.clone()), In::Rt(y.clone())], DataType::Bool, &[4]).unwrap();
-        let or = run1(Op::Binary(BinaryOp::Or), vec![In::Rt(x.clone()), In::Rt(y)], DataType::Bool, &[4]).unwrap();
-        let not = run1(Op::Unary(UnaryOp::Not), vec![In::Rt(x)], DataType::Bool, &[4]).unwrap();
+        let and = run1(
+            Op::Binary(BinaryOp::And),
+            vec![In::Rt(x.clone()), In::Rt(y.clone())],
+            DataType::Bool,
+            &[4],
+        )
+        .unwrap();
+        let or = run1(
+            Op::Binary(BinaryOp::Or),
+            vec![In::Rt(x.clone()), In::Rt(y)],
+            DataType::Bool,
+            &[4],
+        )
+        .unwrap();
+        let not = run1(
+            Op::Unary(UnaryOp::Not),
+            vec![In::Rt(x)],
+            DataType::Bool,
+            &[4],
+        )
+        .unwrap();
         assert_eq!(and.as_bytes(), &[0, 0, 0, 1]);
         assert_eq!(or.as_bytes(), &[0, 1, 1, 1]);
         assert_eq!(not.as_bytes(), &[1, 1, 0, 0]);
@@ -1293,11 +1653,20 @@ mod tests {
             Activation::Sigmoid,
             Activation::Silu,
             Activation::HardSwish,
-            Activation::HardSigmoid { alpha: 0.2, beta: 0.5 },
+            Activation::HardSigmoid {
+                alpha: 0.2,
+                beta: 0.5,
+            },
             Activation::Tanh,
         ];
         for a in acts {
-            let out = run1(Op::Unary(UnaryOp::Act(a)), vec![In::Rt(f32t(&[8], xs.clone()))], DataType::F32, &[8]).unwrap();
+            let out = run1(
+                Op::Unary(UnaryOp::Act(a)),
+                vec![In::Rt(f32t(&[8], xs.clone()))],
+                DataType::F32,
+                &[8],
+            )
+            .unwrap();
             let want: Vec<f32> = xs.iter().map(|&v| a.apply(v)).collect();
             assert_eq!(out.as_f32().unwrap(), &want[..], "{a:?}");
         }
@@ -1309,8 +1678,11 @@ mod tests {
             &[8],
         )
         .unwrap();
-        assert_eq!(relu6.as_f32().unwrap(), &[0.0, 0.0, 0.0, 0.0, 0.3, 1.0, 2.5, 6.0]);
-        let ops: [(UnaryOp, fn(f32) -> f32); 9] = [
+        assert_eq!(
+            relu6.as_f32().unwrap(),
+            &[0.0, 0.0, 0.0, 0.0, 0.3, 1.0, 2.5, 6.0]
+        );
+        let ops: [(UnaryOp, UnRef); 9] = [
             (UnaryOp::Neg, |v| -v),
             (UnaryOp::Abs, |v| v.abs()),
             (UnaryOp::Exp, |v| v.exp()),
@@ -1322,23 +1694,55 @@ mod tests {
             (UnaryOp::Round, |v| v.round_ties_even()),
         ];
         for (op, f) in ops {
-            let out = run1(Op::Unary(op), vec![In::Rt(f32t(&[8], xs.clone()))], DataType::F32, &[8]).unwrap();
+            let out = run1(
+                Op::Unary(op),
+                vec![In::Rt(f32t(&[8], xs.clone()))],
+                DataType::F32,
+                &[8],
+            )
+            .unwrap();
             for (g, &x) in out.as_f32().unwrap().iter().zip(&xs) {
                 let w = f(x);
-                assert!(*g == w || (g.is_nan() && w.is_nan()), "{op:?}({x}) = {g}, want {w}");
+                assert!(
+                    *g == w || (g.is_nan() && w.is_nan()),
+                    "{op:?}({x}) = {g}, want {w}"
+                );
             }
         }
-        let r = run1(Op::Unary(UnaryOp::Round), vec![In::Rt(f32t(&[5], vec![0.5, 1.5, 2.5, -0.5, -1.5]))], DataType::F32, &[5])
-            .unwrap();
+        let r = run1(
+            Op::Unary(UnaryOp::Round),
+            vec![In::Rt(f32t(&[5], vec![0.5, 1.5, 2.5, -0.5, -1.5]))],
+            DataType::F32,
+            &[5],
+        )
+        .unwrap();
         assert_eq!(r.as_f32().unwrap(), &[0.0, 2.0, 2.0, -0.0, -2.0]);
-        let e = run1(Op::Unary(UnaryOp::Erf), vec![In::Rt(f32t(&[4], vec![0.0, 0.5, 1.0, -2.0]))], DataType::F32, &[4]).unwrap();
+        let e = run1(
+            Op::Unary(UnaryOp::Erf),
+            vec![In::Rt(f32t(&[4], vec![0.0, 0.5, 1.0, -2.0]))],
+            DataType::F32,
+            &[4],
+        )
+        .unwrap();
         let want = [0.0f32, 0.520_499_9, 0.842_700_8, -0.995_322_3];
         for (g, w) in e.as_f32().unwrap().iter().zip(want) {
             assert!((g - w).abs() < 3e-7, "erf {g} vs {w}");
         }
-        let n = run1(Op::Unary(UnaryOp::Neg), vec![In::Rt(i64t(&[2], vec![3, -4]))], DataType::I64, &[2]).unwrap();
+        let n = run1(
+            Op::Unary(UnaryOp::Neg),
+            vec![In::Rt(i64t(&[2], vec![3, -4]))],
+            DataType::I64,
+            &[2],
+        )
+        .unwrap();
         assert_eq!(n.to_i64_vec().unwrap(), vec![-3, 4]);
-        assert!(run1(Op::Unary(UnaryOp::Exp), vec![In::Rt(i64t(&[1], vec![1]))], DataType::I64, &[1]).is_err());
+        assert!(run1(
+            Op::Unary(UnaryOp::Exp),
+            vec![In::Rt(i64t(&[1], vec![1]))],
+            DataType::I64,
+            &[1]
+        )
+        .is_err());
     }
 
     #[test]
@@ -1346,19 +1750,37 @@ mod tests {
         let x = f32t(&[5], vec![-2.0, -0.5, 0.5, 3.0, 9.0]);
         let out = run1(
             Op::Clip,
-            vec![In::Rt(x.clone()), In::Const(f32t(&[], vec![0.0])), In::Const(f32t(&[], vec![6.0]))],
+            vec![
+                In::Rt(x.clone()),
+                In::Const(f32t(&[], vec![0.0])),
+                In::Const(f32t(&[], vec![6.0])),
+            ],
             DataType::F32,
             &[5],
         )
         .unwrap();
         assert_eq!(out.as_f32().unwrap(), &[0.0, 0.0, 0.5, 3.0, 6.0]);
-        let out = run1(Op::Clip, vec![In::Rt(x.clone()), In::Absent, In::Const(f32t(&[], vec![1.0]))], DataType::F32, &[5]).unwrap();
+        let out = run1(
+            Op::Clip,
+            vec![
+                In::Rt(x.clone()),
+                In::Absent,
+                In::Const(f32t(&[], vec![1.0])),
+            ],
+            DataType::F32,
+            &[5],
+        )
+        .unwrap();
         assert_eq!(out.as_f32().unwrap(), &[-2.0, -0.5, 0.5, 1.0, 1.0]);
         let out = run1(Op::Clip, vec![In::Rt(x)], DataType::F32, &[5]).unwrap();
         assert_eq!(out.as_f32().unwrap(), &[-2.0, -0.5, 0.5, 3.0, 9.0]);
         let out = run1(
             Op::Clip,
-            vec![In::Rt(i64t(&[4], vec![-9, 1, 5, 100])), In::Const(i64t(&[], vec![0])), In::Const(i64t(&[], vec![10]))],
+            vec![
+                In::Rt(i64t(&[4], vec![-9, 1, 5, 100])),
+                In::Const(i64t(&[], vec![0])),
+                In::Const(i64t(&[], vec![10])),
+            ],
             DataType::I64,
             &[4],
         )
@@ -1380,30 +1802,65 @@ mod tests {
         let c = boolt(&[2, 1], vec![1, 0]);
         let x = f32t(&[1, 3], vec![1.0, 2.0, 3.0]);
         let y = f32t(&[], vec![-1.0]);
-        let out = run1(Op::Where, vec![In::Rt(c), In::Rt(x), In::Rt(y)], DataType::F32, &[2, 3]).unwrap();
+        let out = run1(
+            Op::Where,
+            vec![In::Rt(c), In::Rt(x), In::Rt(y)],
+            DataType::F32,
+            &[2, 3],
+        )
+        .unwrap();
         assert_eq!(out.as_f32().unwrap(), &[1.0, 2.0, 3.0, -1.0, -1.0, -1.0]);
         let c = boolt(&[3], vec![0, 1, 0]);
         let x = i64t(&[2, 3], vec![1, 2, 3, 4, 5, 6]);
         let y = i64t(&[2, 1], vec![-1, -2]);
-        let out = run1(Op::Where, vec![In::Rt(c), In::Rt(x), In::Rt(y)], DataType::I64, &[2, 3]).unwrap();
+        let out = run1(
+            Op::Where,
+            vec![In::Rt(c), In::Rt(x), In::Rt(y)],
+            DataType::I64,
+            &[2, 3],
+        )
+        .unwrap();
         assert_eq!(out.to_i64_vec().unwrap(), vec![-1, 2, -1, -2, 5, -2]);
     }
 
     /// Runs a chain unfused, one op node at a time, as the reference.
-    fn unfused(inputs: &[(Vec<usize>, Vec<f32>)], chain: &[ChainStep], out_shape: &[usize]) -> Vec<f32> {
+    fn unfused(
+        inputs: &[(Vec<usize>, Vec<f32>)],
+        chain: &[ChainStep],
+        out_shape: &[usize],
+    ) -> Vec<f32> {
         let mut acc = inputs[0].clone();
         for s in chain {
             acc = match *s {
                 ChainStep::Unary(u) => {
-                    let o = run1(Op::Unary(u), vec![In::Rt(f32t(&acc.0, acc.1.clone()))], DataType::F32, &acc.0).unwrap();
+                    let o = run1(
+                        Op::Unary(u),
+                        vec![In::Rt(f32t(&acc.0, acc.1.clone()))],
+                        DataType::F32,
+                        &acc.0,
+                    )
+                    .unwrap();
                     (acc.0.clone(), o.as_f32().unwrap().to_vec())
                 }
-                ChainStep::Binary { op, operand, acc_on_right } => {
+                ChainStep::Binary {
+                    op,
+                    operand,
+                    acc_on_right,
+                } => {
                     let b = &inputs[operand];
                     let so = bshape(&acc.0, &b.0);
-                    let (l, r) = if acc_on_right { (b.clone(), acc.clone()) } else { (acc.clone(), b.clone()) };
-                    let o = run1(Op::Binary(op), vec![In::Rt(f32t(&l.0, l.1)), In::Rt(f32t(&r.0, r.1))], DataType::F32, &so)
-                        .unwrap();
+                    let (l, r) = if acc_on_right {
+                        (b.clone(), acc.clone())
+                    } else {
+                        (acc.clone(), b.clone())
+                    };
+                    let o = run1(
+                        Op::Binary(op),
+                        vec![In::Rt(f32t(&l.0, l.1)), In::Rt(f32t(&r.0, r.1))],
+                        DataType::F32,
+                        &so,
+                    )
+                    .unwrap();
                     (so, o.as_f32().unwrap().to_vec())
                 }
             };
@@ -1418,36 +1875,73 @@ mod tests {
             (
                 vec![vec![2, 3, 4, 5], vec![3, 1, 1], vec![5]],
                 vec![
-                    ChainStep::Binary { op: BinaryOp::Mul, operand: 1, acc_on_right: false },
+                    ChainStep::Binary {
+                        op: BinaryOp::Mul,
+                        operand: 1,
+                        acc_on_right: false,
+                    },
                     ChainStep::Unary(UnaryOp::Act(Activation::Sigmoid)),
-                    ChainStep::Binary { op: BinaryOp::Add, operand: 2, acc_on_right: true },
-                    ChainStep::Binary { op: BinaryOp::Sub, operand: 1, acc_on_right: true },
-                    ChainStep::Binary { op: BinaryOp::Mul, operand: 0, acc_on_right: false },
+                    ChainStep::Binary {
+                        op: BinaryOp::Add,
+                        operand: 2,
+                        acc_on_right: true,
+                    },
+                    ChainStep::Binary {
+                        op: BinaryOp::Sub,
+                        operand: 1,
+                        acc_on_right: true,
+                    },
+                    ChainStep::Binary {
+                        op: BinaryOp::Mul,
+                        operand: 0,
+                        acc_on_right: false,
+                    },
                 ],
             ),
             (
                 vec![vec![3, 1], vec![1, 4]],
                 vec![
                     ChainStep::Unary(UnaryOp::Abs),
-                    ChainStep::Binary { op: BinaryOp::Div, operand: 1, acc_on_right: true },
-                    ChainStep::Unary(UnaryOp::Act(Activation::Clip { min: -1.0, max: 1.0 })),
+                    ChainStep::Binary {
+                        op: BinaryOp::Div,
+                        operand: 1,
+                        acc_on_right: true,
+                    },
+                    ChainStep::Unary(UnaryOp::Act(Activation::Clip {
+                        min: -1.0,
+                        max: 1.0,
+                    })),
                 ],
             ),
             (
                 vec![vec![1, 8, 96, 96], vec![1, 8, 96, 96], vec![1, 8, 1, 1]],
                 vec![
-                    ChainStep::Binary { op: BinaryOp::Add, operand: 1, acc_on_right: true },
-                    ChainStep::Binary { op: BinaryOp::Max, operand: 2, acc_on_right: false },
+                    ChainStep::Binary {
+                        op: BinaryOp::Add,
+                        operand: 1,
+                        acc_on_right: true,
+                    },
+                    ChainStep::Binary {
+                        op: BinaryOp::Max,
+                        operand: 2,
+                        acc_on_right: false,
+                    },
                     ChainStep::Unary(UnaryOp::Act(Activation::HardSwish)),
                 ],
             ),
         ];
         for (ci, (shapes, chain)) in cases.into_iter().enumerate() {
-            let inputs: Vec<(Vec<usize>, Vec<f32>)> =
-                shapes.iter().enumerate().map(|(k, s)| (s.clone(), rand_f32(numel(s), (ci * 10 + k) as u64))).collect();
+            let inputs: Vec<(Vec<usize>, Vec<f32>)> = shapes
+                .iter()
+                .enumerate()
+                .map(|(k, s)| (s.clone(), rand_f32(numel(s), (ci * 10 + k) as u64)))
+                .collect();
             let so = shapes.iter().fold(vec![], |a, s| bshape(&a, s));
             let want = unfused(&inputs, &chain, &so);
-            let ins = inputs.iter().map(|(s, d)| In::Rt(f32t(s, d.clone()))).collect();
+            let ins = inputs
+                .iter()
+                .map(|(s, d)| In::Rt(f32t(s, d.clone())))
+                .collect();
             let got = run1(Op::Elementwise(chain), ins, DataType::F32, &so).unwrap();
             assert_eq!(got.as_f32().unwrap(), &want[..], "case {ci}");
         }

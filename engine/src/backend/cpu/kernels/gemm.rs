@@ -585,6 +585,9 @@ impl Kernel for MatMulKernel {
             );
         }
         let out = output_f32(outputs, 0, self.batches.len() * m * n)?;
+        if out.is_empty() {
+            return Ok(());
+        }
         let one = |o: &mut [f32], &(ao, bo): &(usize, usize), par| {
             sgemm(
                 m,

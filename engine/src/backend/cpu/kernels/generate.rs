@@ -20,7 +20,12 @@ struct FillKernel {
 }
 
 impl Kernel for FillKernel {
-    fn run(&self, _inputs: &[Option<TensorRef<'_>>], outputs: &mut [TensorMut<'_>], _scratch: &mut [u8]) -> Result<()> {
+    fn run(
+        &self,
+        _inputs: &[Option<TensorRef<'_>>],
+        outputs: &mut [TensorMut<'_>],
+        _scratch: &mut [u8],
+    ) -> Result<()> {
         let dst = &mut *output(outputs, 0, &self.name)?.bytes;
         if dst.len() != self.out_bytes {
             return Err(Error::Shape(format!(
@@ -44,10 +49,18 @@ impl Kernel for FillKernel {
     }
 }
 
-fn build_shape(graph: &Graph, node: &Node, start: i64, end: Option<i64>) -> Result<Box<dyn Kernel>> {
+fn build_shape(
+    graph: &Graph,
+    node: &Node,
+    start: i64,
+    end: Option<i64>,
+) -> Result<Box<dyn Kernel>> {
     let (x, out) = (in_id(node, 0)?, out_id(node, 0)?);
     if graph.values[out].dtype != DataType::I64 {
-        return Err(Error::Type(format!("Shape node '{}': output must be I64", node.name)));
+        return Err(Error::Type(format!(
+            "Shape node '{}': output must be I64",
+            node.name
+        )));
     }
     let s = shape_of(graph, x)?;
     let r = s.len() as i64;
@@ -56,13 +69,27 @@ fn build_shape(graph: &Graph, node: &Node, start: i64, end: Option<i64>) -> Resu
     let dims: &[usize] = if a < b { &s[a..b] } else { &[] };
     let so = shape_of(graph, out)?;
     if so != [dims.len()] {
-        return Err(shape_err(node, format_args!("output {so:?} but the shape slice has {} dims", dims.len())));
+        return Err(shape_err(
+            node,
+            format_args!("output {so:?} but the shape slice has {} dims", dims.len()),
+        ));
     }
-    let pattern: Vec<u8> = dims.iter().flat_map(|&d| (d as i64).to_le_bytes()).collect();
-    Ok(Box::new(FillKernel { name: node.name.clone(), out_bytes: pattern.len(), pattern }))
+    let pattern: Vec<u8> = dims
+        .iter()
+        .flat_map(|&d| (d as i64).to_le_bytes())
+        .collect();
+    Ok(Box::new(FillKernel {
+        name: node.name.clone(),
+        out_bytes: pattern.len(),
+        pattern,
+    }))
 }
 
-fn build_constant_of_shape(graph: &Graph, node: &Node, value: &crate::ir::Tensor) -> Result<Box<dyn Kernel>> {
+fn build_constant_of_shape(
+    graph: &Graph,
+    node: &Node,
+    value: &crate::ir::Tensor,
+) -> Result<Box<dyn Kernel>> {
     let out = out_id(node, 0)?;
     let dt = value.dtype();
     if graph.values[out].dtype != dt {
@@ -114,13 +141,22 @@ struct RangeKernel {
     len: usize,
 }
 
-fn range_typed<T: RangeElem>(k: &RangeKernel, inputs: &[Option<TensorRef<'_>>], out: &mut [u8]) -> Result<()> {
+fn range_typed<T: RangeElem>(
+    k: &RangeKernel,
+    inputs: &[Option<TensorRef<'_>>],
+    out: &mut [u8],
+) -> Result<()> {
     let scalar = |i: usize| -> Result<T> {
         let t = input(inputs, i, &k.name)?;
         view::<T>(t.bytes, 1, &k.name)?
             .first()
             .copied()
-            .ok_or_else(|| Error::Shape(format!("Range node '{}': input {i} is not a scalar", k.name)))
+            .ok_or_else(|| {
+                Error::Shape(format!(
+                    "Range node '{}': input {i} is not a scalar",
+                    k.name
+                ))
+            })
     };
     let (start, delta) = (scalar(0)?, scalar(2)?);
     let out = view_mut::<T>(out, k.len, &k.name)?;
@@ -131,7 +167,12 @@ fn range_typed<T: RangeElem>(k: &RangeKernel, inputs: &[Option<TensorRef<'_>>], 
 }
 
 impl Kernel for RangeKernel {
-    fn run(&self, inputs: &[Option<TensorRef<'_>>], outputs: &mut [TensorMut<'_>], _scratch: &mut [u8]) -> Result<()> {
+    fn run(
+        &self,
+        inputs: &[Option<TensorRef<'_>>],
+        outputs: &mut [TensorMut<'_>],
+        _scratch: &mut [u8],
+    ) -> Result<()> {
         let out = &mut *output(outputs, 0, &self.name)?.bytes;
         match self.dtype {
             DataType::F32 => range_typed::<f32>(self, inputs, out),
@@ -150,7 +191,10 @@ fn build_range(graph: &Graph, node: &Node) -> Result<Box<dyn Kernel>> {
     for i in 0..3 {
         let v = in_id(node, i)?;
         if graph.values[v].dtype != dt {
-            return Err(Error::Type(format!("Range node '{}': input {i} is not {dt:?}", node.name)));
+            return Err(Error::Type(format!(
+                "Range node '{}': input {i} is not {dt:?}",
+                node.name
+            )));
         }
         if numel(&shape_of(graph, v)?) != 1 {
             return Err(shape_err(node, format_args!("input {i} is not a scalar")));
@@ -174,7 +218,9 @@ fn build_range(graph: &Graph, node: &Node) -> Result<Box<dyn Kernel>> {
             }
             ((l - s) / d).ceil().max(0.0) as usize
         } else {
-            let f = |t: &crate::ir::Tensor| -> Result<i128> { Ok(t.to_i64_vec()?.first().copied().unwrap_or(0) as i128) };
+            let f = |t: &crate::ir::Tensor| -> Result<i128> {
+                Ok(t.to_i64_vec()?.first().copied().unwrap_or(0) as i128)
+            };
             let (s, l, d) = (f(s)?, f(l)?, f(d)?);
             if d == 0 {
                 return Err(shape_err(node, "delta is zero"));
@@ -182,14 +228,25 @@ fn build_range(graph: &Graph, node: &Node) -> Result<Box<dyn Kernel>> {
             let span = l - s;
             // ceil(span / d) for any signs.
             let q = span / d;
-            let q = if span % d != 0 && ((span < 0) == (d < 0)) { q + 1 } else { q };
+            let q = if span % d != 0 && ((span < 0) == (d < 0)) {
+                q + 1
+            } else {
+                q
+            };
             q.max(0) as usize
         };
         if n != so[0] {
-            return Err(shape_err(node, format_args!("range has {n} elements, inferred output {so:?}")));
+            return Err(shape_err(
+                node,
+                format_args!("range has {n} elements, inferred output {so:?}"),
+            ));
         }
     }
-    Ok(Box::new(RangeKernel { name: node.name.clone(), dtype: dt, len: so[0] }))
+    Ok(Box::new(RangeKernel {
+        name: node.name.clone(),
+        dtype: dt,
+        len: so[0],
+    }))
 }
 
 /// Compiles a generator node (Shape, ConstantOfShape, Range).
@@ -210,26 +267,86 @@ mod tests {
     #[test]
     fn shape_with_start_end() {
         let x = f32t(&[2, 3, 4, 5], vec![0.0; 120]);
-        let out = run1(Op::Shape { start: 0, end: None }, vec![In::Rt(x.clone())], DataType::I64, &[4]).unwrap();
+        let out = run1(
+            Op::Shape {
+                start: 0,
+                end: None,
+            },
+            vec![In::Rt(x.clone())],
+            DataType::I64,
+            &[4],
+        )
+        .unwrap();
         assert_eq!(out.to_i64_vec().unwrap(), vec![2, 3, 4, 5]);
-        let out = run1(Op::Shape { start: -3, end: Some(-1) }, vec![In::Rt(x.clone())], DataType::I64, &[2]).unwrap();
+        let out = run1(
+            Op::Shape {
+                start: -3,
+                end: Some(-1),
+            },
+            vec![In::Rt(x.clone())],
+            DataType::I64,
+            &[2],
+        )
+        .unwrap();
         assert_eq!(out.to_i64_vec().unwrap(), vec![3, 4]);
-        let out = run1(Op::Shape { start: 1, end: Some(100) }, vec![In::Rt(x.clone())], DataType::I64, &[3]).unwrap();
+        let out = run1(
+            Op::Shape {
+                start: 1,
+                end: Some(100),
+            },
+            vec![In::Rt(x.clone())],
+            DataType::I64,
+            &[3],
+        )
+        .unwrap();
         assert_eq!(out.to_i64_vec().unwrap(), vec![3, 4, 5]);
-        let out = run1(Op::Shape { start: 3, end: Some(1) }, vec![In::Rt(x)], DataType::I64, &[0]).unwrap();
+        let out = run1(
+            Op::Shape {
+                start: 3,
+                end: Some(1),
+            },
+            vec![In::Rt(x)],
+            DataType::I64,
+            &[0],
+        )
+        .unwrap();
         assert!(out.is_empty());
     }
 
     #[test]
     fn constant_of_shape_fills() {
         let shape_in = In::Const(i64t(&[2], vec![2, 3]));
-        let out = run1(Op::ConstantOfShape { value: i64t(&[1], vec![7]) }, vec![shape_in], DataType::I64, &[2, 3]).unwrap();
+        let out = run1(
+            Op::ConstantOfShape {
+                value: i64t(&[1], vec![7]),
+            },
+            vec![shape_in],
+            DataType::I64,
+            &[2, 3],
+        )
+        .unwrap();
         assert_eq!(out.to_i64_vec().unwrap(), vec![7; 6]);
         let shape_in = In::Const(i64t(&[1], vec![3]));
-        let out = run1(Op::ConstantOfShape { value: f32t(&[1], vec![0.0]) }, vec![shape_in], DataType::F32, &[3]).unwrap();
+        let out = run1(
+            Op::ConstantOfShape {
+                value: f32t(&[1], vec![0.0]),
+            },
+            vec![shape_in],
+            DataType::F32,
+            &[3],
+        )
+        .unwrap();
         assert_eq!(out.as_f32().unwrap(), &[0.0, 0.0, 0.0]);
         let shape_in = In::Const(i64t(&[1], vec![2]));
-        let out = run1(Op::ConstantOfShape { value: f32t(&[1], vec![1.5]) }, vec![shape_in], DataType::F32, &[2]).unwrap();
+        let out = run1(
+            Op::ConstantOfShape {
+                value: f32t(&[1], vec![1.5]),
+            },
+            vec![shape_in],
+            DataType::F32,
+            &[2],
+        )
+        .unwrap();
         assert_eq!(out.as_f32().unwrap(), &[1.5, 1.5]);
     }
 
@@ -237,7 +354,11 @@ mod tests {
     fn range_each_type() {
         let out = run1(
             Op::Range,
-            vec![In::Rt(f32t(&[], vec![0.0])), In::Rt(f32t(&[], vec![1.0])), In::Rt(f32t(&[], vec![0.25]))],
+            vec![
+                In::Rt(f32t(&[], vec![0.0])),
+                In::Rt(f32t(&[], vec![1.0])),
+                In::Rt(f32t(&[], vec![0.25])),
+            ],
             DataType::F32,
             &[4],
         )
@@ -245,7 +366,11 @@ mod tests {
         assert_eq!(out.as_f32().unwrap(), &[0.0, 0.25, 0.5, 0.75]);
         let out = run1(
             Op::Range,
-            vec![In::Const(i64t(&[], vec![10])), In::Const(i64t(&[], vec![4])), In::Const(i64t(&[], vec![-3]))],
+            vec![
+                In::Const(i64t(&[], vec![10])),
+                In::Const(i64t(&[], vec![4])),
+                In::Const(i64t(&[], vec![-3])),
+            ],
             DataType::I64,
             &[2],
         )
@@ -253,7 +378,11 @@ mod tests {
         assert_eq!(out.to_i64_vec().unwrap(), vec![10, 7]);
         let out = run1(
             Op::Range,
-            vec![In::Rt(i32t(&[], vec![-2])), In::Rt(i32t(&[], vec![3])), In::Rt(i32t(&[], vec![2]))],
+            vec![
+                In::Rt(i32t(&[], vec![-2])),
+                In::Rt(i32t(&[], vec![3])),
+                In::Rt(i32t(&[], vec![2])),
+            ],
             DataType::I32,
             &[3],
         )
@@ -262,7 +391,11 @@ mod tests {
         // Constant bounds that disagree with the inferred length are rejected.
         assert!(run1(
             Op::Range,
-            vec![In::Const(i64t(&[], vec![0])), In::Const(i64t(&[], vec![4])), In::Const(i64t(&[], vec![1]))],
+            vec![
+                In::Const(i64t(&[], vec![0])),
+                In::Const(i64t(&[], vec![4])),
+                In::Const(i64t(&[], vec![1]))
+            ],
             DataType::I64,
             &[3],
         )

@@ -6,8 +6,8 @@
 //! build time; `run` only walks precomputed plans.
 
 use super::elementwise::{
-    drive, in_id, input, norm_axis, numel, out_id, output, shape_err, shape_of, strides_of, unsupported, view,
-    view_mut, pod_from_bytes, Pod, CHUNK, PAR_MIN,
+    drive, in_id, input, norm_axis, numel, out_id, output, pod_from_bytes, shape_err, shape_of,
+    strides_of, unsupported, view, view_mut, Pod, CHUNK, PAR_MIN,
 };
 use super::{Kernel, TensorMut, TensorRef};
 use crate::error::{Error, Result};
@@ -33,7 +33,10 @@ fn const_i64(graph: &Graph, node: &Node, i: usize, what: &str) -> Result<Option<
         None => Ok(None),
         Some(v) => match graph.constant(v) {
             Some(t) => Ok(Some(t.to_i64_vec()?)),
-            None => Err(unsupported(node, format_args!("{what} (input {i}) must be a constant"))),
+            None => Err(unsupported(
+                node,
+                format_args!("{what} (input {i}) must be a constant"),
+            )),
         },
     }
 }
@@ -74,7 +77,13 @@ impl Strided {
             cd.push(1);
             cs.push(0);
         }
-        Strided { len: numel(dims), dims: cd, strides: cs, base, in_len }
+        Strided {
+            len: numel(dims),
+            dims: cd,
+            strides: cs,
+            base,
+            in_len,
+        }
     }
 
     /// Source offset of the first element of output row `row` (rows run along the last dim).
@@ -99,7 +108,8 @@ impl Strided {
         let r = self.dims.len();
         // 2-D transpose pattern: [batch,] rows, cols with input strides [.., 1, rows].
         if r >= 2 && self.strides[r - 2] == 1 && self.strides[r - 1] == self.dims[r - 2] as isize {
-            let batch_ok = r == 2 || (r == 3 && self.strides[0] == (self.dims[1] * self.dims[2]) as isize);
+            let batch_ok =
+                r == 2 || (r == 3 && self.strides[0] == (self.dims[1] * self.dims[2]) as isize);
             if batch_ok && self.base == 0 {
                 transpose_blocked(src, dst, self.dims[r - 2], self.dims[r - 1]);
                 return Ok(());
@@ -124,7 +134,9 @@ impl Strided {
             }
         };
         if self.len >= PAR_MIN {
-            dst.par_chunks_mut(rows_per * inner).enumerate().for_each(|(ci, c)| body(ci, c));
+            dst.par_chunks_mut(rows_per * inner)
+                .enumerate()
+                .for_each(|(ci, c)| body(ci, c));
         } else {
             for (ci, c) in dst.chunks_mut(rows_per * inner).enumerate() {
                 body(ci, c);
@@ -166,7 +178,9 @@ fn transpose_blocked<E: Pod>(src: &[E], dst: &mut [E], rows: usize, cols: usize)
         }
     };
     if dst.len() >= PAR_MIN {
-        dst.par_chunks_mut(TILE * cols).enumerate().for_each(|(gi, c)| body(gi, c));
+        dst.par_chunks_mut(TILE * cols)
+            .enumerate()
+            .for_each(|(gi, c)| body(gi, c));
     } else {
         for (gi, c) in dst.chunks_mut(TILE * cols).enumerate() {
             body(gi, c);
@@ -181,7 +195,12 @@ struct StridedKernel {
 }
 
 impl Kernel for StridedKernel {
-    fn run(&self, inputs: &[Option<TensorRef<'_>>], outputs: &mut [TensorMut<'_>], _scratch: &mut [u8]) -> Result<()> {
+    fn run(
+        &self,
+        inputs: &[Option<TensorRef<'_>>],
+        outputs: &mut [TensorMut<'_>],
+        _scratch: &mut [u8],
+    ) -> Result<()> {
         let src = input(inputs, 0, &self.name)?.bytes;
         let dst = &mut *output(outputs, 0, &self.name)?.bytes;
         self.plan.run(src, dst, self.elem, &self.name)
@@ -207,14 +226,28 @@ fn build_transpose(graph: &Graph, node: &Node, perm: &[usize]) -> Result<Box<dyn
     let si = shape_of(graph, in_id(node, 0)?)?;
     let so = shape_of(graph, out_id(node, 0)?)?;
     let r = si.len();
-    let perm: Vec<usize> = if perm.is_empty() { (0..r).rev().collect() } else { perm.to_vec() };
+    let perm: Vec<usize> = if perm.is_empty() {
+        (0..r).rev().collect()
+    } else {
+        perm.to_vec()
+    };
     let mut seen = vec![false; r];
-    if perm.len() != r || perm.iter().any(|&p| p >= r || std::mem::replace(&mut seen[p], true)) {
-        return Err(shape_err(node, format_args!("perm {perm:?} is not a permutation of rank {r}")));
+    if perm.len() != r
+        || perm
+            .iter()
+            .any(|&p| p >= r || std::mem::replace(&mut seen[p], true))
+    {
+        return Err(shape_err(
+            node,
+            format_args!("perm {perm:?} is not a permutation of rank {r}"),
+        ));
     }
     let want: Vec<usize> = perm.iter().map(|&p| si[p]).collect();
     if want != so {
-        return Err(shape_err(node, format_args!("output shape {so:?} does not match {want:?}")));
+        return Err(shape_err(
+            node,
+            format_args!("output shape {so:?} does not match {want:?}"),
+        ));
     }
     let ist = strides_of(&si);
     let strides: Vec<isize> = perm.iter().map(|&p| ist[p] as isize).collect();
@@ -231,7 +264,10 @@ fn build_expand(graph: &Graph, node: &Node) -> Result<Box<dyn Kernel>> {
     let si = shape_of(graph, in_id(node, 0)?)?;
     let so = shape_of(graph, out_id(node, 0)?)?;
     if si.len() > so.len() {
-        return Err(shape_err(node, format_args!("input {si:?} has higher rank than output {so:?}")));
+        return Err(shape_err(
+            node,
+            format_args!("input {si:?} has higher rank than output {so:?}"),
+        ));
     }
     let off = so.len() - si.len();
     let ist = strides_of(&si);
@@ -240,7 +276,10 @@ fn build_expand(graph: &Graph, node: &Node) -> Result<Box<dyn Kernel>> {
         if d == so[off + j] {
             strides[off + j] = if d == 1 { 0 } else { ist[j] as isize };
         } else if d != 1 {
-            return Err(shape_err(node, format_args!("input {si:?} does not broadcast to {so:?}")));
+            return Err(shape_err(
+                node,
+                format_args!("input {si:?} does not broadcast to {so:?}"),
+            ));
         }
     }
     Ok(Box::new(StridedKernel {
@@ -256,7 +295,11 @@ fn slice_axis(start: i64, end: i64, step: i64, dim: usize) -> (i64, i64, usize) 
     if dim == 0 {
         return (0, step, 0);
     }
-    let mut s = if start < 0 { start.saturating_add(d) } else { start };
+    let mut s = if start < 0 {
+        start.saturating_add(d)
+    } else {
+        start
+    };
     let mut e = if end < 0 { end.saturating_add(d) } else { end };
     let count = if step > 0 {
         s = s.clamp(0, d);
@@ -283,9 +326,11 @@ fn build_slice(graph: &Graph, node: &Node) -> Result<Box<dyn Kernel>> {
     let si = shape_of(graph, in_id(node, 0)?)?;
     let so = shape_of(graph, out_id(node, 0)?)?;
     let r = si.len();
-    let starts = const_i64(graph, node, 1, "starts")?.ok_or_else(|| shape_err(node, "missing starts"))?;
+    let starts =
+        const_i64(graph, node, 1, "starts")?.ok_or_else(|| shape_err(node, "missing starts"))?;
     let ends = const_i64(graph, node, 2, "ends")?.ok_or_else(|| shape_err(node, "missing ends"))?;
-    let axes = const_i64(graph, node, 3, "axes")?.unwrap_or_else(|| (0..starts.len() as i64).collect());
+    let axes =
+        const_i64(graph, node, 3, "axes")?.unwrap_or_else(|| (0..starts.len() as i64).collect());
     let steps = const_i64(graph, node, 4, "steps")?.unwrap_or_else(|| vec![1; starts.len()]);
     if ends.len() != starts.len() || axes.len() != starts.len() || steps.len() != starts.len() {
         return Err(shape_err(node, "starts/ends/axes/steps lengths differ"));
@@ -308,10 +353,21 @@ fn build_slice(graph: &Graph, node: &Node) -> Result<Box<dyn Kernel>> {
         count[a] = c;
     }
     if count != so {
-        return Err(shape_err(node, format_args!("computed output {count:?} but inferred {so:?}")));
+        return Err(shape_err(
+            node,
+            format_args!("computed output {count:?} but inferred {so:?}"),
+        ));
     }
     let ist = strides_of(&si);
-    let base: isize = (0..r).map(|d| if count[d] == 0 { 0 } else { start[d] as isize * ist[d] as isize }).sum();
+    let base: isize = (0..r)
+        .map(|d| {
+            if count[d] == 0 {
+                0
+            } else {
+                start[d] as isize * ist[d] as isize
+            }
+        })
+        .sum();
     let strides: Vec<isize> = (0..r).map(|d| step[d] as isize * ist[d] as isize).collect();
     Ok(Box::new(StridedKernel {
         name: node.name.clone(),
@@ -330,7 +386,12 @@ struct CopyKernel {
 }
 
 impl Kernel for CopyKernel {
-    fn run(&self, inputs: &[Option<TensorRef<'_>>], outputs: &mut [TensorMut<'_>], _scratch: &mut [u8]) -> Result<()> {
+    fn run(
+        &self,
+        inputs: &[Option<TensorRef<'_>>],
+        outputs: &mut [TensorMut<'_>],
+        _scratch: &mut [u8],
+    ) -> Result<()> {
         let src = input(inputs, 0, &self.name)?.bytes;
         let dst = &mut *output(outputs, 0, &self.name)?.bytes;
         if src.len() != self.bytes || dst.len() != self.bytes {
@@ -355,9 +416,15 @@ fn build_copy(graph: &Graph, node: &Node) -> Result<Box<dyn Kernel>> {
     let si = shape_of(graph, in_id(node, 0)?)?;
     let so = shape_of(graph, out_id(node, 0)?)?;
     if numel(&si) != numel(&so) {
-        return Err(shape_err(node, format_args!("input {si:?} and output {so:?} differ in size")));
+        return Err(shape_err(
+            node,
+            format_args!("input {si:?} and output {so:?} differ in size"),
+        ));
     }
-    Ok(Box::new(CopyKernel { name: node.name.clone(), bytes: numel(&so) * dt.size() }))
+    Ok(Box::new(CopyKernel {
+        name: node.name.clone(),
+        bytes: numel(&so) * dt.size(),
+    }))
 }
 
 // ------------------------------------------------------------------------------------------
@@ -374,8 +441,18 @@ struct JoinKernel {
 }
 
 impl Kernel for JoinKernel {
-    fn run(&self, inputs: &[Option<TensorRef<'_>>], outputs: &mut [TensorMut<'_>], _scratch: &mut [u8]) -> Result<()> {
-        let bad = |what: &str| Error::Shape(format!("node '{}': {what} view has the wrong size", self.name));
+    fn run(
+        &self,
+        inputs: &[Option<TensorRef<'_>>],
+        outputs: &mut [TensorMut<'_>],
+        _scratch: &mut [u8],
+    ) -> Result<()> {
+        let bad = |what: &str| {
+            Error::Shape(format!(
+                "node '{}': {what} view has the wrong size",
+                self.name
+            ))
+        };
         if self.split {
             let src = input(inputs, 0, &self.name)?.bytes;
             if src.len() != self.whole {
@@ -436,17 +513,26 @@ fn build_concat(graph: &Graph, node: &Node, axis: i64) -> Result<Box<dyn Kernel>
     for k in 0..node.inputs.len() {
         let v = in_id(node, k)?;
         if graph.values[v].dtype != dt {
-            return Err(Error::Type(format!("Concat node '{}': input {k} has a different type", node.name)));
+            return Err(Error::Type(format!(
+                "Concat node '{}': input {k} has a different type",
+                node.name
+            )));
         }
         let s = shape_of(graph, v)?;
         if s.len() != so.len() || (0..so.len()).any(|d| d != a && s[d] != so[d]) {
-            return Err(shape_err(node, format_args!("input {k} shape {s:?} does not fit output {so:?}")));
+            return Err(shape_err(
+                node,
+                format_args!("input {k} shape {s:?} does not fit output {so:?}"),
+            ));
         }
         total += s[a];
         blocks.push(s[a] * inner);
     }
     if total != so[a] {
-        return Err(shape_err(node, format_args!("inputs sum to {total} along axis {a}, output has {}", so[a])));
+        return Err(shape_err(
+            node,
+            format_args!("inputs sum to {total} along axis {a}, output has {}", so[a]),
+        ));
     }
     Ok(Box::new(JoinKernel {
         name: node.name.clone(),
@@ -457,7 +543,12 @@ fn build_concat(graph: &Graph, node: &Node, axis: i64) -> Result<Box<dyn Kernel>
     }))
 }
 
-fn build_split(graph: &Graph, node: &Node, axis: i64, split: &Option<Vec<usize>>) -> Result<Box<dyn Kernel>> {
+fn build_split(
+    graph: &Graph,
+    node: &Node,
+    axis: i64,
+    split: &Option<Vec<usize>>,
+) -> Result<Box<dyn Kernel>> {
     let x = in_id(node, 0)?;
     let dt = graph.values[x].dtype;
     let si = shape_of(graph, x)?;
@@ -467,29 +558,49 @@ fn build_split(graph: &Graph, node: &Node, axis: i64, split: &Option<Vec<usize>>
     let given: Option<Vec<usize>> = match split {
         Some(s) => Some(s.clone()),
         None => const_i64(graph, node, 1, "split")?
-            .map(|v| v.into_iter().map(|x| usize::try_from(x).map_err(|_| shape_err(node, "negative split size"))).collect())
+            .map(|v| {
+                v.into_iter()
+                    .map(|x| usize::try_from(x).map_err(|_| shape_err(node, "negative split size")))
+                    .collect()
+            })
             .transpose()?,
     };
     let mut blocks = Vec::with_capacity(node.outputs.len());
     let mut total = 0;
     for (k, &o) in node.outputs.iter().enumerate() {
         if graph.values[o].dtype != dt {
-            return Err(Error::Type(format!("Split node '{}': output {k} has a different type", node.name)));
+            return Err(Error::Type(format!(
+                "Split node '{}': output {k} has a different type",
+                node.name
+            )));
         }
         let s = shape_of(graph, o)?;
         if s.len() != si.len() || (0..si.len()).any(|d| d != a && s[d] != si[d]) {
-            return Err(shape_err(node, format_args!("output {k} shape {s:?} does not fit input {si:?}")));
+            return Err(shape_err(
+                node,
+                format_args!("output {k} shape {s:?} does not fit input {si:?}"),
+            ));
         }
         if let Some(g) = &given {
             if g.get(k) != Some(&s[a]) {
-                return Err(shape_err(node, format_args!("output {k} has {} along the axis, split says {:?}", s[a], g.get(k))));
+                return Err(shape_err(
+                    node,
+                    format_args!(
+                        "output {k} has {} along the axis, split says {:?}",
+                        s[a],
+                        g.get(k)
+                    ),
+                ));
             }
         }
         total += s[a];
         blocks.push(s[a] * inner);
     }
     if total != si[a] {
-        return Err(shape_err(node, format_args!("outputs sum to {total} along axis {a}, input has {}", si[a])));
+        return Err(shape_err(
+            node,
+            format_args!("outputs sum to {total} along axis {a}, input has {}", si[a]),
+        ));
     }
     Ok(Box::new(JoinKernel {
         name: node.name.clone(),
@@ -524,7 +635,9 @@ fn norm_index(i: i64, dim: usize, name: &str) -> Result<usize> {
     let d = dim as i64;
     let j = if i < 0 { i + d } else { i };
     if j < 0 || j >= d {
-        return Err(Error::BadInput(format!("node '{name}': index {i} out of range for dimension {dim}")));
+        return Err(Error::BadInput(format!(
+            "node '{name}': index {i} out of range for dimension {dim}"
+        )));
     }
     Ok(j as usize)
 }
@@ -549,7 +662,12 @@ struct GatherKernel {
 }
 
 impl Kernel for GatherKernel {
-    fn run(&self, inputs: &[Option<TensorRef<'_>>], outputs: &mut [TensorMut<'_>], _scratch: &mut [u8]) -> Result<()> {
+    fn run(
+        &self,
+        inputs: &[Option<TensorRef<'_>>],
+        outputs: &mut [TensorMut<'_>],
+        _scratch: &mut [u8],
+    ) -> Result<()> {
         let data = input(inputs, 0, &self.name)?.bytes;
         let idx = input(inputs, 1, &self.name)?.bytes;
         let dst = &mut *output(outputs, 0, &self.name)?.bytes;
@@ -558,7 +676,10 @@ impl Kernel for GatherKernel {
             || idx.len() != self.n_idx * isz
             || dst.len() != self.outer * self.n_idx * self.inner
         {
-            return Err(Error::Shape(format!("node '{}': Gather views have the wrong size", self.name)));
+            return Err(Error::Shape(format!(
+                "node '{}': Gather views have the wrong size",
+                self.name
+            )));
         }
         for t in 0..self.n_idx {
             norm_index(index_at(idx, self.wide, t), self.axis_dim, &self.name)?;
@@ -570,7 +691,11 @@ impl Kernel for GatherKernel {
         for (ot, blk) in dst.chunks_exact_mut(self.inner).enumerate() {
             let (o, t) = (ot / self.n_idx, ot % self.n_idx);
             let i = index_at(idx, self.wide, t);
-            let j = if i < 0 { (i + self.axis_dim as i64) as usize } else { i as usize };
+            let j = if i < 0 {
+                (i + self.axis_dim as i64) as usize
+            } else {
+                i as usize
+            };
             let s = o * row_in + j * self.inner;
             blk.copy_from_slice(&data[s..s + self.inner]);
         }
@@ -582,14 +707,29 @@ fn build_gather(graph: &Graph, node: &Node, axis: i64) -> Result<Box<dyn Kernel>
     let (d, ix, out) = (in_id(node, 0)?, in_id(node, 1)?, out_id(node, 0)?);
     let dt = graph.values[d].dtype;
     if graph.values[out].dtype != dt {
-        return Err(Error::Type(format!("Gather node '{}': output type differs from data", node.name)));
+        return Err(Error::Type(format!(
+            "Gather node '{}': output type differs from data",
+            node.name
+        )));
     }
     let wide = index_wide(graph, node, ix)?;
-    let (sd, si, so) = (shape_of(graph, d)?, shape_of(graph, ix)?, shape_of(graph, out)?);
+    let (sd, si, so) = (
+        shape_of(graph, d)?,
+        shape_of(graph, ix)?,
+        shape_of(graph, out)?,
+    );
     let a = norm_axis(node, axis, sd.len())?;
-    let want: Vec<usize> = sd[..a].iter().chain(&si).chain(&sd[a + 1..]).copied().collect();
+    let want: Vec<usize> = sd[..a]
+        .iter()
+        .chain(&si)
+        .chain(&sd[a + 1..])
+        .copied()
+        .collect();
     if want != so {
-        return Err(shape_err(node, format_args!("output {so:?} does not match {want:?}")));
+        return Err(shape_err(
+            node,
+            format_args!("output {so:?} does not match {want:?}"),
+        ));
     }
     Ok(Box::new(GatherKernel {
         name: node.name.clone(),
@@ -615,7 +755,12 @@ struct ScatterNdKernel {
 }
 
 impl Kernel for ScatterNdKernel {
-    fn run(&self, inputs: &[Option<TensorRef<'_>>], outputs: &mut [TensorMut<'_>], _scratch: &mut [u8]) -> Result<()> {
+    fn run(
+        &self,
+        inputs: &[Option<TensorRef<'_>>],
+        outputs: &mut [TensorMut<'_>],
+        _scratch: &mut [u8],
+    ) -> Result<()> {
         let data = input(inputs, 0, &self.name)?.bytes;
         let idx = input(inputs, 1, &self.name)?.bytes;
         let upd = input(inputs, 2, &self.name)?.bytes;
@@ -627,7 +772,10 @@ impl Kernel for ScatterNdKernel {
             || idx.len() != self.n_tuples * k * isz
             || upd.len() != self.n_tuples * self.slice
         {
-            return Err(Error::Shape(format!("node '{}': ScatterND views have the wrong size", self.name)));
+            return Err(Error::Shape(format!(
+                "node '{}': ScatterND views have the wrong size",
+                self.name
+            )));
         }
         // Validate every index before writing so a bad index leaves no partial result.
         for t in 0..self.n_tuples {
@@ -642,7 +790,11 @@ impl Kernel for ScatterNdKernel {
             let mut off = 0;
             for (j, &dim) in self.dims.iter().enumerate() {
                 let i = index_at(idx, self.wide, t * k + j);
-                let i = if i < 0 { (i + dim as i64) as usize } else { i as usize };
+                let i = if i < 0 {
+                    (i + dim as i64) as usize
+                } else {
+                    i as usize
+                };
                 off += i * self.strides[j];
             }
             dst[off..off + self.slice].copy_from_slice(&upd[t * self.slice..(t + 1) * self.slice]);
@@ -652,23 +804,44 @@ impl Kernel for ScatterNdKernel {
 }
 
 fn build_scatter_nd(graph: &Graph, node: &Node) -> Result<Box<dyn Kernel>> {
-    let (d, ix, up, out) = (in_id(node, 0)?, in_id(node, 1)?, in_id(node, 2)?, out_id(node, 0)?);
+    let (d, ix, up, out) = (
+        in_id(node, 0)?,
+        in_id(node, 1)?,
+        in_id(node, 2)?,
+        out_id(node, 0)?,
+    );
     let dt = graph.values[d].dtype;
     if graph.values[out].dtype != dt || graph.values[up].dtype != dt {
-        return Err(Error::Type(format!("ScatterND node '{}': data, updates and output types differ", node.name)));
+        return Err(Error::Type(format!(
+            "ScatterND node '{}': data, updates and output types differ",
+            node.name
+        )));
     }
     let wide = index_wide(graph, node, ix)?;
-    let (sd, si, su, so) = (shape_of(graph, d)?, shape_of(graph, ix)?, shape_of(graph, up)?, shape_of(graph, out)?);
+    let (sd, si, su, so) = (
+        shape_of(graph, d)?,
+        shape_of(graph, ix)?,
+        shape_of(graph, up)?,
+        shape_of(graph, out)?,
+    );
     if so != sd {
         return Err(shape_err(node, "output shape differs from data"));
     }
-    let k = *si.last().ok_or_else(|| shape_err(node, "indices must have rank >= 1"))?;
+    let k = *si
+        .last()
+        .ok_or_else(|| shape_err(node, "indices must have rank >= 1"))?;
     if k == 0 || k > sd.len() {
-        return Err(shape_err(node, format_args!("index depth {k} invalid for data rank {}", sd.len())));
+        return Err(shape_err(
+            node,
+            format_args!("index depth {k} invalid for data rank {}", sd.len()),
+        ));
     }
     let want: Vec<usize> = si[..si.len() - 1].iter().chain(&sd[k..]).copied().collect();
     if su != want {
-        return Err(shape_err(node, format_args!("updates {su:?} do not match {want:?}")));
+        return Err(shape_err(
+            node,
+            format_args!("updates {su:?} do not match {want:?}"),
+        ));
     }
     let es = dt.size();
     let strides = strides_of(&sd)[..k].iter().map(|s| s * es).collect();
@@ -731,7 +904,8 @@ impl PadKernel {
         if dst.is_empty() {
             return Ok(());
         }
-        let fill_v: E = pod_from_bytes(&fill).ok_or_else(|| Error::Shape(format!("node '{}': pad value", self.name)))?;
+        let fill_v: E = pod_from_bytes(&fill)
+            .ok_or_else(|| Error::Shape(format!("node '{}': pad value", self.name)))?;
         let r = self.out_shape.len();
         if r == 0 {
             dst[0] = src[0];
@@ -761,15 +935,25 @@ impl PadKernel {
             let (head, rest) = drow.split_at_mut(m0);
             let (midv, tail) = rest.split_at_mut(ml);
             for (o, &s) in head.iter_mut().zip(&last[..m0]) {
-                *o = if s < 0 { fill_v } else { src[base + s as usize] };
+                *o = if s < 0 {
+                    fill_v
+                } else {
+                    src[base + s as usize]
+                };
             }
             midv.copy_from_slice(&src[base + mi..base + mi + ml]);
             for (o, &s) in tail.iter_mut().zip(&last[m0 + ml..]) {
-                *o = if s < 0 { fill_v } else { src[base + s as usize] };
+                *o = if s < 0 {
+                    fill_v
+                } else {
+                    src[base + s as usize]
+                };
             }
         };
         if dst.len() >= PAR_MIN && inner > 0 {
-            dst.par_chunks_mut(inner).enumerate().for_each(|(row, d)| body(row, d));
+            dst.par_chunks_mut(inner)
+                .enumerate()
+                .for_each(|(row, d)| body(row, d));
         } else if inner > 0 {
             for (row, d) in dst.chunks_mut(inner).enumerate() {
                 body(row, d);
@@ -784,7 +968,12 @@ fn pad_typed<E: Pod>(k: &PadKernel, src: &[u8], dst: &mut [u8], fill: [u8; 8]) -
 }
 
 impl Kernel for PadKernel {
-    fn run(&self, inputs: &[Option<TensorRef<'_>>], outputs: &mut [TensorMut<'_>], _scratch: &mut [u8]) -> Result<()> {
+    fn run(
+        &self,
+        inputs: &[Option<TensorRef<'_>>],
+        outputs: &mut [TensorMut<'_>],
+        _scratch: &mut [u8],
+    ) -> Result<()> {
         let src = input(inputs, 0, &self.name)?.bytes;
         let fill = match (self.constant, inputs.get(2).copied().flatten()) {
             (Some(c), _) => c,
@@ -807,11 +996,17 @@ fn build_pad(graph: &Graph, node: &Node, mode: PadMode) -> Result<Box<dyn Kernel
     let r = si.len();
     let pads = const_i64(graph, node, 1, "pads")?.ok_or_else(|| shape_err(node, "missing pads"))?;
     let axes: Vec<usize> = match const_i64(graph, node, 3, "axes")? {
-        Some(a) => a.iter().map(|&x| norm_axis(node, x, r)).collect::<Result<_>>()?,
+        Some(a) => a
+            .iter()
+            .map(|&x| norm_axis(node, x, r))
+            .collect::<Result<_>>()?,
         None => (0..r).collect(),
     };
     if pads.len() != 2 * axes.len() {
-        return Err(shape_err(node, format_args!("{} pads for {} axes", pads.len(), axes.len())));
+        return Err(shape_err(
+            node,
+            format_args!("{} pads for {} axes", pads.len(), axes.len()),
+        ));
     }
     let mut before = vec![0i64; r];
     let mut after = vec![0i64; r];
@@ -820,18 +1015,28 @@ fn build_pad(graph: &Graph, node: &Node, mode: PadMode) -> Result<Box<dyn Kernel
         after[a] = pads[k + axes.len()];
     }
     if so.len() != r {
-        return Err(shape_err(node, format_args!("output rank of {so:?} differs from input {si:?}")));
+        return Err(shape_err(
+            node,
+            format_args!("output rank of {so:?} differs from input {si:?}"),
+        ));
     }
     let mut tables = Vec::with_capacity(r);
     for d in 0..r {
         let out_d = si[d] as i64 + before[d] + after[d];
         if out_d < 0 || out_d as usize != so[d] {
-            return Err(shape_err(node, format_args!("padded shape does not match inferred output {so:?}")));
+            return Err(shape_err(
+                node,
+                format_args!("padded shape does not match inferred output {so:?}"),
+            ));
         }
         if si[d] == 0 && out_d > 0 && mode != PadMode::Constant {
             return Err(shape_err(node, "cannot reflect/edge-pad an empty axis"));
         }
-        tables.push((0..out_d).map(|o| pad_source(mode, o, before[d], si[d] as i64)).collect::<Vec<i64>>());
+        tables.push(
+            (0..out_d)
+                .map(|o| pad_source(mode, o, before[d], si[d] as i64))
+                .collect::<Vec<i64>>(),
+        );
     }
     // Longest run of the last dim that maps to consecutive input elements.
     let mut mid = (0, 0, 0);
@@ -856,7 +1061,10 @@ fn build_pad(graph: &Graph, node: &Node, mode: PadMode) -> Result<Box<dyn Kernel
         Some(t) => {
             let b = t.as_bytes();
             if t.dtype() != dt || b.len() < dt.size() {
-                return Err(Error::Type(format!("Pad node '{}': constant_value must be one {dt:?}", node.name)));
+                return Err(Error::Type(format!(
+                    "Pad node '{}': constant_value must be one {dt:?}",
+                    node.name
+                )));
             }
             let mut c = [0u8; 8];
             c[..dt.size()].copy_from_slice(&b[..dt.size()]);
@@ -928,7 +1136,13 @@ fn cast_loop<S: CastSrc, D: Pod>(src: &[S], dst: &mut [D], f: impl Fn(S) -> D + 
     });
 }
 
-fn cast_from<S: CastSrc>(src: &[u8], dst: &mut [u8], to: DataType, n: usize, name: &str) -> Result<()> {
+fn cast_from<S: CastSrc>(
+    src: &[u8],
+    dst: &mut [u8],
+    to: DataType,
+    n: usize,
+    name: &str,
+) -> Result<()> {
     let s = view::<S>(src, n, name)?;
     match to {
         DataType::F32 => cast_loop(s, view_mut::<f32>(dst, n, name)?, S::to_f32),
@@ -949,7 +1163,12 @@ struct CastKernel {
 }
 
 impl Kernel for CastKernel {
-    fn run(&self, inputs: &[Option<TensorRef<'_>>], outputs: &mut [TensorMut<'_>], _scratch: &mut [u8]) -> Result<()> {
+    fn run(
+        &self,
+        inputs: &[Option<TensorRef<'_>>],
+        outputs: &mut [TensorMut<'_>],
+        _scratch: &mut [u8],
+    ) -> Result<()> {
         let src = input(inputs, 0, &self.name)?.bytes;
         let dst = &mut *output(outputs, 0, &self.name)?.bytes;
         let (n, name) = (self.len, self.name.as_str());
@@ -966,13 +1185,24 @@ impl Kernel for CastKernel {
 fn build_cast(graph: &Graph, node: &Node, to: DataType) -> Result<Box<dyn Kernel>> {
     let (x, out) = (in_id(node, 0)?, out_id(node, 0)?);
     if graph.values[out].dtype != to {
-        return Err(Error::Type(format!("Cast node '{}': output value is not {to:?}", node.name)));
+        return Err(Error::Type(format!(
+            "Cast node '{}': output value is not {to:?}",
+            node.name
+        )));
     }
     let (si, so) = (shape_of(graph, x)?, shape_of(graph, out)?);
     if si != so {
-        return Err(shape_err(node, format_args!("input {si:?} vs output {so:?}")));
+        return Err(shape_err(
+            node,
+            format_args!("input {si:?} vs output {so:?}"),
+        ));
     }
-    Ok(Box::new(CastKernel { name: node.name.clone(), from: graph.values[x].dtype, to, len: numel(&so) }))
+    Ok(Box::new(CastKernel {
+        name: node.name.clone(),
+        from: graph.values[x].dtype,
+        to,
+        len: numel(&so),
+    }))
 }
 
 /// Compiles a data-movement node (Concat, Split, Slice, Reshape-likes, Transpose, Gather,
@@ -982,9 +1212,11 @@ pub fn build(graph: &Graph, node: &Node) -> Result<Box<dyn Kernel>> {
         Op::Concat { axis } => build_concat(graph, node, *axis),
         Op::Split { axis, split } => build_split(graph, node, *axis, split),
         Op::Slice => build_slice(graph, node),
-        Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. } | Op::Identity => {
-            build_copy(graph, node)
-        }
+        Op::Reshape { .. }
+        | Op::Flatten { .. }
+        | Op::Squeeze { .. }
+        | Op::Unsqueeze { .. }
+        | Op::Identity => build_copy(graph, node),
         Op::Transpose { perm } => build_transpose(graph, node, perm),
         Op::Gather { axis } => build_gather(graph, node, *axis),
         Op::Expand => build_expand(graph, node),
@@ -1050,17 +1282,42 @@ mod tests {
             let n = shape.iter().product();
             let x = rand_f32(n, 7);
             let out_shape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
-            let got = run1(Op::Transpose { perm: perm.clone() }, vec![In::Rt(f32t(&shape, x.clone()))], DataType::F32, &out_shape)
-                .unwrap();
-            assert_eq!(got.as_f32().unwrap(), &naive_transpose(&x, &shape, &perm)[..], "{shape:?} {perm:?}");
+            let got = run1(
+                Op::Transpose { perm: perm.clone() },
+                vec![In::Rt(f32t(&shape, x.clone()))],
+                DataType::F32,
+                &out_shape,
+            )
+            .unwrap();
+            assert_eq!(
+                got.as_f32().unwrap(),
+                &naive_transpose(&x, &shape, &perm)[..],
+                "{shape:?} {perm:?}"
+            );
         }
         // 8-byte and 1-byte elements take the same paths.
         let x: Vec<i64> = (0..24).collect();
-        let got = run1(Op::Transpose { perm: vec![0, 2, 1] }, vec![In::Rt(i64t(&[2, 3, 4], x))], DataType::I64, &[2, 4, 3]).unwrap();
-        let want: Vec<i64> = naive_transpose(&iota(24), &[2, 3, 4], &[0, 2, 1]).iter().map(|&v| v as i64).collect();
+        let got = run1(
+            Op::Transpose {
+                perm: vec![0, 2, 1],
+            },
+            vec![In::Rt(i64t(&[2, 3, 4], x))],
+            DataType::I64,
+            &[2, 4, 3],
+        )
+        .unwrap();
+        let want: Vec<i64> = naive_transpose(&iota(24), &[2, 3, 4], &[0, 2, 1])
+            .iter()
+            .map(|&v| v as i64)
+            .collect();
         assert_eq!(got.to_i64_vec().unwrap(), want);
-        let got = run1(Op::Transpose { perm: vec![] }, vec![In::Rt(boolt(&[2, 3], vec![1, 0, 0, 0, 1, 1]))], DataType::Bool, &[3, 2])
-            .unwrap();
+        let got = run1(
+            Op::Transpose { perm: vec![] },
+            vec![In::Rt(boolt(&[2, 3], vec![1, 0, 0, 0, 1, 1]))],
+            DataType::Bool,
+            &[3, 2],
+        )
+        .unwrap();
         assert_eq!(got.as_bytes(), &[1, 0, 0, 1, 0, 1]);
     }
 
@@ -1068,12 +1325,22 @@ mod tests {
     fn concat_and_split() {
         let a = f32t(&[2, 1], vec![1.0, 2.0]);
         let b = f32t(&[2, 2], vec![3.0, 4.0, 5.0, 6.0]);
-        let out = run1(Op::Concat { axis: -1 }, vec![In::Rt(a.clone()), In::Rt(b.clone())], DataType::F32, &[2, 3]).unwrap();
+        let out = run1(
+            Op::Concat { axis: -1 },
+            vec![In::Rt(a.clone()), In::Rt(b.clone())],
+            DataType::F32,
+            &[2, 3],
+        )
+        .unwrap();
         assert_eq!(out.as_f32().unwrap(), &[1.0, 3.0, 4.0, 2.0, 5.0, 6.0]);
         let c = i64t(&[1, 2], vec![7, 8]);
         let out = run1(
             Op::Concat { axis: 0 },
-            vec![In::Rt(i64t(&[2, 2], vec![1, 2, 3, 4])), In::Const(c), In::Rt(i64t(&[0, 2], vec![]))],
+            vec![
+                In::Rt(i64t(&[2, 2], vec![1, 2, 3, 4])),
+                In::Const(c),
+                In::Rt(i64t(&[0, 2], vec![])),
+            ],
             DataType::I64,
             &[3, 2],
         )
@@ -1083,7 +1350,10 @@ mod tests {
         let x = f32t(&[2, 4], iota(8));
         // Equal split by output count.
         let outs = run_op(
-            Op::Split { axis: 1, split: None },
+            Op::Split {
+                axis: 1,
+                split: None,
+            },
             vec![In::Rt(x.clone())],
             &[(DataType::F32, vec![2, 2]), (DataType::F32, vec![2, 2])],
         )
@@ -1092,7 +1362,10 @@ mod tests {
         assert_eq!(outs[1].as_f32().unwrap(), &[2.0, 3.0, 6.0, 7.0]);
         // Sizes from a constant input, negative axis.
         let outs = run_op(
-            Op::Split { axis: -1, split: None },
+            Op::Split {
+                axis: -1,
+                split: None,
+            },
             vec![In::Rt(x.clone()), i64c(&[1, 3])],
             &[(DataType::F32, vec![2, 1]), (DataType::F32, vec![2, 3])],
         )
@@ -1101,7 +1374,10 @@ mod tests {
         assert_eq!(outs[1].as_f32().unwrap(), &[1.0, 2.0, 3.0, 5.0, 6.0, 7.0]);
         // Sizes from the attribute, axis 0.
         let outs = run_op(
-            Op::Split { axis: 0, split: Some(vec![1, 1]) },
+            Op::Split {
+                axis: 0,
+                split: Some(vec![1, 1]),
+            },
             vec![In::Rt(x.clone())],
             &[(DataType::F32, vec![1, 4]), (DataType::F32, vec![1, 4])],
         )
@@ -1109,12 +1385,18 @@ mod tests {
         assert_eq!(outs[1].as_f32().unwrap(), &[4.0, 5.0, 6.0, 7.0]);
         // A run-time split input is refused, naming the node.
         let err = run_op(
-            Op::Split { axis: 1, split: None },
+            Op::Split {
+                axis: 1,
+                split: None,
+            },
             vec![In::Rt(x), In::Rt(i64t(&[2], vec![2, 2]))],
             &[(DataType::F32, vec![2, 2]), (DataType::F32, vec![2, 2])],
         )
         .unwrap_err();
-        assert!(matches!(err, crate::error::Error::Unsupported(_)) && err.to_string().contains("'n'"), "{err}");
+        assert!(
+            matches!(err, crate::error::Error::Unsupported(_)) && err.to_string().contains("'n'"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -1122,7 +1404,13 @@ mod tests {
         let x = f32t(&[3, 4], iota(12));
         let out = run1(
             Op::Slice,
-            vec![In::Rt(x.clone()), i64c(&[-100]), i64c(&[100]), i64c(&[1]), i64c(&[2])],
+            vec![
+                In::Rt(x.clone()),
+                i64c(&[-100]),
+                i64c(&[100]),
+                i64c(&[1]),
+                i64c(&[2]),
+            ],
             DataType::F32,
             &[3, 2],
         )
@@ -1130,17 +1418,35 @@ mod tests {
         assert_eq!(out.as_f32().unwrap(), &[0.0, 2.0, 4.0, 6.0, 8.0, 10.0]);
         let out = run1(
             Op::Slice,
-            vec![In::Rt(x.clone()), i64c(&[-1, 100]), i64c(&[i64::MIN, 0]), i64c(&[0, -1]), i64c(&[-1, -2])],
+            vec![
+                In::Rt(x.clone()),
+                i64c(&[-1, 100]),
+                i64c(&[i64::MIN, 0]),
+                i64c(&[0, -1]),
+                i64c(&[-1, -2]),
+            ],
             DataType::F32,
             &[3, 2],
         )
         .unwrap();
         assert_eq!(out.as_f32().unwrap(), &[11.0, 9.0, 7.0, 5.0, 3.0, 1.0]);
         // Default axes and steps; end beyond the dim.
-        let out = run1(Op::Slice, vec![In::Rt(x.clone()), i64c(&[1, 1]), i64c(&[10, 3])], DataType::F32, &[2, 2]).unwrap();
+        let out = run1(
+            Op::Slice,
+            vec![In::Rt(x.clone()), i64c(&[1, 1]), i64c(&[10, 3])],
+            DataType::F32,
+            &[2, 2],
+        )
+        .unwrap();
         assert_eq!(out.as_f32().unwrap(), &[5.0, 6.0, 9.0, 10.0]);
         // Empty result.
-        let out = run1(Op::Slice, vec![In::Rt(x.clone()), i64c(&[2]), i64c(&[1]), i64c(&[0])], DataType::F32, &[0, 4]).unwrap();
+        let out = run1(
+            Op::Slice,
+            vec![In::Rt(x.clone()), i64c(&[2]), i64c(&[1]), i64c(&[0])],
+            DataType::F32,
+            &[0, 4],
+        )
+        .unwrap();
         assert!(out.is_empty());
         // Non-constant bounds are refused.
         let err = run1(
@@ -1154,10 +1460,77 @@ mod tests {
     }
 
     #[test]
+    fn large_slice_and_pad_parallel_paths() {
+        // [1, 8, 130, 130] reversed along W and cropped along H: exercises the parallel strided path.
+        let (c, h, w) = (8usize, 130usize, 130usize);
+        let x = rand_f32(c * h * w, 3);
+        let out = run1(
+            Op::Slice,
+            vec![
+                In::Rt(f32t(&[1, c, h, w], x.clone())),
+                i64c(&[1, -1]),
+                i64c(&[h as i64, i64::MIN]),
+                i64c(&[2, 3]),
+                i64c(&[1, -1]),
+            ],
+            DataType::F32,
+            &[1, c, h - 1, w],
+        )
+        .unwrap();
+        let got = out.as_f32().unwrap();
+        for ci in 0..c {
+            for i in 0..h - 1 {
+                for j in 0..w {
+                    assert_eq!(
+                        got[(ci * (h - 1) + i) * w + j],
+                        x[(ci * h + i + 1) * w + (w - 1 - j)]
+                    );
+                }
+            }
+        }
+        // Edge pad of the same tensor by 2 on each spatial side (parallel pad rows).
+        let out = run1(
+            Op::Pad {
+                mode: PadMode::Edge,
+            },
+            vec![
+                In::Rt(f32t(&[1, c, h, w], x.clone())),
+                i64c(&[0, 0, 2, 2, 0, 0, 2, 2]),
+            ],
+            DataType::F32,
+            &[1, c, h + 4, w + 4],
+        )
+        .unwrap();
+        let got = out.as_f32().unwrap();
+        for ci in 0..c {
+            for i in 0..h + 4 {
+                for j in 0..w + 4 {
+                    let si = (i as i64 - 2).clamp(0, h as i64 - 1) as usize;
+                    let sj = (j as i64 - 2).clamp(0, w as i64 - 1) as usize;
+                    assert_eq!(
+                        got[(ci * (h + 4) + i) * (w + 4) + j],
+                        x[(ci * h + si) * w + sj]
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
     fn reshape_like_copies() {
         let x = i32t(&[2, 3], vec![1, 2, 3, 4, 5, 6]);
-        for op in [Op::Reshape { allowzero: false }, Op::Flatten { axis: 1 }, Op::Identity] {
-            let out = run1(op, vec![In::Rt(x.clone()), i64c(&[3, 2])], DataType::I32, &[3, 2]).unwrap();
+        for op in [
+            Op::Reshape { allowzero: false },
+            Op::Flatten { axis: 1 },
+            Op::Identity,
+        ] {
+            let out = run1(
+                op,
+                vec![In::Rt(x.clone()), i64c(&[3, 2])],
+                DataType::I32,
+                &[3, 2],
+            )
+            .unwrap();
             assert_eq!(out.to_i64_vec().unwrap(), vec![1, 2, 3, 4, 5, 6]);
         }
         assert!(run1(Op::Identity, vec![In::Rt(x)], DataType::I32, &[4]).is_err());
@@ -1166,8 +1539,13 @@ mod tests {
     #[test]
     fn gather_axes_and_negative_indices() {
         let x = f32t(&[3, 2], iota(6));
-        let out = run1(Op::Gather { axis: 0 }, vec![In::Rt(x.clone()), In::Rt(i64t(&[2], vec![-1, 0]))], DataType::F32, &[2, 2])
-            .unwrap();
+        let out = run1(
+            Op::Gather { axis: 0 },
+            vec![In::Rt(x.clone()), In::Rt(i64t(&[2], vec![-1, 0]))],
+            DataType::F32,
+            &[2, 2],
+        )
+        .unwrap();
         assert_eq!(out.as_f32().unwrap(), &[4.0, 5.0, 0.0, 1.0]);
         let x = f32t(&[2, 3], iota(6));
         let out = run1(
@@ -1177,22 +1555,48 @@ mod tests {
             &[2, 2, 2],
         )
         .unwrap();
-        assert_eq!(out.as_f32().unwrap(), &[2.0, 0.0, 1.0, 2.0, 5.0, 3.0, 4.0, 5.0]);
+        assert_eq!(
+            out.as_f32().unwrap(),
+            &[2.0, 0.0, 1.0, 2.0, 5.0, 3.0, 4.0, 5.0]
+        );
         // Scalar index removes the axis.
-        let out = run1(Op::Gather { axis: -1 }, vec![In::Rt(x.clone()), In::Const(i64t(&[], vec![1]))], DataType::F32, &[2]).unwrap();
+        let out = run1(
+            Op::Gather { axis: -1 },
+            vec![In::Rt(x.clone()), In::Const(i64t(&[], vec![1]))],
+            DataType::F32,
+            &[2],
+        )
+        .unwrap();
         assert_eq!(out.as_f32().unwrap(), &[1.0, 4.0]);
-        let err = run1(Op::Gather { axis: 1 }, vec![In::Rt(x), In::Rt(i64t(&[1], vec![3]))], DataType::F32, &[2, 1]);
+        let err = run1(
+            Op::Gather { axis: 1 },
+            vec![In::Rt(x), In::Rt(i64t(&[1], vec![3]))],
+            DataType::F32,
+            &[2, 1],
+        );
         assert!(err.is_err());
     }
 
     #[test]
     fn expand_broadcasts() {
         let x = i64t(&[3, 1], vec![1, 2, 3]);
-        let out = run1(Op::Expand, vec![In::Rt(x), i64c(&[2, 1, 4])], DataType::I64, &[2, 3, 4]).unwrap();
+        let out = run1(
+            Op::Expand,
+            vec![In::Rt(x), i64c(&[2, 1, 4])],
+            DataType::I64,
+            &[2, 3, 4],
+        )
+        .unwrap();
         let want: Vec<i64> = (0..24).map(|i| ((i / 4) % 3 + 1) as i64).collect();
         assert_eq!(out.to_i64_vec().unwrap(), want);
         let x = f32t(&[2], vec![5.0, 6.0]);
-        let out = run1(Op::Expand, vec![In::Rt(x), i64c(&[3, 1])], DataType::F32, &[3, 2]).unwrap();
+        let out = run1(
+            Op::Expand,
+            vec![In::Rt(x), i64c(&[3, 1])],
+            DataType::F32,
+            &[3, 2],
+        )
+        .unwrap();
         assert_eq!(out.as_f32().unwrap(), &[5.0, 6.0, 5.0, 6.0, 5.0, 6.0]);
     }
 
@@ -1201,16 +1605,27 @@ mod tests {
         let data = f32t(&[4, 3], vec![0.0; 12]);
         let out = run1(
             Op::ScatterND,
-            vec![In::Rt(data), In::Rt(i64t(&[2, 1], vec![1, -1])), In::Rt(f32t(&[2, 3], vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]))],
+            vec![
+                In::Rt(data),
+                In::Rt(i64t(&[2, 1], vec![1, -1])),
+                In::Rt(f32t(&[2, 3], vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0])),
+            ],
             DataType::F32,
             &[4, 3],
         )
         .unwrap();
-        assert_eq!(out.as_f32().unwrap(), &[0.0, 0.0, 0.0, 1.0, 2.0, 3.0, 0.0, 0.0, 0.0, 4.0, 5.0, 6.0]);
+        assert_eq!(
+            out.as_f32().unwrap(),
+            &[0.0, 0.0, 0.0, 1.0, 2.0, 3.0, 0.0, 0.0, 0.0, 4.0, 5.0, 6.0]
+        );
         let data = i64t(&[2, 2, 2], (0..8).collect());
         let out = run1(
             Op::ScatterND,
-            vec![In::Rt(data), In::Rt(i64t(&[2, 2], vec![0, 1, 1, 0])), In::Rt(i64t(&[2, 2], vec![-1, -2, -3, -4]))],
+            vec![
+                In::Rt(data),
+                In::Rt(i64t(&[2, 2], vec![0, 1, 1, 0])),
+                In::Rt(i64t(&[2, 2], vec![-1, -2, -3, -4])),
+            ],
             DataType::I64,
             &[2, 2, 2],
         )
@@ -1219,7 +1634,11 @@ mod tests {
         let data = i64t(&[2, 2], vec![0; 4]);
         let out = run1(
             Op::ScatterND,
-            vec![In::Rt(data), In::Rt(i64t(&[1, 2], vec![1, 1])), In::Rt(i64t(&[1], vec![9]))],
+            vec![
+                In::Rt(data),
+                In::Rt(i64t(&[1, 2], vec![1, 1])),
+                In::Rt(i64t(&[1], vec![9])),
+            ],
             DataType::I64,
             &[2, 2],
         )
@@ -1227,7 +1646,14 @@ mod tests {
         assert_eq!(out.to_i64_vec().unwrap(), vec![0, 0, 0, 9]);
     }
 
-    fn pad(x: Tensor, mode: PadMode, pads: &[i64], cval: Option<In>, axes: Option<&[i64]>, out: &[usize]) -> Tensor {
+    fn pad(
+        x: Tensor,
+        mode: PadMode,
+        pads: &[i64],
+        cval: Option<In>,
+        axes: Option<&[i64]>,
+        out: &[usize],
+    ) -> Tensor {
         let dt = x.dtype();
         let mut ins = vec![In::Rt(x), i64c(pads)];
         match (cval, axes) {
@@ -1244,14 +1670,37 @@ mod tests {
     #[test]
     fn pad_every_mode() {
         let x = f32t(&[4], vec![1.0, 2.0, 3.0, 4.0]);
-        let c = pad(x.clone(), PadMode::Constant, &[2, 3], Some(In::Const(f32t(&[], vec![9.0]))), None, &[9]);
-        assert_eq!(c.as_f32().unwrap(), &[9.0, 9.0, 1.0, 2.0, 3.0, 4.0, 9.0, 9.0, 9.0]);
-        let c = pad(x.clone(), PadMode::Constant, &[1, 1], Some(In::Rt(f32t(&[], vec![-5.0]))), None, &[6]);
+        let c = pad(
+            x.clone(),
+            PadMode::Constant,
+            &[2, 3],
+            Some(In::Const(f32t(&[], vec![9.0]))),
+            None,
+            &[9],
+        );
+        assert_eq!(
+            c.as_f32().unwrap(),
+            &[9.0, 9.0, 1.0, 2.0, 3.0, 4.0, 9.0, 9.0, 9.0]
+        );
+        let c = pad(
+            x.clone(),
+            PadMode::Constant,
+            &[1, 1],
+            Some(In::Rt(f32t(&[], vec![-5.0]))),
+            None,
+            &[6],
+        );
         assert_eq!(c.as_f32().unwrap(), &[-5.0, 1.0, 2.0, 3.0, 4.0, -5.0]);
         let r = pad(x.clone(), PadMode::Reflect, &[2, 3], None, None, &[9]);
-        assert_eq!(r.as_f32().unwrap(), &[3.0, 2.0, 1.0, 2.0, 3.0, 4.0, 3.0, 2.0, 1.0]);
+        assert_eq!(
+            r.as_f32().unwrap(),
+            &[3.0, 2.0, 1.0, 2.0, 3.0, 4.0, 3.0, 2.0, 1.0]
+        );
         let e = pad(x.clone(), PadMode::Edge, &[2, 3], None, None, &[9]);
-        assert_eq!(e.as_f32().unwrap(), &[1.0, 1.0, 1.0, 2.0, 3.0, 4.0, 4.0, 4.0, 4.0]);
+        assert_eq!(
+            e.as_f32().unwrap(),
+            &[1.0, 1.0, 1.0, 2.0, 3.0, 4.0, 4.0, 4.0, 4.0]
+        );
         // Negative pads crop.
         let n = pad(x.clone(), PadMode::Constant, &[-1, 1], None, None, &[4]);
         assert_eq!(n.as_f32().unwrap(), &[2.0, 3.0, 4.0, 0.0]);
@@ -1259,18 +1708,48 @@ mod tests {
         assert_eq!(n.as_f32().unwrap(), &[2.0, 3.0, 4.0, 3.0, 2.0]);
         // 2-D reflect on both axes.
         let x2 = f32t(&[2, 3], vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
-        let r = pad(x2.clone(), PadMode::Reflect, &[1, 1, 1, 1], None, None, &[4, 5]);
+        let r = pad(
+            x2.clone(),
+            PadMode::Reflect,
+            &[1, 1, 1, 1],
+            None,
+            None,
+            &[4, 5],
+        );
         assert_eq!(
             r.as_f32().unwrap(),
-            &[5.0, 4.0, 5.0, 6.0, 5.0, 2.0, 1.0, 2.0, 3.0, 2.0, 5.0, 4.0, 5.0, 6.0, 5.0, 2.0, 1.0, 2.0, 3.0, 2.0]
+            &[
+                5.0, 4.0, 5.0, 6.0, 5.0, 2.0, 1.0, 2.0, 3.0, 2.0, 5.0, 4.0, 5.0, 6.0, 5.0, 2.0,
+                1.0, 2.0, 3.0, 2.0
+            ]
         );
         // Opset-18 axes input (negative axis), edge mode.
-        let e = pad(x2.clone(), PadMode::Edge, &[1, 0], None, Some(&[-1]), &[2, 4]);
-        assert_eq!(e.as_f32().unwrap(), &[1.0, 1.0, 2.0, 3.0, 4.0, 4.0, 5.0, 6.0]);
+        let e = pad(
+            x2.clone(),
+            PadMode::Edge,
+            &[1, 0],
+            None,
+            Some(&[-1]),
+            &[2, 4],
+        );
+        assert_eq!(
+            e.as_f32().unwrap(),
+            &[1.0, 1.0, 2.0, 3.0, 4.0, 4.0, 5.0, 6.0]
+        );
         // Constant rows above and below, i64 data.
         let xi = i64t(&[1, 2], vec![7, 8]);
-        let c = pad(xi, PadMode::Constant, &[1, 0, 1, 1], Some(In::Const(i64t(&[1], vec![-1]))), None, &[3, 3]);
-        assert_eq!(c.to_i64_vec().unwrap(), vec![-1, -1, -1, 7, 8, -1, -1, -1, -1]);
+        let c = pad(
+            xi,
+            PadMode::Constant,
+            &[1, 0, 1, 1],
+            Some(In::Const(i64t(&[1], vec![-1]))),
+            None,
+            &[3, 3],
+        );
+        assert_eq!(
+            c.to_i64_vec().unwrap(),
+            vec![-1, -1, -1, 7, 8, -1, -1, -1, -1]
+        );
     }
 
     #[test]
@@ -1286,15 +1765,45 @@ mod tests {
             let out = run1(Op::Cast { to }, vec![In::Rt(x.clone())], to, &[6]).unwrap();
             assert_eq!(out.to_i64_vec().unwrap(), want, "{to:?}");
         }
-        let out = run1(Op::Cast { to: DataType::U8 }, vec![In::Rt(f32t(&[2], vec![3.9, 255.0]))], DataType::U8, &[2]).unwrap();
+        let out = run1(
+            Op::Cast { to: DataType::U8 },
+            vec![In::Rt(f32t(&[2], vec![3.9, 255.0]))],
+            DataType::U8,
+            &[2],
+        )
+        .unwrap();
         assert_eq!(out.as_bytes(), &[3, 255]);
-        let out = run1(Op::Cast { to: DataType::F32 }, vec![In::Rt(i64t(&[3], vec![-3, 0, 1 << 40]))], DataType::F32, &[3]).unwrap();
+        let out = run1(
+            Op::Cast { to: DataType::F32 },
+            vec![In::Rt(i64t(&[3], vec![-3, 0, 1 << 40]))],
+            DataType::F32,
+            &[3],
+        )
+        .unwrap();
         assert_eq!(out.as_f32().unwrap(), &[-3.0, 0.0, (1u64 << 40) as f32]);
-        let out = run1(Op::Cast { to: DataType::F32 }, vec![In::Rt(boolt(&[2], vec![1, 0]))], DataType::F32, &[2]).unwrap();
+        let out = run1(
+            Op::Cast { to: DataType::F32 },
+            vec![In::Rt(boolt(&[2], vec![1, 0]))],
+            DataType::F32,
+            &[2],
+        )
+        .unwrap();
         assert_eq!(out.as_f32().unwrap(), &[1.0, 0.0]);
-        let out = run1(Op::Cast { to: DataType::I64 }, vec![In::Rt(i32t(&[2], vec![-7, 9]))], DataType::I64, &[2]).unwrap();
+        let out = run1(
+            Op::Cast { to: DataType::I64 },
+            vec![In::Rt(i32t(&[2], vec![-7, 9]))],
+            DataType::I64,
+            &[2],
+        )
+        .unwrap();
         assert_eq!(out.to_i64_vec().unwrap(), vec![-7, 9]);
-        let out = run1(Op::Cast { to: DataType::I32 }, vec![In::Rt(i64t(&[1], vec![(1 << 32) + 5]))], DataType::I32, &[1]).unwrap();
+        let out = run1(
+            Op::Cast { to: DataType::I32 },
+            vec![In::Rt(i64t(&[1], vec![(1 << 32) + 5]))],
+            DataType::I32,
+            &[1],
+        )
+        .unwrap();
         assert_eq!(out.to_i64_vec().unwrap(), vec![5]);
     }
 }

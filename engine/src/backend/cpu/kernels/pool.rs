@@ -173,6 +173,9 @@ impl Kernel for PoolKernel {
         let (n, c, h, w) = (self.n, self.c, self.h, self.w);
         let x = input_f32(inputs, 0, n * c * h * w)?;
         let out = output_f32(outputs, 0, n * c * oh * ow)?;
+        if out.is_empty() {
+            return Ok(());
+        }
         let (ay, ax) = (&self.ay, &self.ax);
         let empty = if self.max { f32::MIN } else { 0.0 };
         if self.nhwc {
@@ -303,6 +306,9 @@ impl Kernel for GlobalKernel {
         let (n, c, hw) = (self.n, self.c, self.hw);
         let x = input_f32(inputs, 0, n * c * hw)?;
         let out = output_f32(outputs, 0, n * c)?;
+        if out.is_empty() {
+            return Ok(());
+        }
         let inv = 1.0 / hw as f32;
         if self.nhwc {
             out.par_chunks_mut(c).enumerate().for_each(|(ni, o)| {
