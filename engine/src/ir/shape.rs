@@ -394,7 +394,9 @@ fn slice_shape(g: &Graph, node: &Node) -> Result<Vec<usize>> {
             s = s.clamp(0, (d - 1).max(0));
             e = e.clamp(-1, d - 1);
         }
-        let len = if step > 0 { (e - s + step - 1) / step } else { (s - e + (-step) - 1) / (-step) };
+        let len = if d == 0 {
+            0
+        } else if step > 0 { (e - s + step - 1) / step } else { (s - e + (-step) - 1) / (-step) };
         out[ax] = dim(node, len.max(0), "slice length")?;
     }
     Ok(out)
@@ -947,7 +949,7 @@ fn agrees(declared: &[Option<usize>], shape: &[usize]) -> bool {
 
 /// Infers and stores every node output's element type and shape, in node order. Inputs must
 /// be pinned ([`pin_inputs`]) first. A value whose shape is already known must agree with the
-/// inferred one, as must declared graph-output shapes and types.
+/// inferred one, as must declared shapes; element types are always overwritten.
 pub fn infer(graph: &mut Graph) -> Result<()> {
     for i in 0..graph.nodes.len() {
         resolve_node(graph, i)?;
@@ -958,7 +960,6 @@ pub fn infer(graph: &mut Graph) -> Result<()> {
         }
         let ids = node.outputs.clone();
         for (o, (dt, shape)) in ids.into_iter().zip(outs) {
-            let is_output = graph.outputs.contains(&o);
             let v = graph
                 .values
                 .get_mut(o)
@@ -979,12 +980,6 @@ pub fn infer(graph: &mut Graph) -> Result<()> {
                     )));
                 }
             }
-            if is_output && v.dtype != dt {
-                return Err(Error::Type(format!(
-                    "output '{}': inferred type {dt:?} conflicts with declared type {:?}",
-                    v.name, v.dtype
-                )));
-            }
             v.dtype = dt;
             v.shape = Some(shape);
         }
@@ -1003,4 +998,641 @@ pub fn reinfer(graph: &mut Graph) -> Result<()> {
         }
     }
     infer(graph)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{ConvAttrs, ConvTransposeAttrs, PoolAttrs, ResizeAttrs};
+
+    struct B {
+        g: Graph,
+    }
+
+    impl B {
+        fn new() -> Self {
+            B { g: Graph { opset: 17, ..Graph::default() } }
+        }
+        fn input(&mut self, name: &str, dt: DataType, shape: &[usize]) -> ValueId {
+            let id = self.g.add_value(name, dt);
+            self.g.values[id].shape = Some(shape.to_vec());
+            self.g.inputs.push(id);
+            id
+        }
+        fn x(&mut self, shape: &[usize]) -> ValueId {
+            let n = format!("x{}", self.g.values.len());
+            self.input(&n, DataType::F32, shape)
+        }
+        fn ci(&mut self, v: &[i64]) -> ValueId {
+            let n = format!("c{}", self.g.values.len());
+            self.g.add_constant(n, Tensor::from_i64(vec![v.len()], v.to_vec()).unwrap())
+        }
+        fn cf(&mut self, shape: &[usize], v: &[f32]) -> ValueId {
+            let n = format!("c{}", self.g.values.len());
+            self.g.add_constant(n, Tensor::from_f32(shape.to_vec(), v.to_vec()).unwrap())
+        }
+        fn node(&mut self, op: Op, inputs: &[Option<ValueId>], n_out: usize) -> Vec<ValueId> {
+            let k = self.g.nodes.len();
+            let outs: Vec<ValueId> = (0..n_out).map(|i| self.g.add_value(format!("n{k}_{i}"), DataType::F32)).collect();
+            self.g.nodes.push(Node { name: format!("n{k}"), op, inputs: inputs.to_vec(), outputs: outs.clone() });
+            outs
+        }
+        /// Infers the single node and returns its outputs' types and shapes.
+        fn run(mut self) -> Result<Vec<(DataType, Vec<usize>)>> {
+            let outs = self.g.nodes.last().map(|n| n.outputs.clone()).unwrap_or_default();
+            self.g.outputs = outs.clone();
+            infer(&mut self.g)?;
+            Ok(outs.iter().map(|&o| (self.g.values[o].dtype, self.g.values[o].shape.clone().unwrap())).collect())
+        }
+    }
+
+    /// Infers `op` over float inputs of the given shapes plus extra (constant) inputs.
+    fn shape1(op: Op, shapes: &[&[usize]]) -> Result<Vec<usize>> {
+        let mut b = B::new();
+        let ins: Vec<_> = shapes.iter().map(|s| Some(b.x(s))).collect();
+        b.node(op, &ins, 1);
+        Ok(b.run()?.remove(0).1)
+    }
+
+    fn conv(k: &[usize], s: &[usize], p: &[usize], d: &[usize], group: usize, auto_pad: AutoPad, layout: Layout) -> ConvAttrs {
+        ConvAttrs {
+            kernel_shape: k.to_vec(),
+            strides: s.to_vec(),
+            pads: p.to_vec(),
+            dilations: d.to_vec(),
+            group,
+            auto_pad,
+            activation: None,
+            layout,
+        }
+    }
+
+    fn pool(k: &[usize], s: &[usize], p: &[usize], ceil_mode: bool, auto_pad: AutoPad) -> PoolAttrs {
+        PoolAttrs {
+            kernel_shape: k.to_vec(),
+            strides: s.to_vec(),
+            pads: p.to_vec(),
+            dilations: vec![],
+            ceil_mode,
+            auto_pad,
+            count_include_pad: false,
+            layout: Layout::Nchw,
+        }
+    }
+
+    fn is_shape_err<T: std::fmt::Debug>(r: Result<T>) -> bool {
+        matches!(r, Err(Error::Shape(_)))
+    }
+
+    fn is_runtime<T: std::fmt::Debug>(r: Result<T>) -> bool {
+        matches!(&r, Err(Error::Unsupported(m)) if m.contains("depends on a runtime value"))
+    }
+
+    #[test]
+    fn pin_inputs_sets_batch() {
+        let mut g = Graph::default();
+        let a = g.add_value("a", DataType::F32);
+        g.values[a].declared = Some(vec![None, Some(3), Some(5)]);
+        let b = g.add_value("b", DataType::F32);
+        g.values[b].declared = Some(vec![Some(1), Some(2)]);
+        let c = g.add_value("c", DataType::I64);
+        g.values[c].declared = Some(vec![Some(7)]);
+        g.inputs = vec![a, b, c];
+        pin_inputs(&mut g, 4).unwrap();
+        assert_eq!(g.values[a].shape, Some(vec![4, 3, 5]));
+        assert_eq!(g.values[b].shape, Some(vec![4, 2]));
+        assert_eq!(g.values[c].shape, Some(vec![7]));
+        assert!(matches!(pin_inputs(&mut g, 0), Err(Error::BadInput(_))));
+        g.values[c].declared = Some(vec![Some(2), None]);
+        match pin_inputs(&mut g, 1) {
+            Err(Error::Shape(m)) => assert!(m.contains("'c'"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Brute-force count of sliding-window positions (independent of the closed-form formula).
+    fn windows_ref(input: usize, k: usize, s: usize, d: usize, pb: usize, pe: usize, ceil_mode: bool) -> Option<usize> {
+        let padded = input + pb + pe;
+        let eff = (k - 1) * d + 1;
+        if padded < eff {
+            return None;
+        }
+        let mut n = 0;
+        for o in 0..=padded {
+            let start = o * s;
+            let ok = if ceil_mode {
+                o == 0 || ((o - 1) * s + eff < padded && start < input + pb)
+            } else {
+                start + eff <= padded
+            };
+            if ok {
+                n += 1;
+            }
+        }
+        Some(n)
+    }
+
+    #[test]
+    fn window_sizes_match_brute_force() {
+        let node = Node { name: "t".into(), op: Op::Identity, inputs: vec![], outputs: vec![] };
+        for input in 1..=9 {
+            for k in 1..=4 {
+                for s in 1..=3 {
+                    for d in 1..=2 {
+                        for (pb, pe) in [(0, 0), (1, 0), (0, 2), (1, 1), (2, 1)] {
+                            // Beyond a kernel's worth of end padding ORT/PyTorch drop only one
+                            // window, a case real models never hit; compare the sane range.
+                            if pe > (k - 1) * d + 1 {
+                                continue;
+                            }
+                            for ceil_mode in [false, true] {
+                                let w = window(&node, &[input], &[k], &[s], &[d], &[pb, pe], AutoPad::NotSet).unwrap();
+                                let got = window_output(&node, &[input], &w, ceil_mode).ok().map(|v| v[0]);
+                                let want = windows_ref(input, k, s, d, pb, pe, ceil_mode);
+                                assert_eq!(got, want, "in={input} k={k} s={s} d={d} pads=({pb},{pe}) ceil={ceil_mode}");
+                            }
+                        }
+                        // SAME: output is ceil(in / s), padding is the minimum total that achieves it.
+                        for ap in [AutoPad::SameUpper, AutoPad::SameLower] {
+                            let w = window(&node, &[input], &[k], &[s], &[d], &[], ap).unwrap();
+                            let out = window_output(&node, &[input], &w, false).unwrap()[0];
+                            assert_eq!(out, input.div_ceil(s));
+                            let total = w.pads[0] + w.pads[1];
+                            let eff = (k - 1) * d + 1;
+                            assert_eq!(total, ((out - 1) * s + eff).saturating_sub(input));
+                            let (small, big) = if ap == AutoPad::SameUpper { (w.pads[0], w.pads[1]) } else { (w.pads[1], w.pads[0]) };
+                            assert!(big == small || big == small + 1);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn conv_shapes() {
+        let c = |a: ConvAttrs, x: &[usize], w: &[usize]| shape1(Op::Conv(a), &[x, w]);
+        let a = conv(&[3, 3], &[2, 2], &[1, 1, 1, 1], &[1, 1], 1, AutoPad::NotSet, Layout::Nchw);
+        assert_eq!(c(a.clone(), &[2, 3, 224, 224], &[32, 3, 3, 3]).unwrap(), vec![2, 32, 112, 112]);
+        // Defaults from the weight; 1-D conv.
+        let a0 = conv(&[], &[], &[], &[], 1, AutoPad::NotSet, Layout::Nchw);
+        assert_eq!(c(a0.clone(), &[1, 4, 10], &[6, 4, 3]).unwrap(), vec![1, 6, 8]);
+        // Depthwise, dilated, asymmetric pads.
+        let a = conv(&[3, 3], &[1, 1], &[0, 1, 2, 0], &[2, 1], 8, AutoPad::NotSet, Layout::Nchw);
+        assert_eq!(c(a, &[1, 8, 10, 10], &[8, 1, 3, 3]).unwrap(), vec![1, 8, 8, 9]);
+        // NHWC: spatial dims 1..3, weights stay [Cout, Cin/g, kh, kw].
+        let a = conv(&[3, 3], &[2, 2], &[1, 1, 1, 1], &[1, 1], 1, AutoPad::NotSet, Layout::Nhwc);
+        assert_eq!(c(a, &[1, 224, 200, 3], &[16, 3, 3, 3]).unwrap(), vec![1, 112, 100, 16]);
+        // SAME_UPPER with stride 2 gives ceil(in / 2); VALID drops the remainder.
+        let a = conv(&[3, 3], &[2, 2], &[], &[], 1, AutoPad::SameUpper, Layout::Nchw);
+        assert_eq!(c(a, &[1, 3, 225, 224], &[8, 3, 3, 3]).unwrap(), vec![1, 8, 113, 112]);
+        let a = conv(&[3, 3], &[2, 2], &[], &[], 1, AutoPad::Valid, Layout::Nchw);
+        assert_eq!(c(a, &[1, 3, 225, 224], &[8, 3, 3, 3]).unwrap(), vec![1, 8, 112, 111]);
+        // Errors: channel mismatch, group mismatch, kernel larger than input, bad bias.
+        assert!(is_shape_err(c(a0.clone(), &[1, 4, 8, 8], &[6, 3, 3, 3])));
+        let ag = conv(&[], &[], &[], &[], 3, AutoPad::NotSet, Layout::Nchw);
+        assert!(is_shape_err(c(ag, &[1, 6, 8, 8], &[4, 2, 3, 3])));
+        assert!(is_shape_err(c(a0.clone(), &[1, 4, 2, 8], &[6, 4, 3, 3])));
+        assert!(is_shape_err(shape1(Op::Conv(a0), &[&[1, 4, 8, 8], &[6, 4, 3, 3], &[5]])));
+    }
+
+    #[test]
+    fn auto_pad_is_resolved() {
+        let mut b = B::new();
+        let x = b.x(&[1, 3, 7, 8]);
+        let w = b.cf(&[4, 3, 3, 3], &[0.0; 108]);
+        let a = conv(&[], &[2, 2], &[], &[], 1, AutoPad::SameLower, Layout::Nchw);
+        b.node(Op::Conv(a), &[Some(x), Some(w)], 1);
+        let p = pool(&[2, 2], &[], &[], false, AutoPad::SameUpper);
+        let y = b.g.nodes[0].outputs[0];
+        b.node(Op::MaxPool(p), &[Some(y)], 1);
+        b.node(Op::Transpose { perm: vec![] }, &[Some(x)], 1);
+        let mut g = b.g.clone();
+        // Unknown input shape: cannot resolve.
+        let mut g2 = g.clone();
+        g2.values[x].shape = None;
+        assert!(is_shape_err(resolve_auto_pad(&mut g2)));
+        infer(&mut g).unwrap();
+        let Op::Conv(a) = &g.nodes[0].op else { panic!() };
+        // in 7, s 2 -> out 4, total pad (4-1)*2+3-7 = 2 -> (1,1); in 8 -> out 4, total 1 -> lower gets it.
+        assert_eq!((a.auto_pad, a.kernel_shape.clone(), a.pads.clone()), (AutoPad::NotSet, vec![3, 3], vec![1, 1, 1, 0]));
+        assert_eq!(a.dilations, vec![1, 1]);
+        let Op::MaxPool(p) = &g.nodes[1].op else { panic!() };
+        // 4x4, k2 s1 -> total 1, upper puts it at the end.
+        assert_eq!((p.auto_pad, p.pads.clone(), p.strides.clone()), (AutoPad::NotSet, vec![0, 0, 1, 1], vec![1, 1]));
+        assert_eq!(g.values[g.nodes[1].outputs[0]].shape, Some(vec![1, 4, 4, 4]));
+        assert_eq!(g.nodes[2].op, Op::Transpose { perm: vec![3, 2, 1, 0] });
+        assert_eq!(g.values[g.nodes[2].outputs[0]].shape, Some(vec![8, 7, 3, 1]));
+        // Re-inferring the resolved graph gives the same shapes.
+        reinfer(&mut g).unwrap();
+        assert_eq!(g.values[g.nodes[1].outputs[0]].shape, Some(vec![1, 4, 4, 4]));
+    }
+
+    #[test]
+    fn conv_transpose_shapes() {
+        let ct = |conv: ConvAttrs, op: &[usize], os: Option<Vec<usize>>| {
+            Op::ConvTranspose(ConvTransposeAttrs { conv, output_padding: op.to_vec(), output_shape: os })
+        };
+        let a = conv(&[3, 3], &[2, 2], &[1, 1, 1, 1], &[], 1, AutoPad::NotSet, Layout::Nchw);
+        // 2*(5-1) + 1 + 3 - 2 = 10 ; 2*(6-1) + 0 + 3 - 2 = 11
+        assert_eq!(shape1(ct(a.clone(), &[1, 0], None), &[&[1, 4, 5, 6], &[4, 2, 3, 3]]).unwrap(), vec![1, 2, 10, 11]);
+        // group 2: out channels = W[1] * group.
+        let ag = conv(&[3, 3], &[1, 1], &[], &[], 2, AutoPad::NotSet, Layout::Nchw);
+        assert_eq!(shape1(ct(ag, &[], None), &[&[1, 4, 5, 5], &[4, 3, 3, 3]]).unwrap(), vec![1, 6, 7, 7]);
+        // output_shape and SAME_UPPER fix the output; pads are derived.
+        let mut b = B::new();
+        let x = b.x(&[1, 4, 5, 6]);
+        let w = b.cf(&[4, 2, 3, 3], &[0.0; 72]);
+        let a0 = conv(&[3, 3], &[2, 2], &[], &[], 1, AutoPad::NotSet, Layout::Nchw);
+        b.node(ct(a0, &[], Some(vec![10, 12])), &[Some(x), Some(w)], 1);
+        let mut g = b.g.clone();
+        infer(&mut g).unwrap();
+        assert_eq!(g.values[g.nodes[0].outputs[0]].shape, Some(vec![1, 2, 10, 12]));
+        let Op::ConvTranspose(r) = &g.nodes[0].op else { panic!() };
+        // full sizes 11 and 13 -> total padding 1 each, begin gets the odd one (not SAME_UPPER).
+        assert_eq!((r.conv.pads.clone(), r.output_shape.clone()), (vec![1, 1, 0, 0], None));
+        reinfer(&mut g).unwrap();
+        assert_eq!(g.values[g.nodes[0].outputs[0]].shape, Some(vec![1, 2, 10, 12]));
+        let su = conv(&[3, 3], &[2, 2], &[], &[], 1, AutoPad::SameUpper, Layout::Nchw);
+        assert_eq!(shape1(ct(su, &[], None), &[&[1, 4, 5, 6], &[4, 2, 3, 3]]).unwrap(), vec![1, 2, 10, 12]);
+        // An output_shape larger than reachable is an error.
+        let a1 = conv(&[3, 3], &[1, 1], &[], &[], 1, AutoPad::NotSet, Layout::Nchw);
+        assert!(is_shape_err(shape1(ct(a1, &[], Some(vec![20, 20])), &[&[1, 4, 5, 6], &[4, 2, 3, 3]])));
+    }
+
+    #[test]
+    fn pool_shapes() {
+        let p = pool(&[3, 3], &[2, 2], &[0, 0, 0, 0], false, AutoPad::NotSet);
+        assert_eq!(shape1(Op::MaxPool(p), &[&[1, 8, 8, 9]]).unwrap(), vec![1, 8, 3, 4]);
+        let p = pool(&[3, 3], &[2, 2], &[0, 0, 0, 0], true, AutoPad::NotSet);
+        assert_eq!(shape1(Op::AveragePool(p), &[&[1, 8, 8, 9]]).unwrap(), vec![1, 8, 4, 4]);
+        let mut p = pool(&[2, 2], &[2, 2], &[], false, AutoPad::NotSet);
+        p.layout = Layout::Nhwc;
+        assert_eq!(shape1(Op::MaxPool(p), &[&[2, 8, 6, 5]]).unwrap(), vec![2, 4, 3, 5]);
+        assert_eq!(shape1(Op::GlobalAveragePool { layout: Layout::Nchw }, &[&[2, 7, 5, 5]]).unwrap(), vec![2, 7, 1, 1]);
+        assert_eq!(shape1(Op::GlobalAveragePool { layout: Layout::Nhwc }, &[&[2, 5, 5, 7]]).unwrap(), vec![2, 1, 1, 7]);
+        assert_eq!(shape1(Op::GlobalMaxPool { layout: Layout::Nchw }, &[&[2, 7, 9]]).unwrap(), vec![2, 7, 1]);
+        let p = pool(&[3, 3], &[1, 1], &[], false, AutoPad::NotSet);
+        assert!(is_shape_err(shape1(Op::MaxPool(p.clone()), &[&[1, 1, 2, 5]])));
+        assert!(is_shape_err(shape1(Op::MaxPool(p), &[&[1, 1, 5, 5, 5]])));
+    }
+
+    #[test]
+    fn gemm_and_matmul() {
+        let gemm = |ta: bool, tb: bool| Op::Gemm { alpha: 1.0, beta: 1.0, trans_a: ta, trans_b: tb, activation: None };
+        assert_eq!(shape1(gemm(false, true), &[&[2, 5], &[7, 5], &[7]]).unwrap(), vec![2, 7]);
+        assert_eq!(shape1(gemm(true, false), &[&[5, 2], &[5, 7], &[2, 1]]).unwrap(), vec![2, 7]);
+        assert!(is_shape_err(shape1(gemm(false, false), &[&[2, 5], &[7, 5]])));
+        assert!(is_shape_err(shape1(gemm(false, true), &[&[2, 5], &[7, 5], &[3]])));
+        assert_eq!(shape1(Op::MatMul, &[&[3, 4], &[4, 5]]).unwrap(), vec![3, 5]);
+        assert_eq!(shape1(Op::MatMul, &[&[4], &[2, 4, 5]]).unwrap(), vec![2, 5]);
+        assert_eq!(shape1(Op::MatMul, &[&[2, 1, 3, 4], &[4]]).unwrap(), vec![2, 1, 3]);
+        assert_eq!(shape1(Op::MatMul, &[&[2, 1, 3, 4], &[5, 4, 6]]).unwrap(), vec![2, 5, 3, 6]);
+        assert_eq!(shape1(Op::MatMul, &[&[4], &[4]]).unwrap(), Vec::<usize>::new());
+        assert!(is_shape_err(shape1(Op::MatMul, &[&[3, 4], &[5, 6]])));
+        assert!(is_shape_err(shape1(Op::MatMul, &[&[2, 3, 4], &[3, 4, 6]])));
+    }
+
+    #[test]
+    fn elementwise_types_and_broadcast() {
+        let mut b = B::new();
+        let x = b.x(&[2, 1, 4]);
+        let y = b.x(&[3, 1]);
+        b.node(Op::Binary(BinaryOp::Add), &[Some(x), Some(y)], 1);
+        assert_eq!(b.run().unwrap(), vec![(DataType::F32, vec![2, 3, 4])]);
+        let mut b = B::new();
+        let x = b.x(&[2, 4]);
+        let y = b.x(&[4]);
+        b.node(Op::Binary(BinaryOp::Less), &[Some(x), Some(y)], 1);
+        assert_eq!(b.run().unwrap(), vec![(DataType::Bool, vec![2, 4])]);
+        let mut b = B::new();
+        let x = b.input("b", DataType::Bool, &[3]);
+        b.node(Op::Unary(UnaryOp::Not), &[Some(x)], 1);
+        assert_eq!(b.run().unwrap(), vec![(DataType::Bool, vec![3])]);
+        // Type mismatch and non-broadcastable shapes.
+        let mut b = B::new();
+        let x = b.x(&[2]);
+        let y = b.input("i", DataType::I64, &[2]);
+        b.node(Op::Binary(BinaryOp::Mul), &[Some(x), Some(y)], 1);
+        assert!(matches!(b.run(), Err(Error::Type(_))));
+        assert!(is_shape_err(shape1(Op::Binary(BinaryOp::Sub), &[&[2, 3], &[2]])));
+        // Where: three-way broadcast, value type from X.
+        let mut b = B::new();
+        let c = b.input("c", DataType::Bool, &[1, 4]);
+        let x = b.input("xi", DataType::I64, &[3, 1]);
+        let y = b.input("yi", DataType::I64, &[4]);
+        b.node(Op::Where, &[Some(c), Some(x), Some(y)], 1);
+        assert_eq!(b.run().unwrap(), vec![(DataType::I64, vec![3, 4])]);
+        // Elementwise chain: broadcast of all inputs; a comparison makes it Bool.
+        let steps = vec![
+            ChainStep::Binary { op: BinaryOp::Add, operand: 1, acc_on_right: false },
+            ChainStep::Unary(UnaryOp::Act(crate::ir::Activation::Relu)),
+            ChainStep::Binary { op: BinaryOp::Mul, operand: 2, acc_on_right: true },
+        ];
+        assert_eq!(shape1(Op::Elementwise(steps.clone()), &[&[2, 1, 1], &[1, 3, 1], &[5]]).unwrap(), vec![2, 3, 5]);
+        let mut b = B::new();
+        let x = b.x(&[2]);
+        let y = b.x(&[1]);
+        let mut s = steps.clone();
+        s[2] = ChainStep::Binary { op: BinaryOp::Greater, operand: 1, acc_on_right: false };
+        b.node(Op::Elementwise(s), &[Some(x), Some(y)], 1);
+        assert_eq!(b.run().unwrap(), vec![(DataType::Bool, vec![2])]);
+        assert_eq!(shape1(Op::Clip, &[&[2, 3]]).unwrap(), vec![2, 3]);
+        assert_eq!(shape1(Op::BatchNormalization { epsilon: 1e-5 }, &[&[1, 3, 2, 2], &[3], &[3], &[3], &[3]]).unwrap(), vec![1, 3, 2, 2]);
+        assert!(is_shape_err(shape1(Op::BatchNormalization { epsilon: 1e-5 }, &[&[1, 3, 2], &[4], &[3], &[3], &[3]])));
+    }
+
+    #[test]
+    fn concat_and_split() {
+        assert_eq!(shape1(Op::Concat { axis: -1 }, &[&[2, 3], &[2, 5], &[2, 1]]).unwrap(), vec![2, 9]);
+        assert!(is_shape_err(shape1(Op::Concat { axis: 1 }, &[&[2, 3], &[3, 5]])));
+        assert!(is_shape_err(shape1(Op::Concat { axis: 2 }, &[&[2, 3], &[2, 5]])));
+        let split = |axis: i64, split: Option<Vec<usize>>, input: Option<&[i64]>, n: usize, opset: i64, x: &[usize]| {
+            let mut b = B::new();
+            b.g.opset = opset;
+            let xi = b.x(x);
+            let s = input.map(|v| b.ci(v));
+            let ins = if s.is_some() { vec![Some(xi), s] } else { vec![Some(xi)] };
+            b.node(Op::Split { axis, split }, &ins, n);
+            b.run().map(|v| v.into_iter().map(|(_, s)| s).collect::<Vec<_>>())
+        };
+        assert_eq!(split(1, Some(vec![1, 3]), None, 2, 11, &[2, 4]).unwrap(), vec![vec![2, 1], vec![2, 3]]);
+        assert_eq!(split(0, None, Some(&[3, 1]), 2, 13, &[4]).unwrap(), vec![vec![3], vec![1]]);
+        assert_eq!(split(-1, None, None, 3, 13, &[2, 6]).unwrap(), vec![vec![2, 2]; 3]);
+        assert_eq!(split(0, None, None, 3, 18, &[7]).unwrap(), vec![vec![3], vec![3], vec![1]]);
+        assert!(is_shape_err(split(0, None, None, 3, 13, &[7])));
+        assert!(is_shape_err(split(0, Some(vec![1, 2]), None, 2, 11, &[4])));
+        // A non-constant split input.
+        let mut b = B::new();
+        let x = b.x(&[4]);
+        let s = b.input("s", DataType::I64, &[2]);
+        b.node(Op::Split { axis: 0, split: None }, &[Some(x), Some(s)], 2);
+        assert!(is_runtime(b.run()));
+    }
+
+    /// Reference Slice length on one dim by filtering indices (numpy semantics).
+    fn slice_ref(d: i64, start: i64, end: i64, step: i64) -> usize {
+        let s = if start < 0 { start as i128 + d as i128 } else { start as i128 };
+        let e = if end < 0 { end as i128 + d as i128 } else { end as i128 };
+        // The stride phase starts at the clamped start (as in numpy; for negative steps the
+        // ONNX spec clamps into [0, d-1], so a start below 0 still yields index 0).
+        let s = if step < 0 { s.clamp(0, (d as i128 - 1).max(0)) } else { s.max(0) };
+        (0..d as i128)
+            .filter(|&i| if step > 0 { i >= s && i < e } else { i <= s && i > e })
+            .filter(|&i| (i - s) % step as i128 == 0)
+            .count()
+    }
+
+    #[test]
+    fn slice_matches_reference() {
+        let vals = [i64::MIN, -9, -5, -2, -1, 0, 1, 2, 4, 5, 6, 9, i64::MAX];
+        for d in [0usize, 1, 5] {
+            for &start in &vals {
+                for &end in &vals {
+                    for step in [-3i64, -1, 1, 2] {
+                        let mut b = B::new();
+                        let x = b.x(&[3, d]);
+                        let (s, e, a, st) = (b.ci(&[start]), b.ci(&[end]), b.ci(&[-1]), b.ci(&[step]));
+                        b.node(Op::Slice, &[Some(x), Some(s), Some(e), Some(a), Some(st)], 1);
+                        let got = b.run().unwrap().remove(0).1;
+                        assert_eq!(got, vec![3, slice_ref(d as i64, start, end, step)], "d={d} {start}:{end}:{step}");
+                    }
+                }
+            }
+        }
+        // Default axes and steps; errors.
+        let mut b = B::new();
+        let x = b.x(&[6, 4]);
+        let (s, e) = (b.ci(&[1, -3]), b.ci(&[4, 100]));
+        b.node(Op::Slice, &[Some(x), Some(s), Some(e)], 1);
+        assert_eq!(b.run().unwrap()[0].1, vec![3, 3]);
+        let mut b = B::new();
+        let x = b.x(&[6]);
+        let (s, e, a, st) = (b.ci(&[0]), b.ci(&[3]), b.ci(&[0]), b.ci(&[0]));
+        b.node(Op::Slice, &[Some(x), Some(s), Some(e), Some(a), Some(st)], 1);
+        assert!(is_shape_err(b.run()));
+        let mut b = B::new();
+        let x = b.x(&[6]);
+        let s = b.input("s", DataType::I64, &[1]);
+        let e = b.ci(&[3]);
+        b.node(Op::Slice, &[Some(x), Some(s), Some(e)], 1);
+        assert!(is_runtime(b.run()));
+    }
+
+    fn with_const(op: Op, x: &[usize], c: &[&[i64]]) -> Result<Vec<usize>> {
+        let mut b = B::new();
+        let xi = b.x(x);
+        let mut ins = vec![Some(xi)];
+        ins.extend(c.iter().map(|v| Some(b.ci(v))));
+        b.node(op, &ins, 1);
+        Ok(b.run()?.remove(0).1)
+    }
+
+    #[test]
+    fn reshape_and_friends() {
+        let r = |az: bool, x: &[usize], s: &[i64]| with_const(Op::Reshape { allowzero: az }, x, &[s]);
+        assert_eq!(r(false, &[2, 3, 4], &[0, -1]).unwrap(), vec![2, 12]);
+        assert_eq!(r(false, &[2, 3, 4], &[-1, 0, 2, 2]).unwrap(), vec![2, 3, 2, 2]);
+        assert_eq!(r(true, &[0, 3], &[3, 0]).unwrap(), vec![3, 0]);
+        assert!(is_shape_err(r(false, &[2, 3, 4], &[5, -1])));
+        assert!(is_shape_err(r(false, &[2, 3, 4], &[-1, -1])));
+        assert!(is_shape_err(r(false, &[2, 3, 4], &[2, 3, 3])));
+        assert!(is_shape_err(r(false, &[2, 3], &[0, 0, 0])));
+        let mut b = B::new();
+        let x = b.x(&[4]);
+        let s = b.input("s", DataType::I64, &[1]);
+        b.node(Op::Reshape { allowzero: false }, &[Some(x), Some(s)], 1);
+        match b.run() {
+            Err(Error::Unsupported(m)) => assert!(m.contains("runtime") && m.contains("n0"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+
+        assert_eq!(shape1(Op::Transpose { perm: vec![0, 2, 3, 1] }, &[&[1, 3, 5, 7]]).unwrap(), vec![1, 5, 7, 3]);
+        assert!(is_shape_err(shape1(Op::Transpose { perm: vec![0, 1] }, &[&[1, 3, 5]])));
+        assert_eq!(shape1(Op::Flatten { axis: 2 }, &[&[2, 3, 4, 5]]).unwrap(), vec![6, 20]);
+        assert_eq!(shape1(Op::Flatten { axis: 0 }, &[&[2, 3]]).unwrap(), vec![1, 6]);
+        assert_eq!(shape1(Op::Flatten { axis: -1 }, &[&[2, 3, 4]]).unwrap(), vec![6, 4]);
+        assert_eq!(shape1(Op::Squeeze { axes: Some(vec![0, -1]) }, &[&[1, 3, 1, 1]]).unwrap(), vec![3, 1]);
+        assert_eq!(shape1(Op::Squeeze { axes: None }, &[&[1, 3, 1, 2]]).unwrap(), vec![3, 2]);
+        assert_eq!(with_const(Op::Squeeze { axes: None }, &[1, 3, 1], &[&[2]]).unwrap(), vec![1, 3]);
+        assert!(is_shape_err(shape1(Op::Squeeze { axes: Some(vec![1]) }, &[&[1, 3]])));
+        assert_eq!(shape1(Op::Unsqueeze { axes: Some(vec![0, -1]) }, &[&[3, 4]]).unwrap(), vec![1, 3, 4, 1]);
+        assert_eq!(with_const(Op::Unsqueeze { axes: None }, &[3, 4], &[&[1, 3]]).unwrap(), vec![3, 1, 4, 1]);
+        assert!(is_shape_err(shape1(Op::Unsqueeze { axes: Some(vec![0, 0]) }, &[&[3]])));
+        assert_eq!(with_const(Op::Expand, &[3, 1], &[&[2, 1, 4]]).unwrap(), vec![2, 3, 4]);
+        assert!(is_shape_err(with_const(Op::Expand, &[3, 2], &[&[4]])));
+        let pad = Op::Pad { mode: crate::ir::PadMode::Constant };
+        assert_eq!(with_const(pad.clone(), &[1, 3, 4, 4], &[&[0, 0, 1, 2, 0, 0, 3, -1]]).unwrap(), vec![1, 3, 8, 5]);
+        assert_eq!(with_const(pad.clone(), &[1, 3, 4, 4], &[&[1, 2, 1, 1], &[0.0f32 as i64], &[2, -1]]).unwrap(), vec![1, 3, 6, 7]);
+        assert!(is_shape_err(with_const(pad.clone(), &[2, 2], &[&[0, -3, 0, 0]])));
+        assert!(is_shape_err(with_const(pad, &[2, 2], &[&[1, 1]])));
+    }
+
+    #[test]
+    fn gather_scatter_cast_shape() {
+        let mut b = B::new();
+        let x = b.x(&[5, 6, 7]);
+        let i = b.input("i", DataType::I64, &[2, 3]);
+        b.node(Op::Gather { axis: 1 }, &[Some(x), Some(i)], 1);
+        assert_eq!(b.run().unwrap()[0].1, vec![5, 2, 3, 7]);
+        assert!(is_shape_err(with_const(Op::Gather { axis: 0 }, &[5], &[&[5]])));
+        assert_eq!(with_const(Op::Gather { axis: 0 }, &[5, 2], &[&[-5]]).unwrap(), vec![1, 2]);
+        let mut b = B::new();
+        let x = b.x(&[4, 5, 6]);
+        let i = b.input("i", DataType::I64, &[3, 2]);
+        let u = b.x(&[3, 6]);
+        b.node(Op::ScatterND, &[Some(x), Some(i), Some(u)], 1);
+        assert_eq!(b.run().unwrap()[0].1, vec![4, 5, 6]);
+        let mut b = B::new();
+        let x = b.x(&[4, 5, 6]);
+        let i = b.input("i", DataType::I64, &[3, 2]);
+        let u = b.x(&[3, 5]);
+        b.node(Op::ScatterND, &[Some(x), Some(i), Some(u)], 1);
+        assert!(is_shape_err(b.run()));
+        let mut b = B::new();
+        let x = b.x(&[2, 3]);
+        b.node(Op::Cast { to: DataType::I32 }, &[Some(x)], 1);
+        assert_eq!(b.run().unwrap(), vec![(DataType::I32, vec![2, 3])]);
+        for (start, end, want) in [(0, None, 4), (1, None, 3), (-1, None, 1), (1, Some(-1), 2), (-10, Some(10), 4), (3, Some(1), 0)] {
+            let mut b = B::new();
+            let x = b.x(&[2, 3, 4, 5]);
+            b.node(Op::Shape { start, end }, &[Some(x)], 1);
+            assert_eq!(b.run().unwrap(), vec![(DataType::I64, vec![want])], "{start} {end:?}");
+        }
+    }
+
+    #[test]
+    fn resize_shapes() {
+        let attrs = |layout| {
+            Op::Resize(ResizeAttrs {
+                mode: crate::ir::ResizeMode::Nearest,
+                coord: crate::ir::CoordMode::Asymmetric,
+                nearest: crate::ir::NearestMode::Floor,
+                layout,
+            })
+        };
+        let run = |layout, x: &[usize], scales: &[f32], sizes: Option<&[i64]>| {
+            let mut b = B::new();
+            let xi = b.x(x);
+            let roi = b.cf(&[0], &[]);
+            let sc = b.cf(&[scales.len()], scales);
+            let mut ins = vec![Some(xi), Some(roi), Some(sc)];
+            if let Some(s) = sizes {
+                ins.push(Some(b.ci(s)));
+            }
+            b.node(attrs(layout), &ins, 1);
+            b.run().map(|mut v| v.remove(0).1)
+        };
+        assert_eq!(run(Layout::Nchw, &[1, 3, 13, 13], &[1.0, 1.0, 2.0, 2.0], None).unwrap(), vec![1, 3, 26, 26]);
+        assert_eq!(run(Layout::Nchw, &[1, 3, 5, 5], &[1.0, 1.0, 0.5, 1.5], None).unwrap(), vec![1, 3, 2, 7]);
+        // NHWC: scales are in the tensor's own axis order.
+        assert_eq!(run(Layout::Nhwc, &[1, 13, 13, 3], &[1.0, 2.0, 2.0, 1.0], None).unwrap(), vec![1, 26, 26, 3]);
+        assert_eq!(run(Layout::Nchw, &[1, 3, 5, 5], &[], Some(&[1, 3, 8, 9])).unwrap(), vec![1, 3, 8, 9]);
+        assert!(is_shape_err(run(Layout::Nchw, &[1, 3, 5, 5], &[2.0, 2.0], None)));
+        assert!(is_shape_err(run(Layout::Nchw, &[1, 3, 5, 5], &[1.0, 1.0, -2.0, 2.0], None)));
+        assert!(is_shape_err(run(Layout::Nchw, &[1, 3, 5, 5], &[], None)));
+        let mut b = B::new();
+        let x = b.x(&[1, 3, 5, 5]);
+        let s = b.x(&[4]);
+        b.node(attrs(Layout::Nchw), &[Some(x), None, Some(s)], 1);
+        assert!(is_runtime(b.run()));
+    }
+
+    #[test]
+    fn generators_and_reductions() {
+        let mut b = B::new();
+        let s = b.ci(&[2, 0, 3]);
+        let v = Tensor::from_i64(vec![1], vec![7]).unwrap();
+        b.node(Op::ConstantOfShape { value: v }, &[Some(s)], 1);
+        assert_eq!(b.run().unwrap(), vec![(DataType::I64, vec![2, 0, 3])]);
+        let mut b = B::new();
+        let s = b.input("s", DataType::I64, &[2]);
+        b.node(Op::ConstantOfShape { value: Tensor::from_f32(vec![1], vec![0.0]).unwrap() }, &[Some(s)], 1);
+        assert!(is_runtime(b.run()));
+        // Range: count matches a naive loop.
+        for (st, li, de) in [(0i64, 10i64, 3i64), (10, 0, -3), (5, 5, 1), (0, -4, 1), (-7, 8, 5)] {
+            let mut b = B::new();
+            let (a, l, d) = (b.ci(&[st]), b.ci(&[li]), b.ci(&[de]));
+            b.node(Op::Range, &[Some(a), Some(l), Some(d)], 1);
+            let mut n = 0;
+            let mut v = st;
+            while (de > 0 && v < li) || (de < 0 && v > li) {
+                n += 1;
+                v += de;
+            }
+            assert_eq!(b.run().unwrap(), vec![(DataType::I64, vec![n])], "{st} {li} {de}");
+        }
+        let mut b = B::new();
+        let (a, l, d) = (b.cf(&[], &[0.5]), b.cf(&[], &[2.0]), b.cf(&[], &[0.4]));
+        b.node(Op::Range, &[Some(a), Some(l), Some(d)], 1);
+        assert_eq!(b.run().unwrap(), vec![(DataType::F32, vec![4])]);
+        let mut b = B::new();
+        let (a, l, d) = (b.ci(&[0]), b.ci(&[3]), b.ci(&[0]));
+        b.node(Op::Range, &[Some(a), Some(l), Some(d)], 1);
+        assert!(is_shape_err(b.run()));
+
+        let rm = |axes: Option<Vec<i64>>, keepdims| Op::ReduceMean { axes, keepdims };
+        assert_eq!(shape1(rm(Some(vec![2, 3]), true), &[&[2, 3, 4, 5]]).unwrap(), vec![2, 3, 1, 1]);
+        assert_eq!(shape1(rm(Some(vec![-1]), false), &[&[2, 3, 4]]).unwrap(), vec![2, 3]);
+        assert_eq!(shape1(rm(None, false), &[&[2, 3]]).unwrap(), Vec::<usize>::new());
+        assert!(is_shape_err(shape1(rm(Some(vec![3]), false), &[&[2, 3]])));
+        assert_eq!(shape1(Op::Identity, &[&[4, 1]]).unwrap(), vec![4, 1]);
+    }
+
+    #[test]
+    fn softmax_old_opset_semantics() {
+        assert_eq!(shape1(Op::Softmax { axis: 1 }, &[&[2, 5]]).unwrap(), vec![2, 5]);
+        let run = |opset: i64, axis: i64, x: &[usize]| {
+            let mut b = B::new();
+            b.g.opset = opset;
+            let xi = b.x(x);
+            b.node(Op::Softmax { axis }, &[Some(xi)], 1);
+            b.run()
+        };
+        assert!(run(11, 1, &[2, 5]).is_ok());
+        assert!(run(11, 1, &[2, 5, 1, 1]).is_ok());
+        assert!(matches!(run(11, 1, &[2, 5, 3]), Err(Error::Unsupported(_))));
+        assert!(run(13, 1, &[2, 5, 3]).is_ok());
+    }
+
+    #[test]
+    fn declared_and_known_shapes_are_checked() {
+        let mut b = B::new();
+        let x = b.x(&[4, 3]);
+        let y = b.node(Op::Unary(UnaryOp::Neg), &[Some(x)], 1)[0];
+        b.g.outputs = vec![y];
+        let mut g = b.g.clone();
+        // A declared batch of 1 or a symbolic dim agrees; a wrong fixed dim does not.
+        g.values[y].declared = Some(vec![Some(1), None]);
+        infer(&mut g).unwrap();
+        assert_eq!(g.values[y].shape, Some(vec![4, 3]));
+        let mut g = b.g.clone();
+        g.values[y].declared = Some(vec![None, Some(2)]);
+        assert!(is_shape_err(infer(&mut g)));
+        let mut g = b.g.clone();
+        g.values[y].shape = Some(vec![4, 4]);
+        assert!(is_shape_err(infer(&mut g)));
+        // Element types are refined from placeholders.
+        let mut g = b.g.clone();
+        g.values[y].dtype = DataType::I64;
+        infer(&mut g).unwrap();
+        assert_eq!(g.values[y].dtype, DataType::F32);
+        // Missing input shape.
+        let mut g = b.g.clone();
+        g.values[x].shape = None;
+        assert!(is_shape_err(infer(&mut g)));
+    }
+
+    #[test]
+    fn real_models_infer_where_static() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../models/efficientnet-lite0.onnx");
+        let mut g = crate::onnx::load_file(std::path::Path::new(path)).unwrap();
+        pin_inputs(&mut g, 2).unwrap();
+        assert_eq!(g.values[g.inputs[0]].shape, Some(vec![2, 3, 224, 224]));
+        // The exporter computes Pad's pads at run time; constant folding must remove that first.
+        match infer(&mut g) {
+            Err(Error::Unsupported(m)) => assert!(m.contains("depends on a runtime value"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
 }
