@@ -39,3 +39,8 @@ pub fn load_file(path: &Path) -> Result<Graph> {
     let bytes = std::fs::read(path)?;
     load_model(&bytes)
 }
+
+/// Converts one ONNX `TensorProto` (an initializer, or a test-data `.pb` file) into a host tensor.
+pub fn tensor_from_proto(t: &proto::TensorProto) -> Result<crate::ir::Tensor> {
+    tensor::tensor_from_proto(t, "tensor")
+}

@@ -948,7 +948,12 @@ fn labels_parse_and_load() {
 
 #[test]
 fn infer_image_reports_decode_errors_first() {
-    let mut ctx = crate::model::ExecutionContext {};
+    let model = crate::Model::load(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/nanodet-m-416.onnx"),
+        &crate::ModelOptions::default(),
+    )
+    .unwrap();
+    let mut ctx = model.new_context().unwrap();
     let spec = VisionSpec::nanodet_m_416(vec![]);
     let r = infer_image(
         &mut ctx,

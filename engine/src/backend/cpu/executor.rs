@@ -96,7 +96,7 @@ impl BackendContext for CpuContext {
                 outputs.len()
             )));
         }
-        let base = self.arena.as_mut_ptr() as *mut u8;
+        let base = ArenaPtr(self.arena.as_mut_ptr() as *mut u8);
         let arena_len = self.arena.len() * ALIGNMENT;
         for (&v, t) in g.inputs.iter().zip(inputs) {
             let value = &g.values[v];
@@ -113,11 +113,11 @@ impl BackendContext for CpuContext {
             let slot = self.slot(v)?;
             let src = t.as_bytes();
             // SAFETY: the slot lies inside the arena (the plan sized it) and holds src.len() bytes.
-            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), base.add(slot.offset), src.len()) };
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), base.0.add(slot.offset), src.len()) };
         }
         let result = exe.pool.install(|| {
             for (i, (node, kernel)) in g.nodes.iter().zip(&exe.kernels).enumerate() {
-                run_node(g, &exe.plan, node, i, kernel.as_ref(), base, arena_len)?;
+                run_node(g, &exe.plan, node, i, kernel.as_ref(), base.ptr(), arena_len)?;
             }
             Ok::<(), Error>(())
         });
@@ -135,9 +135,25 @@ impl BackendContext for CpuContext {
             }
             let slot = self.slot(v)?;
             // SAFETY: the slot lies inside the arena and holds dst.len() bytes of this value.
-            unsafe { std::ptr::copy_nonoverlapping(base.add(slot.offset), dst.as_mut_ptr(), dst.len()) };
+            unsafe { std::ptr::copy_nonoverlapping(base.0.add(slot.offset), dst.as_mut_ptr(), dst.len()) };
         }
         Ok(())
+    }
+}
+
+/// The arena's base pointer, handed to the worker pool for the duration of one run.
+#[derive(Clone, Copy)]
+struct ArenaPtr(*mut u8);
+// SAFETY: the pointer is only dereferenced inside `run`, while `&mut self` keeps the arena alive
+// and exclusively borrowed; nodes run one after another.
+unsafe impl Send for ArenaPtr {}
+// SAFETY: as above.
+unsafe impl Sync for ArenaPtr {}
+
+impl ArenaPtr {
+    /// The raw pointer (a method, so closures capture the Send/Sync wrapper, not the field).
+    fn ptr(self) -> *mut u8 {
+        self.0
     }
 }
 
