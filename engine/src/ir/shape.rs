@@ -335,7 +335,7 @@ fn conv_transpose_geometry(
             return Err(err(
                 node,
                 format!("output_shape {os:?} is shorter than the spatial rank"),
-            ))
+            ));
         }
         (None, AutoPad::SameUpper | AutoPad::SameLower) => Some(
             spatial
@@ -701,10 +701,12 @@ fn range_len(g: &Graph, node: &Node) -> Result<usize> {
             return Err(err(node, "Range delta is 0"));
         }
         let span = l - s;
-        let n = if d > 0 {
-            (span + d - 1).div_euclid(d)
+        // ceil(span / delta) for either sign.
+        let (q, r) = (span / d, span % d);
+        let n = if r != 0 && ((r > 0) == (d > 0)) {
+            q + 1
         } else {
-            (span + d + 1).div_euclid(d)
+            q
         };
         dim(node, n.max(0), "Range length")
     }
@@ -1488,7 +1490,10 @@ mod tests {
                                     .ok()
                                     .map(|v| v[0]);
                                 let want = windows_ref(input, k, s, d, pb, pe, ceil_mode);
-                                assert_eq!(got, want, "in={input} k={k} s={s} d={d} pads=({pb},{pe}) ceil={ceil_mode}");
+                                assert_eq!(
+                                    got, want,
+                                    "in={input} k={k} s={s} d={d} pads=({pb},{pe}) ceil={ceil_mode}"
+                                );
                             }
                         }
                         // SAME: output is ceil(in / s), padding is the minimum total that achieves it.
@@ -2315,6 +2320,9 @@ mod tests {
         for (st, li, de) in [
             (0i64, 10i64, 3i64),
             (10, 0, -3),
+            (9, 0, -3),
+            (3, 7, -1),
+            (-7, 9, 4),
             (5, 5, 1),
             (0, -4, 1),
             (-7, 8, 5),
@@ -2420,6 +2428,44 @@ mod tests {
         match infer(&mut g) {
             Err(Error::Unsupported(m)) => assert!(m.contains("depends on a runtime value"), "{m}"),
             other => panic!("{other:?}"),
+        }
+
+        // nanodet: everything before the first Reshape (whose shape the exporter computes from a
+        // ScatterND chain) infers; expected shapes from python onnx shape inference, batch 2.
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../models/nanodet-m-416.onnx");
+        let mut g = crate::onnx::load_file(std::path::Path::new(path)).unwrap();
+        pin_inputs(&mut g, 2).unwrap();
+        match infer(&mut g) {
+            Err(Error::Unsupported(m)) => {
+                assert!(m.contains("Reshape shape") && m.contains("runtime"), "{m}")
+            }
+            other => panic!("{other:?}"),
+        }
+        let expect = [
+            ("PartitionedCall/MaxPool2d:0", [2, 32, 104, 104]),
+            (
+                "PartitionedCall/onnx_tf_prefix_Concat_12:0",
+                [2, 64, 104, 104],
+            ),
+            (
+                "PartitionedCall/onnx_tf_prefix_Concat_27:0",
+                [2, 128, 52, 52],
+            ),
+            (
+                "PartitionedCall/onnx_tf_prefix_Concat_42:0",
+                [2, 256, 26, 26],
+            ),
+            (
+                "PartitionedCall/onnx_tf_prefix_Concat_62:0",
+                [2, 512, 13, 13],
+            ),
+            ("Resize__108:0", [2, 128, 26, 26]),
+            ("Resize__112:0", [2, 128, 52, 52]),
+            ("Resize__128:0", [2, 128, 13, 13]),
+        ];
+        for (name, want) in expect {
+            let v = g.value_by_name(name).unwrap();
+            assert_eq!(g.values[v].shape.as_deref(), Some(&want[..]), "{name}");
         }
     }
 }

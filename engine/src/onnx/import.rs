@@ -265,7 +265,7 @@ pub(crate) fn import_model(model: &ModelProto) -> Result<Graph> {
                 _ => {
                     return Err(Error::InvalidModel(format!(
                         "Constant node '{name}' must have one output"
-                    )))
+                    )));
                 }
             };
             if names.contains_key(&out) {

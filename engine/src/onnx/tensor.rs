@@ -127,7 +127,7 @@ fn from_typed(code: i32, n: usize, t: &TensorProto, what: &str) -> Result<Tensor
         other => {
             return Err(Error::Unsupported(format!(
                 "{what} has unsupported data type code {other}"
-            )))
+            )));
         }
     })
 }
