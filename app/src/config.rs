@@ -14,7 +14,10 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 pub enum ConfigError {
     /// The file could not be read.
     #[error("cannot read config {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     /// The TOML did not parse or did not match the schema (unknown keys included).
     #[error("invalid config {path}: {message}")]
     Parse { path: PathBuf, message: String },
@@ -171,35 +174,59 @@ impl ModelConfig {
     /// A model entry for an ONNX file with defaults chosen by file name (efficientnet*, nanodet*,
     /// yolov8*), else classification; labels are looked up next to the file for known presets.
     pub fn from_path(path: &Path) -> ModelConfig {
-        let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
+        let name = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into());
         let dir = path.parent().unwrap_or(Path::new("."));
-        let (task, head) = preset_for(path).map_or((Some(TaskKind::Classification), None), |(t, h)| (Some(t), h));
+        let (task, head) = preset_for(path)
+            .map_or((Some(TaskKind::Classification), None), |(t, h)| {
+                (Some(t), h)
+            });
         let labels = match preset_for(path) {
             Some((TaskKind::Classification, _)) => Some(dir.join("imagenet-labels.txt")),
             Some((TaskKind::Detection, _)) => Some(dir.join("coco-labels.txt")),
             None => None,
         }
         .filter(|p| p.is_file());
-        ModelConfig { name, path: path.to_path_buf(), task, head, labels, ..ModelConfig::default() }
+        ModelConfig {
+            name,
+            path: path.to_path_buf(),
+            task,
+            head,
+            labels,
+            ..ModelConfig::default()
+        }
     }
 
     /// The task, falling back to the file-name preset, then classification.
     pub fn task_kind(&self) -> TaskKind {
-        self.task.or_else(|| preset_for(&self.path).map(|p| p.0)).unwrap_or(TaskKind::Classification)
+        self.task
+            .or_else(|| preset_for(&self.path).map(|p| p.0))
+            .unwrap_or(TaskKind::Classification)
     }
 
     /// Builds the vision spec: preset defaults for the task/head, then this entry's overrides.
     /// `input_hw` is the model's declared (height, width), used when the config gives none.
-    pub fn vision_spec(&self, labels: Vec<String>, input_hw: Option<(u32, u32)>) -> Result<VisionSpec, ConfigError> {
+    pub fn vision_spec(
+        &self,
+        labels: Vec<String>,
+        input_hw: Option<(u32, u32)>,
+    ) -> Result<VisionSpec, ConfigError> {
         let mut spec = match self.task_kind() {
             TaskKind::Classification => VisionSpec::efficientnet_lite0(labels),
             TaskKind::Detection => {
-                let head = self.head.or_else(|| preset_for(&self.path).and_then(|p| p.1)).unwrap_or(HeadKind::Nanodet);
+                let head = self
+                    .head
+                    .or_else(|| preset_for(&self.path).and_then(|p| p.1))
+                    .unwrap_or(HeadKind::Nanodet);
                 match head {
                     HeadKind::Nanodet => VisionSpec::nanodet_m_416(labels),
                     HeadKind::Yolov8 => {
                         let mut s = VisionSpec::nanodet_m_416(labels);
-                        s.task = Task::Detection { head: DetectionHead::Yolov8 };
+                        s.task = Task::Detection {
+                            head: DetectionHead::Yolov8,
+                        };
                         s.preprocess.width = 640;
                         s.preprocess.height = 640;
                         s.preprocess.resize = ResizeMode::Letterbox { pad_value: 114 };
@@ -223,28 +250,38 @@ impl ModelConfig {
             p.height = h;
         }
         if p.width == 0 || p.height == 0 {
-            return Err(ConfigError::Invalid(format!("model '{}': input size must be positive", self.name)));
+            return Err(ConfigError::Invalid(format!(
+                "model '{}': input size must be positive",
+                self.name
+            )));
         }
         // Keep the preset's crop ratio when the input size differs from the preset.
         if let ResizeMode::ShortSideCenterCrop { short_side } = &mut p.resize {
             if (p.width, p.height) != (default_w, default_h) {
-                let side = p.width.max(p.height) as u64 * *short_side as u64 / default_w.max(default_h).max(1) as u64;
+                let side = p.width.max(p.height) as u64 * *short_side as u64
+                    / default_w.max(default_h).max(1) as u64;
                 *short_side = side as u32;
             }
         }
         if let Some(kind) = self.resize {
             p.resize = match kind {
                 ResizeKind::Stretch => ResizeMode::Stretch,
-                ResizeKind::Letterbox => ResizeMode::Letterbox { pad_value: self.pad_value.unwrap_or(114) },
+                ResizeKind::Letterbox => ResizeMode::Letterbox {
+                    pad_value: self.pad_value.unwrap_or(114),
+                },
                 ResizeKind::ShortSideCenterCrop => {
                     let default_side = match p.resize {
                         ResizeMode::ShortSideCenterCrop { short_side } => short_side,
                         _ => p.width.max(p.height) * 8 / 7,
                     };
-                    ResizeMode::ShortSideCenterCrop { short_side: self.short_side.unwrap_or(default_side) }
+                    ResizeMode::ShortSideCenterCrop {
+                        short_side: self.short_side.unwrap_or(default_side),
+                    }
                 }
             };
-        } else if let (Some(side), ResizeMode::ShortSideCenterCrop { short_side }) = (self.short_side, &mut p.resize) {
+        } else if let (Some(side), ResizeMode::ShortSideCenterCrop { short_side }) =
+            (self.short_side, &mut p.resize)
+        {
             *short_side = side;
         }
         if let ResizeMode::ShortSideCenterCrop { short_side } = p.resize {
@@ -260,7 +297,10 @@ impl ModelConfig {
         }
         if let Some(s) = self.std {
             if s.iter().any(|&v| v == 0.0 || !v.is_finite()) {
-                return Err(ConfigError::Invalid(format!("model '{}': std values must be finite and non-zero", self.name)));
+                return Err(ConfigError::Invalid(format!(
+                    "model '{}': std values must be finite and non-zero",
+                    self.name
+                )));
             }
             p.std = s;
         }
@@ -292,8 +332,10 @@ impl ModelConfig {
 impl Config {
     /// Parses TOML text; relative model and label paths resolve against `base_dir`.
     pub fn from_toml(text: &str, origin: &Path, base_dir: &Path) -> Result<Config, ConfigError> {
-        let mut cfg: Config = toml::from_str(text)
-            .map_err(|e| ConfigError::Parse { path: origin.to_path_buf(), message: e.to_string() })?;
+        let mut cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: origin.to_path_buf(),
+            message: e.to_string(),
+        })?;
         for m in &mut cfg.models {
             if m.path.is_relative() {
                 m.path = base_dir.join(&m.path);
@@ -310,9 +352,14 @@ impl Config {
 
     /// Reads and parses a config file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text =
-            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
-        let base = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let base = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
         Config::from_toml(&text, path, base)
     }
 
@@ -330,28 +377,45 @@ impl Config {
         let l = &self.limits;
         if l.queue_depth == 0 || l.workers == 0 || l.max_body_bytes == 0 || l.max_pixels == 0 {
             return Err(ConfigError::Invalid(
-                "limits.queue_depth, workers, max_body_bytes and max_pixels must be at least 1".into(),
+                "limits.queue_depth, workers, max_body_bytes and max_pixels must be at least 1"
+                    .into(),
             ));
         }
         if l.request_timeout_ms == 0 {
-            return Err(ConfigError::Invalid("limits.request_timeout_ms must be at least 1".into()));
+            return Err(ConfigError::Invalid(
+                "limits.request_timeout_ms must be at least 1".into(),
+            ));
         }
         let mut names = std::collections::HashSet::new();
         for m in &self.models {
-            if m.name.is_empty() || !m.name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+            if m.name.is_empty()
+                || !m
+                    .name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+            {
                 return Err(ConfigError::Invalid(format!(
                     "model name '{}' must be non-empty and use only letters, digits, '-', '_' or '.'",
                     m.name
                 )));
             }
             if !names.insert(m.name.as_str()) {
-                return Err(ConfigError::Invalid(format!("model name '{}' appears twice", m.name)));
+                return Err(ConfigError::Invalid(format!(
+                    "model name '{}' appears twice",
+                    m.name
+                )));
             }
             if m.batch == Some(0) {
-                return Err(ConfigError::Invalid(format!("model '{}': batch must be at least 1", m.name)));
+                return Err(ConfigError::Invalid(format!(
+                    "model '{}': batch must be at least 1",
+                    m.name
+                )));
             }
             if m.head.is_some() && m.task_kind() != TaskKind::Detection {
-                return Err(ConfigError::Invalid(format!("model '{}': head is only valid with task = \"detection\"", m.name)));
+                return Err(ConfigError::Invalid(format!(
+                    "model '{}': head is only valid with task = \"detection\"",
+                    m.name
+                )));
             }
         }
         Ok(())
@@ -386,7 +450,10 @@ pub fn find_models_dir(explicit: Option<&Path>) -> Result<PathBuf, ConfigError> 
         return if p.is_dir() {
             Ok(p.to_path_buf())
         } else {
-            Err(ConfigError::ModelsDir(format!("models directory {} does not exist", p.display())))
+            Err(ConfigError::ModelsDir(format!(
+                "models directory {} does not exist",
+                p.display()
+            )))
         };
     }
     let mut candidates = Vec::new();
@@ -401,22 +468,36 @@ pub fn find_models_dir(explicit: Option<&Path>) -> Result<PathBuf, ConfigError> 
         return Ok(p);
     }
     candidates.push(PathBuf::from("models"));
-    if let Some(exe_dir) = std::env::current_exe().ok().and_then(|e| e.parent().map(Path::to_path_buf)) {
+    if let Some(exe_dir) = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(Path::to_path_buf))
+    {
         candidates.push(exe_dir.join("../../models"));
     }
     candidates.push(PathBuf::from("/usr/share/vigil/models"));
-    candidates.iter().find(|p| p.is_dir()).cloned().ok_or_else(|| {
-        ConfigError::ModelsDir(format!(
-            "no models directory found (tried --models-dir, $VIGIL_MODELS_DIR, {})",
-            candidates.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
-        ))
-    })
+    candidates
+        .iter()
+        .find(|p| p.is_dir())
+        .cloned()
+        .ok_or_else(|| {
+            ConfigError::ModelsDir(format!(
+                "no models directory found (tried --models-dir, $VIGIL_MODELS_DIR, {})",
+                candidates
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        })
 }
 
 /// Reads a label file: one class name per line, trailing blank lines dropped.
 pub fn read_labels(path: &Path) -> std::io::Result<Vec<String>> {
     let text = std::fs::read_to_string(path)?;
-    let mut labels: Vec<String> = text.lines().map(|l| l.trim_end_matches('\r').to_string()).collect();
+    let mut labels: Vec<String> = text
+        .lines()
+        .map(|l| l.trim_end_matches('\r').to_string())
+        .collect();
     while labels.last().is_some_and(|l| l.trim().is_empty()) {
         labels.pop();
     }
@@ -442,17 +523,22 @@ mod tests {
 
     #[test]
     fn unknown_keys_are_rejected() {
-        let e = parse("listen = \"0.0.0.0:1\"\nbogus = 3\n").unwrap_err().to_string();
+        let e = parse("listen = \"0.0.0.0:1\"\nbogus = 3\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("bogus"), "{e}");
         let e = parse("[limits]\nqueue_dept = 3\n").unwrap_err().to_string();
         assert!(e.contains("queue_dept"), "{e}");
-        let e = parse("[[models]]\nname = \"a\"\npath = \"a.onnx\"\nlables = \"x\"\n").unwrap_err().to_string();
+        let e = parse("[[models]]\nname = \"a\"\npath = \"a.onnx\"\nlables = \"x\"\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("lables"), "{e}");
     }
 
     #[test]
     fn relative_paths_resolve_against_config_dir() {
-        let c = parse("[[models]]\nname = \"m\"\npath = \"m/x.onnx\"\nlabels = \"/abs/l.txt\"\n").unwrap();
+        let c = parse("[[models]]\nname = \"m\"\npath = \"m/x.onnx\"\nlabels = \"/abs/l.txt\"\n")
+            .unwrap();
         assert_eq!(c.models[0].path, PathBuf::from("/etc/vigil/m/x.onnx"));
         assert_eq!(c.models[0].labels.as_deref(), Some(Path::new("/abs/l.txt")));
     }
@@ -466,9 +552,17 @@ mod tests {
         )
         .unwrap();
         let s = c.models[0].vision_spec(vec!["a".into()], None).unwrap();
-        assert_eq!(s.task, Task::Detection { head: DetectionHead::Yolov8 });
+        assert_eq!(
+            s.task,
+            Task::Detection {
+                head: DetectionHead::Yolov8
+            }
+        );
         assert_eq!((s.preprocess.width, s.preprocess.height), (320, 256));
-        assert_eq!(s.preprocess.resize, ResizeMode::Letterbox { pad_value: 114 });
+        assert_eq!(
+            s.preprocess.resize,
+            ResizeMode::Letterbox { pad_value: 114 }
+        );
         assert_eq!(s.score_threshold, 0.6);
         assert_eq!(s.preprocess.mean, [1.0, 2.0, 3.0]);
         assert_eq!(s.labels, vec!["a".to_string()]);
@@ -476,9 +570,16 @@ mod tests {
 
     #[test]
     fn classification_crop_scales_with_input() {
-        let m = ModelConfig { name: "c".into(), path: "c.onnx".into(), ..ModelConfig::default() };
+        let m = ModelConfig {
+            name: "c".into(),
+            path: "c.onnx".into(),
+            ..ModelConfig::default()
+        };
         let s = m.vision_spec(vec![], Some((448, 448))).unwrap();
-        assert_eq!(s.preprocess.resize, ResizeMode::ShortSideCenterCrop { short_side: 512 });
+        assert_eq!(
+            s.preprocess.resize,
+            ResizeMode::ShortSideCenterCrop { short_side: 512 }
+        );
         let s = m.vision_spec(vec![], None).unwrap();
         assert_eq!(s, VisionSpec::efficientnet_lite0(vec![]));
     }
@@ -488,8 +589,13 @@ mod tests {
         assert!(parse("[limits]\nqueue_depth = 0\n").is_err());
         assert!(parse("[limits]\nqueue_depth = -1\n").is_err());
         assert!(parse("[[models]]\nname = \"a b\"\npath = \"x\"\n").is_err());
-        assert!(parse("[[models]]\nname = \"a\"\npath = \"x\"\n[[models]]\nname = \"a\"\npath = \"y\"\n").is_err());
-        assert!(parse("[[models]]\nname = \"a\"\npath = \"x\"\ntask = \"segmentation\"\n").is_err());
+        assert!(parse(
+            "[[models]]\nname = \"a\"\npath = \"x\"\n[[models]]\nname = \"a\"\npath = \"y\"\n"
+        )
+        .is_err());
+        assert!(
+            parse("[[models]]\nname = \"a\"\npath = \"x\"\ntask = \"segmentation\"\n").is_err()
+        );
         let c = parse("[[models]]\nname = \"a\"\npath = \"x\"\nshort_side = 100\n").unwrap();
         assert!(c.models[0].vision_spec(vec![], None).is_err());
     }
@@ -512,6 +618,9 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let p = dir.join("l.txt");
         std::fs::write(&p, "cat\r\ndog\n\n").unwrap();
-        assert_eq!(read_labels(&p).unwrap(), vec!["cat".to_string(), "dog".to_string()]);
+        assert_eq!(
+            read_labels(&p).unwrap(),
+            vec!["cat".to_string(), "dog".to_string()]
+        );
     }
 }

@@ -1,11 +1,17 @@
 //! `vigil`: command-line dispatch.
 
+use std::io::IsTerminal;
+
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 use vigil::cli;
 
 #[derive(Parser)]
-#[command(name = "vigil", version, about = "Edge inference appliance: HTTP/KServe daemon and tools")]
+#[command(
+    name = "vigil",
+    version,
+    about = "Edge inference appliance: HTTP/KServe daemon and tools"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -25,7 +31,11 @@ enum Command {
 
 fn main() {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
     let result = match Cli::parse().command {
         Command::Serve(a) => cli::serve::run(a),
         Command::Infer(a) => cli::infer::run(a),

@@ -70,7 +70,9 @@ struct Admission {
 
 impl Admission {
     fn publish(&self) {
-        let used = self.depth.saturating_sub(self.admission.available_permits());
+        let used = self
+            .depth
+            .saturating_sub(self.admission.available_permits());
         metrics::gauge!("vigil_queue_depth", "model" => self.name.clone()).set(used as f64);
     }
 }
@@ -117,7 +119,8 @@ impl ModelQueue {
 
     /// Requests currently waiting or executing.
     pub fn in_use(&self) -> usize {
-        self.depth.saturating_sub(self.admission.available_permits())
+        self.depth
+            .saturating_sub(self.admission.available_permits())
     }
 
     /// The configured depth.
@@ -132,9 +135,17 @@ impl ModelQueue {
         R: Send + 'static,
         F: FnOnce(&mut dyn Executor) -> R + Send + 'static,
     {
-        let permit = self.admission.clone().try_acquire_owned().map_err(|_| QueueError::Full(self.name.clone()))?;
-        let admission =
-            Admission { permit: Some(permit), admission: self.admission.clone(), depth: self.depth, name: self.name.clone() };
+        let permit = self
+            .admission
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| QueueError::Full(self.name.clone()))?;
+        let admission = Admission {
+            permit: Some(permit),
+            admission: self.admission.clone(),
+            depth: self.depth,
+            name: self.name.clone(),
+        };
         admission.publish();
         let worker = self
             .workers
@@ -147,14 +158,23 @@ impl ModelQueue {
             pool.pop()
         }
         .ok_or_else(|| QueueError::Worker("no executor available".into()))?;
-        let mut lease = Lease { exec: Some(exec), pool: self.pool.clone(), _worker: worker, _admission: admission };
+        let mut lease = Lease {
+            exec: Some(exec),
+            pool: self.pool.clone(),
+            _worker: worker,
+            _admission: admission,
+        };
         let handle = tokio::task::spawn_blocking(move || match lease.exec.as_deref_mut() {
             Some(e) => Ok(job(e)),
             None => Err(QueueError::Worker("executor missing from lease".into())),
         });
         match handle.await {
             Ok(r) => r,
-            Err(e) => Err(QueueError::Worker(if e.is_panic() { "inference panicked".into() } else { e.to_string() })),
+            Err(e) => Err(QueueError::Worker(if e.is_panic() {
+                "inference panicked".into()
+            } else {
+                e.to_string()
+            })),
         }
     }
 }

@@ -36,25 +36,43 @@ pub fn task_name(spec: &VisionSpec) -> &'static str {
 /// Loads a model entry's ONNX file (with its batch/threads options) and builds its vision spec
 /// (labels read, input size taken from the model when the config gives none).
 pub fn load_model(cfg: &ModelConfig, opts: &ModelOptions) -> Result<(Model, VisionSpec), String> {
-    let model = Model::load(&cfg.path, opts)
-        .map_err(|e| format!("model '{}': cannot load {}: {e}", cfg.name, cfg.path.display()))?;
+    let model = Model::load(&cfg.path, opts).map_err(|e| {
+        format!(
+            "model '{}': cannot load {}: {e}",
+            cfg.name,
+            cfg.path.display()
+        )
+    })?;
     let labels = match &cfg.labels {
-        Some(p) => {
-            read_labels(p).map_err(|e| format!("model '{}': cannot read labels {}: {e}", cfg.name, p.display()))?
-        }
+        Some(p) => read_labels(p).map_err(|e| {
+            format!(
+                "model '{}': cannot read labels {}: {e}",
+                cfg.name,
+                p.display()
+            )
+        })?,
         None => Vec::new(),
     };
-    let input_hw = model.inputs().first().and_then(|i| match i.shape.as_slice() {
-        [_, 3, h, w] => Some((u32::try_from(*h).ok()?, u32::try_from(*w).ok()?)),
-        _ => None,
-    });
-    let spec = cfg.vision_spec(labels, input_hw).map_err(|e| e.to_string())?;
+    let input_hw = model
+        .inputs()
+        .first()
+        .and_then(|i| match i.shape.as_slice() {
+            [_, 3, h, w] => Some((u32::try_from(*h).ok()?, u32::try_from(*w).ok()?)),
+            _ => None,
+        });
+    let spec = cfg
+        .vision_spec(labels, input_hw)
+        .map_err(|e| e.to_string())?;
     Ok((model, spec))
 }
 
 /// The load options a config entry asks for.
 pub fn model_options(cfg: &ModelConfig) -> ModelOptions {
-    ModelOptions { batch: cfg.batch.unwrap_or(1), threads: cfg.threads.unwrap_or(0), optimize: true }
+    ModelOptions {
+        batch: cfg.batch.unwrap_or(1),
+        threads: cfg.threads.unwrap_or(0),
+        optimize: true,
+    }
 }
 
 impl LoadedModel {
@@ -63,9 +81,12 @@ impl LoadedModel {
         let (model, spec) = load_model(cfg, &model_options(cfg))?;
         let mut executors: Vec<Box<dyn Executor>> = Vec::with_capacity(limits.workers);
         for _ in 0..limits.workers.max(1) {
-            let ctx = model
-                .new_context()
-                .map_err(|e| format!("model '{}': cannot create an execution context: {e}", cfg.name))?;
+            let ctx = model.new_context().map_err(|e| {
+                format!(
+                    "model '{}': cannot create an execution context: {e}",
+                    cfg.name
+                )
+            })?;
             executors.push(Box::new(ctx));
         }
         let inputs = model.inputs().to_vec();

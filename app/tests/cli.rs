@@ -4,8 +4,14 @@
 use std::process::Command;
 
 fn vigil(args: &[&str]) -> (i32, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_vigil")).args(args).output().expect("run vigil");
-    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+    let out = Command::new(env!("CARGO_BIN_EXE_vigil"))
+        .args(args)
+        .output()
+        .expect("run vigil");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 fn temp_config(name: &str, text: &str) -> std::path::PathBuf {
@@ -18,7 +24,10 @@ fn temp_config(name: &str, text: &str) -> std::path::PathBuf {
 
 #[test]
 fn serve_rejects_unknown_config_key() {
-    let p = temp_config("unknown", "listen = \"127.0.0.1:0\"\n[limits]\nqueue_depht = 4\n");
+    let p = temp_config(
+        "unknown",
+        "listen = \"127.0.0.1:0\"\n[limits]\nqueue_depht = 4\n",
+    );
     let (code, err) = vigil(&["serve", "--config", p.to_str().unwrap()]);
     assert_ne!(code, 0);
     assert!(err.contains("queue_depht"), "{err}");
@@ -42,7 +51,10 @@ fn serve_rejects_bad_toml_and_values() {
 
 #[test]
 fn serve_reports_missing_model_file() {
-    let p = temp_config("missing", "listen = \"127.0.0.1:0\"\n[[models]]\nname = \"m\"\npath = \"missing.onnx\"\n");
+    let p = temp_config(
+        "missing",
+        "listen = \"127.0.0.1:0\"\n[[models]]\nname = \"m\"\npath = \"missing.onnx\"\n",
+    );
     let (code, err) = vigil(&["serve", "--config", p.to_str().unwrap()]);
     assert_ne!(code, 0);
     assert!(err.contains("missing.onnx"), "{err}");
@@ -53,7 +65,10 @@ fn infer_unknown_model_and_missing_file() {
     let models = concat!(env!("CARGO_MANIFEST_DIR"), "/../models");
     let (code, err) = vigil(&["infer", "--models-dir", models, "--model", "nope", "x.png"]);
     assert_ne!(code, 0);
-    assert!(err.contains("unknown model 'nope'") && err.contains("efficientnet-lite0"), "{err}");
+    assert!(
+        err.contains("unknown model 'nope'") && err.contains("efficientnet-lite0"),
+        "{err}"
+    );
     let (code, err) = vigil(&["infer", "--model", "/nonexistent/m.onnx", "x.png"]);
     assert_ne!(code, 0);
     assert!(err.contains("does not exist"), "{err}");

@@ -57,7 +57,10 @@ impl Executor for FakeExec {
         let x = inputs[0].as_f32()?;
         let y: Vec<f32> = x.iter().map(|v| v * 2.0).collect();
         let n = x.iter().sum::<f32>() as i64;
-        Ok(vec![Tensor::from_f32(vec![2, 3], y)?, Tensor::from_i64(vec![1], vec![n])?])
+        Ok(vec![
+            Tensor::from_f32(vec![2, 3], y)?,
+            Tensor::from_i64(vec![1], vec![n])?,
+        ])
     }
 
     fn infer_image(
@@ -70,32 +73,57 @@ impl Executor for FakeExec {
         if let Some(g) = &self.gate {
             g.wait_open();
         }
-        let img = image::load_from_memory(bytes).map_err(|e| vigil_engine::Error::Image(e.to_string()))?;
+        let img = image::load_from_memory(bytes)
+            .map_err(|e| vigil_engine::Error::Image(e.to_string()))?;
         let k = overrides.top_k.unwrap_or(spec.top_k).min(spec.labels.len());
         let classes = (0..k)
-            .map(|i| Classification { class_id: i, label: spec.labels[i].clone(), score: 1.0 / (i as f32 + 1.0) })
+            .map(|i| Classification {
+                class_id: i,
+                label: spec.labels[i].clone(),
+                score: 1.0 / (i as f32 + 1.0),
+            })
             .collect();
         Ok(ImageInference {
             width: img.width(),
             height: img.height(),
-            timings: Timings { decode_ms: 1.0, preprocess_ms: 2.0, inference_ms: 3.0, postprocess_ms: 4.0 },
+            timings: Timings {
+                decode_ms: 1.0,
+                preprocess_ms: 2.0,
+                inference_ms: 3.0,
+                postprocess_ms: 4.0,
+            },
             results: Results::Classes(classes),
         })
     }
 }
 
 fn labels() -> Vec<String> {
-    ["zero", "one", "two", "three", "four", "five", "six"].iter().map(|s| s.to_string()).collect()
+    ["zero", "one", "two", "three", "four", "five", "six"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
 }
 
 fn fake_model(name: &str, gate: Option<Arc<Gate>>, queue_depth: usize) -> LoadedModel {
     LoadedModel::from_executors(
         name,
         VisionSpec::efficientnet_lite0(labels()),
-        vec![TensorInfo { name: "x".into(), dtype: DataType::F32, shape: vec![2, 3] }],
+        vec![TensorInfo {
+            name: "x".into(),
+            dtype: DataType::F32,
+            shape: vec![2, 3],
+        }],
         vec![
-            TensorInfo { name: "y".into(), dtype: DataType::F32, shape: vec![2, 3] },
-            TensorInfo { name: "n".into(), dtype: DataType::I64, shape: vec![1] },
+            TensorInfo {
+                name: "y".into(),
+                dtype: DataType::F32,
+                shape: vec![2, 3],
+            },
+            TensorInfo {
+                name: "n".into(),
+                dtype: DataType::I64,
+                shape: vec![1],
+            },
         ],
         vec![Box::new(FakeExec { gate })],
         queue_depth,
@@ -150,7 +178,11 @@ fn health_and_server_metadata() {
     let v = meta.json();
     assert_eq!(v["name"], "vigil");
     assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
-    assert!(v["extensions"].as_array().unwrap().iter().any(|e| e == "binary_tensor_data"));
+    assert!(v["extensions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e == "binary_tensor_data"));
 }
 
 #[test]
@@ -166,7 +198,12 @@ fn request_ids_are_unique_or_echoed() {
 }
 
 fn finish_with_id(url: &str, id: &str) -> Reply {
-    post(url, "image/png", &[("x-request-id", id.to_string())], &png(5, 4))
+    post(
+        url,
+        "image/png",
+        &[("x-request-id", id.to_string())],
+        &png(5, 4),
+    )
 }
 
 #[test]
@@ -177,10 +214,19 @@ fn model_metadata_and_listing() {
     let v = r.json();
     assert_eq!(v["name"], "fake");
     assert_eq!(v["platform"], "onnx");
-    assert_eq!(v["inputs"], json!([{ "name": "x", "datatype": "FP32", "shape": [2, 3] }]));
-    assert_eq!(v["outputs"][1], json!({ "name": "n", "datatype": "INT64", "shape": [1] }));
+    assert_eq!(
+        v["inputs"],
+        json!([{ "name": "x", "datatype": "FP32", "shape": [2, 3] }])
+    );
+    assert_eq!(
+        v["outputs"][1],
+        json!({ "name": "n", "datatype": "INT64", "shape": [1] })
+    );
     assert_eq!(get(&format!("{base}/v2/models/fake/ready")).status, 200);
-    assert_eq!(get(&format!("{base}/v2/models/fake/versions/1")).json()["name"], "fake");
+    assert_eq!(
+        get(&format!("{base}/v2/models/fake/versions/1")).json()["name"],
+        "fake"
+    );
     get(&format!("{base}/v2/models/fake/versions/7")).assert_json_error(404);
     let list = get(&format!("{base}/v1/models")).json();
     let models = list["models"].as_array().unwrap();
@@ -197,8 +243,20 @@ fn unknown_model_and_route_404() {
     let m = get(&format!("{base}/v2/models/nope")).assert_json_error(404);
     assert!(m.contains("nope"), "{m}");
     get(&format!("{base}/v2/models/nope/ready")).assert_json_error(404);
-    post(&format!("{base}/v1/models/nope/infer"), "image/png", &[], &png(2, 2)).assert_json_error(404);
-    post(&format!("{base}/v2/models/nope/infer"), "application/json", &[], b"{}").assert_json_error(404);
+    post(
+        &format!("{base}/v1/models/nope/infer"),
+        "image/png",
+        &[],
+        &png(2, 2),
+    )
+    .assert_json_error(404);
+    post(
+        &format!("{base}/v2/models/nope/infer"),
+        "application/json",
+        &[],
+        b"{}",
+    )
+    .assert_json_error(404);
     get(&format!("{base}/no/such/route")).assert_json_error(404);
 }
 
@@ -212,16 +270,40 @@ fn wrong_method_405() {
 
 #[test]
 fn oversize_body_413_json() {
-    let limits = Limits { max_body_bytes: 1024, ..Limits::default() };
+    let limits = Limits {
+        max_body_bytes: 1024,
+        ..Limits::default()
+    };
     let base = server_with(limits, vec![fake_model("fake", None, 8)]);
     let big = vec![0u8; 4096];
-    let msg = post(&format!("{base}/v1/models/fake/infer"), "application/octet-stream", &[], &big).assert_json_error(413);
+    let msg = post(
+        &format!("{base}/v1/models/fake/infer"),
+        "application/octet-stream",
+        &[],
+        &big,
+    )
+    .assert_json_error(413);
     assert!(!msg.is_empty());
-    post(&format!("{base}/v2/models/fake/infer"), "application/json", &[], &big).assert_json_error(413);
+    post(
+        &format!("{base}/v2/models/fake/infer"),
+        "application/json",
+        &[],
+        &big,
+    )
+    .assert_json_error(413);
     let (ct, body) = multipart(&big);
     post(&format!("{base}/v1/models/fake/infer"), &ct, &[], &body).assert_json_error(413);
     // Still serving afterwards.
-    assert_eq!(post(&format!("{base}/v1/models/fake/infer"), "image/png", &[], &png(3, 3)).status, 200);
+    assert_eq!(
+        post(
+            &format!("{base}/v1/models/fake/infer"),
+            "image/png",
+            &[],
+            &png(3, 3)
+        )
+        .status,
+        200
+    );
 }
 
 #[test]
@@ -230,10 +312,22 @@ fn bad_images_are_rejected_with_json() {
     let url = format!("{base}/v1/models/fake/infer");
     let m = post(&url, "image/jpeg", &[], b"").assert_json_error(400);
     assert!(m.contains("empty"), "{m}");
-    post(&url, "application/octet-stream", &[], b"definitely not an image").assert_json_error(415);
+    post(
+        &url,
+        "application/octet-stream",
+        &[],
+        b"definitely not an image",
+    )
+    .assert_json_error(415);
     post(&url, "text/plain", &[], &png(2, 2)).assert_json_error(415);
     // GIF magic: a real format, but not one we decode.
-    post(&url, "image/gif", &[], b"GIF89a\x01\x00\x01\x00\x00\x00\x00;").assert_json_error(415);
+    post(
+        &url,
+        "image/gif",
+        &[],
+        b"GIF89a\x01\x00\x01\x00\x00\x00\x00;",
+    )
+    .assert_json_error(415);
     // A PNG cut inside its header.
     let p = png(8, 8);
     post(&url, "image/png", &[], &p[..20]).assert_json_error(400);
@@ -245,10 +339,18 @@ fn bad_images_are_rejected_with_json() {
 
 #[test]
 fn pixel_limit_413_before_decoding() {
-    let limits = Limits { max_pixels: 1_000_000, ..Limits::default() };
+    let limits = Limits {
+        max_pixels: 1_000_000,
+        ..Limits::default()
+    };
     let base = server_with(limits, vec![fake_model("fake", None, 8)]);
-    let m = post(&format!("{base}/v1/models/fake/infer"), "image/bmp", &[], &bmp_header(20_000, 20_000))
-        .assert_json_error(413);
+    let m = post(
+        &format!("{base}/v1/models/fake/infer"),
+        "image/bmp",
+        &[],
+        &bmp_header(20_000, 20_000),
+    )
+    .assert_json_error(413);
     assert!(m.contains("400000000") && m.contains("1000000"), "{m}");
 }
 
@@ -261,19 +363,31 @@ fn image_infer_raw_and_multipart() {
     let v = r.json();
     assert_eq!(v["model"], "fake");
     assert_eq!(v["task"], "classification");
-    assert_eq!((v["width"].as_u64(), v["height"].as_u64()), (Some(6), Some(5)));
+    assert_eq!(
+        (v["width"].as_u64(), v["height"].as_u64()),
+        (Some(6), Some(5))
+    );
     assert_eq!(v["timings"]["inference_ms"], 3.0);
     assert!(v["timings"]["total_ms"].as_f64().unwrap() >= 0.0);
     let classes = v["results"]["classes"].as_array().unwrap();
     assert_eq!(classes.len(), 3);
-    assert_eq!(classes[1], json!({ "class_id": 1, "label": "one", "score": 0.5 }));
-    assert_eq!(v["request_id"].as_str(), r.header("x-request-id").as_deref());
+    assert_eq!(
+        classes[1],
+        json!({ "class_id": 1, "label": "one", "score": 0.5 })
+    );
+    assert_eq!(
+        v["request_id"].as_str(),
+        r.header("x-request-id").as_deref()
+    );
 
     let (ct, body) = multipart(&png(9, 2));
     let r = post(&format!("{base}/v1/models/fake/infer"), &ct, &[], &body);
     assert_eq!(r.status, 200, "{}", r.text());
     let v = r.json();
-    assert_eq!((v["width"].as_u64(), v["height"].as_u64()), (Some(9), Some(2)));
+    assert_eq!(
+        (v["width"].as_u64(), v["height"].as_u64()),
+        (Some(9), Some(2))
+    );
     assert_eq!(v["results"]["classes"].as_array().unwrap().len(), 5);
 }
 
@@ -288,7 +402,12 @@ fn kserve_json_round_trip() {
         "id": "abc",
         "inputs": [{ "name": "x", "shape": [2, 3], "datatype": "FP32", "data": [[1.0, -2.5, 3.25], [0, 10, -0.125]] }]
     });
-    let r = post(&format!("{base}/v2/models/fake/infer"), "application/json", &[], req.to_string().as_bytes());
+    let r = post(
+        &format!("{base}/v2/models/fake/infer"),
+        "application/json",
+        &[],
+        req.to_string().as_bytes(),
+    );
     assert_eq!(r.status, 200, "{}", r.text());
     let v = r.json();
     assert_eq!(v["model_name"], "fake");
@@ -297,7 +416,12 @@ fn kserve_json_round_trip() {
     assert_eq!(v["outputs"][0]["name"], "y");
     assert_eq!(v["outputs"][0]["datatype"], "FP32");
     assert_eq!(v["outputs"][0]["shape"], json!([2, 3]));
-    let got: Vec<f32> = v["outputs"][0]["data"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
+    let got: Vec<f32> = v["outputs"][0]["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect();
     assert_eq!(got, expect);
     // sum = 11.625 -> 11
     assert_eq!(v["outputs"][1]["data"], json!([11]));
@@ -375,22 +499,52 @@ fn kserve_bad_tensors_400() {
     // Binary size that does not fit the shape, and a header length beyond the body.
     let header = json!({ "inputs": [{ "name": "x", "shape": [2, 3], "datatype": "FP32", "parameters": { "binary_data_size": 20 } }] });
     let (n, body) = binary_body(&header, &[0u8; 20]);
-    let m = post(&url, "application/octet-stream", &[("Inference-Header-Content-Length", n.to_string())], &body)
-        .assert_json_error(400);
+    let m = post(
+        &url,
+        "application/octet-stream",
+        &[("Inference-Header-Content-Length", n.to_string())],
+        &body,
+    )
+    .assert_json_error(400);
     assert!(m.contains("binary_data_size"), "{m}");
     let header = json!({ "inputs": [{ "name": "x", "shape": [2, 3], "datatype": "FP32", "parameters": { "binary_data_size": 24 } }] });
     let (n, body) = binary_body(&header, &[0u8; 16]);
-    post(&url, "application/octet-stream", &[("Inference-Header-Content-Length", n.to_string())], &body)
-        .assert_json_error(400);
-    post(&url, "application/octet-stream", &[("Inference-Header-Content-Length", "999999".into())], b"{}")
-        .assert_json_error(400);
+    post(
+        &url,
+        "application/octet-stream",
+        &[("Inference-Header-Content-Length", n.to_string())],
+        &body,
+    )
+    .assert_json_error(400);
+    post(
+        &url,
+        "application/octet-stream",
+        &[("Inference-Header-Content-Length", "999999".into())],
+        b"{}",
+    )
+    .assert_json_error(400);
 }
 
 #[test]
 fn metrics_after_requests() {
     let base = server_with(Limits::default(), vec![fake_model("metered", None, 8)]);
-    assert_eq!(post(&format!("{base}/v1/models/metered/infer"), "image/png", &[], &png(3, 3)).status, 200);
-    post(&format!("{base}/v1/models/metered/infer"), "image/png", &[], b"").assert_json_error(400);
+    assert_eq!(
+        post(
+            &format!("{base}/v1/models/metered/infer"),
+            "image/png",
+            &[],
+            &png(3, 3)
+        )
+        .status,
+        200
+    );
+    post(
+        &format!("{base}/v1/models/metered/infer"),
+        "image/png",
+        &[],
+        b"",
+    )
+    .assert_json_error(400);
     let m = get(&format!("{base}/metrics"));
     assert_eq!(m.status, 200);
     let text = m.text();
@@ -410,7 +564,10 @@ fn metrics_after_requests() {
 #[test]
 fn queue_full_503_with_retry_after() {
     let gate = Arc::new(Gate::default());
-    let base = server_with(Limits::default(), vec![fake_model("slow", Some(gate.clone()), 1)]);
+    let base = server_with(
+        Limits::default(),
+        vec![fake_model("slow", Some(gate.clone()), 1)],
+    );
     let url = format!("{base}/v1/models/slow/infer");
     let first = {
         let url = url.clone();
@@ -433,15 +590,24 @@ fn queue_full_503_with_retry_after() {
         assert_eq!(b.join().unwrap(), 503);
     }
     let metrics = get(&format!("{base}/metrics")).text();
-    assert!(metrics.contains("vigil_queue_depth{model=\"slow\"} 1"), "{metrics}");
+    assert!(
+        metrics.contains("vigil_queue_depth{model=\"slow\"} 1"),
+        "{metrics}"
+    );
     gate.open();
     let r = first.join().unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
     // The slot is free again.
     assert_eq!(post(&url, "image/png", &[], &png(2, 2)).status, 200);
     let metrics = get(&format!("{base}/metrics")).text();
-    assert!(metrics.contains("vigil_queue_depth{model=\"slow\"} 0"), "{metrics}");
-    assert!(metrics.contains("vigil_requests_total{model=\"slow\",status=\"503\"} 9"), "{metrics}");
+    assert!(
+        metrics.contains("vigil_queue_depth{model=\"slow\"} 0"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("vigil_requests_total{model=\"slow\",status=\"503\"} 9"),
+        "{metrics}"
+    );
 }
 
 #[test]
@@ -449,7 +615,12 @@ fn tensor_data_kinds_accepted() {
     // INT64 output data and a flat FP32 input with integer literals both work.
     let base = server();
     let req = json!({ "inputs": [{ "name": "x", "shape": [2, 3], "datatype": "FP32", "data": [1, 2, 3, 4, 5, 6] }] });
-    let r = post(&format!("{base}/v2/models/fake/infer"), "application/json", &[], req.to_string().as_bytes());
+    let r = post(
+        &format!("{base}/v2/models/fake/infer"),
+        "application/json",
+        &[],
+        req.to_string().as_bytes(),
+    );
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["outputs"][1]["data"], json!([21]));
 }

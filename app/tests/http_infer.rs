@@ -35,7 +35,8 @@ fn read(p: PathBuf) -> Vec<u8> {
 }
 
 fn real_server(limits: Limits) -> String {
-    let registry = Registry::load_all(&default_models(&models_dir()), &limits).unwrap_or_else(|e| panic!("{e}"));
+    let registry = Registry::load_all(&default_models(&models_dir()), &limits)
+        .unwrap_or_else(|e| panic!("{e}"));
     start(AppState::new(registry, limits))
 }
 
@@ -44,20 +45,39 @@ fn espresso_photo_is_espresso() {
     let base = real_server(Limits::default());
     let bytes = read(shared().join("images/eval/coffee.png"));
     let dims = image::load_from_memory(&bytes).unwrap();
-    let r = post(&format!("{base}/v1/models/efficientnet-lite0/infer?top_k=3"), "image/png", &[], &bytes);
+    let r = post(
+        &format!("{base}/v1/models/efficientnet-lite0/infer?top_k=3"),
+        "image/png",
+        &[],
+        &bytes,
+    );
     assert_eq!(r.status, 200, "{}", r.text());
     let v = r.json();
     assert_eq!(v["task"], "classification");
-    assert_eq!((v["width"].as_u64(), v["height"].as_u64()), (Some(dims.width() as u64), Some(dims.height() as u64)));
+    assert_eq!(
+        (v["width"].as_u64(), v["height"].as_u64()),
+        (Some(dims.width() as u64), Some(dims.height() as u64))
+    );
     let classes = v["results"]["classes"].as_array().unwrap();
     assert_eq!(classes.len(), 3);
     assert_eq!(classes[0]["label"], "espresso", "{v}");
-    let scores: Vec<f64> = classes.iter().map(|c| c["score"].as_f64().unwrap()).collect();
-    assert!(scores.windows(2).all(|w| w[0] >= w[1]) && scores[0] <= 1.0, "{scores:?}");
+    let scores: Vec<f64> = classes
+        .iter()
+        .map(|c| c["score"].as_f64().unwrap())
+        .collect();
+    assert!(
+        scores.windows(2).all(|w| w[0] >= w[1]) && scores[0] <= 1.0,
+        "{scores:?}"
+    );
 
     // Same answer through multipart.
     let (ct, body) = multipart(&bytes);
-    let r = post(&format!("{base}/v1/models/efficientnet-lite0/infer"), &ct, &[], &body);
+    let r = post(
+        &format!("{base}/v1/models/efficientnet-lite0/infer"),
+        &ct,
+        &[],
+        &body,
+    );
     assert_eq!(r.json()["results"]["classes"][0]["label"], "espresso");
 }
 
@@ -66,7 +86,12 @@ fn street_scene_has_people() {
     let base = real_server(Limits::default());
     let bytes = read(shared().join("images/calib/vtest-frame-200.jpg"));
     let img = image::load_from_memory(&bytes).unwrap();
-    let r = post(&format!("{base}/v1/models/nanodet-m-416/infer"), "image/jpeg", &[], &bytes);
+    let r = post(
+        &format!("{base}/v1/models/nanodet-m-416/infer"),
+        "image/jpeg",
+        &[],
+        &bytes,
+    );
     assert_eq!(r.status, 200, "{}", r.text());
     let v = r.json();
     assert_eq!(v["task"], "detection");
@@ -75,10 +100,20 @@ fn street_scene_has_people() {
     assert!(people.len() >= 2, "{v}");
     for d in dets {
         let b = &d["bbox"];
-        let (x1, y1, x2, y2) =
-            (b["x1"].as_f64().unwrap(), b["y1"].as_f64().unwrap(), b["x2"].as_f64().unwrap(), b["y2"].as_f64().unwrap());
+        let (x1, y1, x2, y2) = (
+            b["x1"].as_f64().unwrap(),
+            b["y1"].as_f64().unwrap(),
+            b["x2"].as_f64().unwrap(),
+            b["y2"].as_f64().unwrap(),
+        );
         assert!(x1 < x2 && y1 < y2, "{d}");
-        assert!(x1 >= -1.0 && y1 >= -1.0 && x2 <= img.width() as f64 + 1.0 && y2 <= img.height() as f64 + 1.0, "{d}");
+        assert!(
+            x1 >= -1.0
+                && y1 >= -1.0
+                && x2 <= img.width() as f64 + 1.0
+                && y2 <= img.height() as f64 + 1.0,
+            "{d}"
+        );
         assert!(d["score"].as_f64().unwrap() >= 0.35);
     }
 }
@@ -111,9 +146,15 @@ fn kserve_tensor_round_trip_matches_engine() {
             (x >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
         })
         .collect();
-    let model = Model::load(&models_dir().join("efficientnet-lite0.onnx"), &ModelOptions::default()).unwrap();
+    let model = Model::load(
+        &models_dir().join("efficientnet-lite0.onnx"),
+        &ModelOptions::default(),
+    )
+    .unwrap();
     let mut ctx = model.new_context().unwrap();
-    let reference = ctx.run(&[Tensor::from_f32(vec![1, 3, 224, 224], data.clone()).unwrap()]).unwrap();
+    let reference = ctx
+        .run(&[Tensor::from_f32(vec![1, 3, 224, 224], data.clone()).unwrap()])
+        .unwrap();
     let reference = reference[0].as_f32().unwrap().to_vec();
     assert_eq!(reference.len(), 1000);
 
@@ -124,8 +165,12 @@ fn kserve_tensor_round_trip_matches_engine() {
     let v = r.json();
     assert_eq!(v["outputs"][0]["name"], "logits");
     assert_eq!(v["outputs"][0]["shape"], json!([1, 1000]));
-    let from_json: Vec<f32> =
-        v["outputs"][0]["data"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
+    let from_json: Vec<f32> = v["outputs"][0]["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect();
     for (a, b) in from_json.iter().zip(&reference) {
         assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{a} vs {b}");
     }
@@ -136,7 +181,12 @@ fn kserve_tensor_round_trip_matches_engine() {
         "outputs": [{ "name": "logits", "parameters": { "binary_data": true } }]
     });
     let (hl, body) = binary_body(&header, &f32_bytes(&data));
-    let r = post(&url, "application/octet-stream", &[("Inference-Header-Content-Length", hl.to_string())], &body);
+    let r = post(
+        &url,
+        "application/octet-stream",
+        &[("Inference-Header-Content-Length", hl.to_string())],
+        &body,
+    );
     assert_eq!(r.status, 200, "{}", r.text());
     let (h, tail) = split_binary(&r);
     assert_eq!(h["outputs"][0]["parameters"]["binary_data_size"], 4000);
@@ -150,14 +200,21 @@ fn kserve_tensor_round_trip_matches_engine() {
 /// A burst at a queue of depth 1: at least one request is refused with 503, at least one served.
 #[test]
 fn burst_overflows_small_queue() {
-    let limits = Limits { queue_depth: 1, workers: 1, ..Limits::default() };
+    let limits = Limits {
+        queue_depth: 1,
+        workers: 1,
+        ..Limits::default()
+    };
     let base = real_server(limits);
     let bytes = Arc::new(read(shared().join("images/eval/coffee.png")));
     let barrier = Arc::new(std::sync::Barrier::new(16));
     let handles: Vec<_> = (0..16)
         .map(|_| {
-            let (url, bytes, barrier) =
-                (format!("{base}/v1/models/efficientnet-lite0/infer"), bytes.clone(), barrier.clone());
+            let (url, bytes, barrier) = (
+                format!("{base}/v1/models/efficientnet-lite0/infer"),
+                bytes.clone(),
+                barrier.clone(),
+            );
             std::thread::spawn(move || {
                 barrier.wait();
                 let r = post(&url, "image/png", &[], &bytes);
@@ -172,7 +229,10 @@ fn burst_overflows_small_queue() {
     let statuses: Vec<u16> = handles.into_iter().map(|h| h.join().unwrap()).collect();
     assert!(statuses.contains(&200), "{statuses:?}");
     assert!(statuses.contains(&503), "{statuses:?}");
-    assert!(statuses.iter().all(|s| *s == 200 || *s == 503), "{statuses:?}");
+    assert!(
+        statuses.iter().all(|s| *s == 200 || *s == 503),
+        "{statuses:?}"
+    );
 }
 
 #[test]
@@ -185,7 +245,11 @@ fn cli_infer_prints_espresso() {
         .arg(&img)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["results"]["classes"][0]["label"], "espresso");
     // Two images → an array.
@@ -197,7 +261,11 @@ fn cli_infer_prints_espresso() {
         .arg(&img)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v.as_array().map(Vec::len), Some(2));
     assert_eq!(v[1]["results"]["classes"][0]["label"], "espresso");

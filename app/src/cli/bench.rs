@@ -74,8 +74,16 @@ pub fn summarize(samples_ms: &[f64], batch: usize) -> BenchStats {
         p90_ms: percentile(&s, 90.0),
         p99_ms: percentile(&s, 99.0),
         max_ms: s.last().copied().unwrap_or(0.0),
-        mean_ms: if s.is_empty() { 0.0 } else { total / s.len() as f64 },
-        throughput: if total > 0.0 { (s.len() * batch) as f64 / (total / 1e3) } else { 0.0 },
+        mean_ms: if s.is_empty() {
+            0.0
+        } else {
+            total / s.len() as f64
+        },
+        throughput: if total > 0.0 {
+            (s.len() * batch) as f64 / (total / 1e3)
+        } else {
+            0.0
+        },
     }
 }
 
@@ -93,7 +101,10 @@ pub fn random_input(info: &TensorInfo, seed: u64) -> Tensor {
                     (x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
                 })
                 .collect();
-            Tensor { shape: info.shape.clone(), data: TensorData::F32(data) }
+            Tensor {
+                shape: info.shape.clone(),
+                data: TensorData::F32(data),
+            }
         }
         other => Tensor::zeros(other, info.shape.clone()),
     }
@@ -104,13 +115,29 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     if args.iterations == 0 || args.batch == 0 {
         return Err("--iterations and --batch must be at least 1".into());
     }
-    let cfg = super::resolve_model(&args.model, args.config.as_deref(), args.models_dir.as_deref())?;
-    let opts = ModelOptions { batch: args.batch, threads: args.threads, optimize: true };
+    let cfg = super::resolve_model(
+        &args.model,
+        args.config.as_deref(),
+        args.models_dir.as_deref(),
+    )?;
+    let opts = ModelOptions {
+        batch: args.batch,
+        threads: args.threads,
+        optimize: true,
+    };
     let (model, _spec) = load_model(&cfg, &opts)?;
-    let mut ctx = model.new_context().map_err(|e| format!("cannot create an execution context: {e}"))?;
-    let inputs: Vec<Tensor> = model.inputs().iter().enumerate().map(|(i, t)| random_input(t, 0x9E37 + i as u64)).collect();
+    let mut ctx = model
+        .new_context()
+        .map_err(|e| format!("cannot create an execution context: {e}"))?;
+    let inputs: Vec<Tensor> = model
+        .inputs()
+        .iter()
+        .enumerate()
+        .map(|(i, t)| random_input(t, 0x9E37 + i as u64))
+        .collect();
     for _ in 0..args.warmup {
-        ctx.run(&inputs).map_err(|e| format!("inference failed: {e}"))?;
+        ctx.run(&inputs)
+            .map_err(|e| format!("inference failed: {e}"))?;
     }
     let bar = if args.iterations >= 50 && std::io::stderr().is_terminal() {
         indicatif::ProgressBar::new(args.iterations as u64)
@@ -120,7 +147,8 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     let mut samples = Vec::with_capacity(args.iterations);
     for _ in 0..args.iterations {
         let t = Instant::now();
-        ctx.run(&inputs).map_err(|e| format!("inference failed: {e}"))?;
+        ctx.run(&inputs)
+            .map_err(|e| format!("inference failed: {e}"))?;
         samples.push(t.elapsed().as_secs_f64() * 1e3);
         bar.inc(1);
     }
@@ -130,8 +158,14 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         let v = serde_json::json!({ "model": cfg.name, "threads": args.threads, "warmup": args.warmup, "stats": stats });
         println!("{v}");
     } else {
-        println!("model:      {} (batch {}, threads {})", cfg.name, args.batch, args.threads);
-        println!("iterations: {} (+{} warm-up)", stats.iterations, args.warmup);
+        println!(
+            "model:      {} (batch {}, threads {})",
+            cfg.name, args.batch, args.threads
+        );
+        println!(
+            "iterations: {} (+{} warm-up)",
+            stats.iterations, args.warmup
+        );
         println!(
             "latency ms: min {:.3}  p50 {:.3}  p90 {:.3}  p99 {:.3}  max {:.3}  mean {:.3}",
             stats.min_ms, stats.p50_ms, stats.p90_ms, stats.p99_ms, stats.max_ms, stats.mean_ms
@@ -166,14 +200,22 @@ mod tests {
 
     #[test]
     fn random_input_has_model_shape_and_range() {
-        let info = TensorInfo { name: "x".into(), dtype: DataType::F32, shape: vec![2, 3, 4] };
+        let info = TensorInfo {
+            name: "x".into(),
+            dtype: DataType::F32,
+            shape: vec![2, 3, 4],
+        };
         let t = random_input(&info, 1);
         assert_eq!(t.shape, vec![2, 3, 4]);
         let v = t.as_f32().unwrap();
         assert_eq!(v.len(), 24);
         assert!(v.iter().all(|x| (-1.0..=1.0).contains(x)));
         assert!(v.windows(2).any(|w| w[0] != w[1]));
-        let i = TensorInfo { name: "i".into(), dtype: DataType::I64, shape: vec![3] };
+        let i = TensorInfo {
+            name: "i".into(),
+            dtype: DataType::I64,
+            shape: vec![3],
+        };
         assert_eq!(random_input(&i, 1).to_i64_vec().unwrap(), vec![0, 0, 0]);
     }
 }

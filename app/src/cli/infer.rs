@@ -35,15 +35,29 @@ pub struct InferArgs {
 
 /// Runs every image; prints one JSON object (or an array for several images). Fails if any image failed.
 pub fn run(args: InferArgs) -> Result<(), String> {
-    let cfg = super::resolve_model(&args.model, args.config.as_deref(), args.models_dir.as_deref())?;
+    let cfg = super::resolve_model(
+        &args.model,
+        args.config.as_deref(),
+        args.models_dir.as_deref(),
+    )?;
     let max_pixels = match &args.config {
-        Some(p) => crate::config::Config::load(p).map_err(|e| e.to_string())?.limits.max_pixels,
+        Some(p) => {
+            crate::config::Config::load(p)
+                .map_err(|e| e.to_string())?
+                .limits
+                .max_pixels
+        }
         None => Limits::default().max_pixels,
     };
     let (model, spec) = load_model(&cfg, &model_options(&cfg))?;
-    let mut ctx = model.new_context().map_err(|e| format!("cannot create an execution context: {e}"))?;
+    let mut ctx = model
+        .new_context()
+        .map_err(|e| format!("cannot create an execution context: {e}"))?;
     let limits = DecodeLimits { max_pixels };
-    let overrides = Overrides { top_k: args.top_k, score_threshold: args.threshold };
+    let overrides = Overrides {
+        top_k: args.top_k,
+        score_threshold: args.threshold,
+    };
     let mut results = Vec::new();
     let mut failures = 0usize;
     for path in &args.images {
@@ -51,14 +65,21 @@ pub fn run(args: InferArgs) -> Result<(), String> {
         let outcome = std::fs::read(path)
             .map_err(|e| format!("cannot read {}: {e}", path.display()))
             .and_then(|bytes| {
-                check_image(&bytes, max_pixels).map_err(|e| format!("{}: {}", path.display(), e.message))?;
+                check_image(&bytes, max_pixels)
+                    .map_err(|e| format!("{}: {}", path.display(), e.message))?;
                 vision::infer_image(&mut ctx, &spec, &bytes, &limits, &overrides)
                     .map_err(|e| format!("{}: {e}", path.display()))
             });
         match outcome {
             Ok(inf) => {
                 let total = started.elapsed().as_secs_f64() * 1e3;
-                results.push(InferResponse::new(&cfg.name, task_name(&spec), inf, total, next_request_id()));
+                results.push(InferResponse::new(
+                    &cfg.name,
+                    task_name(&spec),
+                    inf,
+                    total,
+                    next_request_id(),
+                ));
             }
             Err(e) => {
                 eprintln!("error: {e}");
@@ -67,7 +88,10 @@ pub fn run(args: InferArgs) -> Result<(), String> {
         }
     }
     let text = if args.images.len() == 1 {
-        results.first().map(serde_json::to_string_pretty).transpose()
+        results
+            .first()
+            .map(serde_json::to_string_pretty)
+            .transpose()
     } else {
         serde_json::to_string_pretty(&results).map(Some)
     }

@@ -76,12 +76,20 @@ fn node_flops(g: &Graph, n: &vigil_engine::ir::Node) -> Option<u64> {
             let a = inp(0)?;
             2 * numel(out(0)?) * *a.last()? as u64
         }
-        Op::MaxPool(p) | Op::AveragePool(p) => numel(out(0)?) * p.kernel_shape.iter().map(|&k| k as u64).product::<u64>(),
-        Op::GlobalAveragePool { .. } | Op::GlobalMaxPool { .. } | Op::ReduceMean { .. } => numel(inp(0)?),
-        Op::Elementwise(steps) => numel(out(0)?) * steps.len().max(1) as u64,
-        Op::Unary(_) | Op::Binary(_) | Op::Clip | Op::BatchNormalization { .. } | Op::Softmax { .. } | Op::Resize(_) | Op::Where => {
-            numel(out(0)?)
+        Op::MaxPool(p) | Op::AveragePool(p) => {
+            numel(out(0)?) * p.kernel_shape.iter().map(|&k| k as u64).product::<u64>()
         }
+        Op::GlobalAveragePool { .. } | Op::GlobalMaxPool { .. } | Op::ReduceMean { .. } => {
+            numel(inp(0)?)
+        }
+        Op::Elementwise(steps) => numel(out(0)?) * steps.len().max(1) as u64,
+        Op::Unary(_)
+        | Op::Binary(_)
+        | Op::Clip
+        | Op::BatchNormalization { .. }
+        | Op::Softmax { .. }
+        | Op::Resize(_)
+        | Op::Where => numel(out(0)?),
         // Data movement and shape ops do no arithmetic.
         _ => 0,
     })
@@ -98,7 +106,11 @@ pub fn report(graph: &Graph) -> InspectReport {
         }
     }
     InspectReport {
-        ops: graph.op_histogram().into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+        ops: graph
+            .op_histogram()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
         nodes: graph.nodes.len(),
         parameters: graph.parameter_count(),
         flops,
@@ -109,9 +121,17 @@ pub fn report(graph: &Graph) -> InspectReport {
 fn print_report(title: &str, r: &InspectReport) {
     println!("== {title} ==");
     println!("nodes:      {}", r.nodes);
-    println!("parameters: {} ({:.2} M)", r.parameters, r.parameters as f64 / 1e6);
+    println!(
+        "parameters: {} ({:.2} M)",
+        r.parameters,
+        r.parameters as f64 / 1e6
+    );
     if r.nodes_without_shapes > 0 {
-        println!("FLOPs:      {:.3} G (partial: {} nodes without shapes)", r.flops as f64 / 1e9, r.nodes_without_shapes);
+        println!(
+            "FLOPs:      {:.3} G (partial: {} nodes without shapes)",
+            r.flops as f64 / 1e9,
+            r.nodes_without_shapes
+        );
     } else {
         println!("FLOPs:      {:.3} G", r.flops as f64 / 1e9);
     }
@@ -122,17 +142,92 @@ fn print_report(title: &str, r: &InspectReport) {
 
 /// Loads the model, reports it as loaded and after optimization.
 pub fn run(args: InspectArgs) -> Result<(), String> {
-    let cfg = super::resolve_model(&args.model, args.config.as_deref(), args.models_dir.as_deref())?;
-    let mut graph = vigil_engine::onnx::load_file(&cfg.path).map_err(|e| format!("cannot load {}: {e}", cfg.path.display()))?;
+    let cfg = super::resolve_model(
+        &args.model,
+        args.config.as_deref(),
+        args.models_dir.as_deref(),
+    )?;
+    let mut graph = vigil_engine::onnx::load_file(&cfg.path)
+        .map_err(|e| format!("cannot load {}: {e}", cfg.path.display()))?;
     let loaded = report(&graph);
-    vigil_engine::passes::optimize(&mut graph, args.batch).map_err(|e| format!("optimization failed: {e}"))?;
+    vigil_engine::passes::optimize(&mut graph, args.batch)
+        .map_err(|e| format!("optimization failed: {e}"))?;
     let optimized = report(&graph);
     if args.json {
-        println!("{}", serde_json::json!({ "model": cfg.name, "loaded": loaded, "optimized": optimized }));
+        println!(
+            "{}",
+            serde_json::json!({ "model": cfg.name, "loaded": loaded, "optimized": optimized })
+        );
     } else {
         println!("model: {} ({})", cfg.name, cfg.path.display());
         print_report("as loaded", &loaded);
         print_report("optimized", &optimized);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vigil_engine::ir::{AutoPad, ConvAttrs, DataType, Layout, Node, Tensor};
+
+    #[test]
+    fn conv_gemm_report_matches_hand_count() {
+        let mut g = Graph::default();
+        let x = g.add_value("x", DataType::F32);
+        g.values[x].shape = Some(vec![1, 4, 8, 8]);
+        let w = g.add_constant("w", Tensor::zeros(DataType::F32, vec![6, 2, 3, 3]));
+        let y = g.add_value("y", DataType::F32);
+        g.values[y].shape = Some(vec![1, 6, 8, 8]);
+        let conv = ConvAttrs {
+            kernel_shape: vec![3, 3],
+            strides: vec![1, 1],
+            pads: vec![1, 1, 1, 1],
+            dilations: vec![1, 1],
+            group: 2,
+            auto_pad: AutoPad::NotSet,
+            activation: None,
+            layout: Layout::Nchw,
+        };
+        g.nodes.push(Node {
+            name: "c".into(),
+            op: Op::Conv(conv),
+            inputs: vec![Some(x), Some(w)],
+            outputs: vec![y],
+        });
+        let z = g.add_value("z", DataType::F32);
+        g.values[z].shape = Some(vec![1, 6, 8, 8]);
+        g.nodes.push(Node {
+            name: "r".into(),
+            op: Op::Unary(vigil_engine::ir::UnaryOp::Act(
+                vigil_engine::ir::Activation::Relu,
+            )),
+            inputs: vec![Some(y)],
+            outputs: vec![z],
+        });
+        let u = g.add_value("u", DataType::F32); // shape unknown
+        g.nodes.push(Node {
+            name: "s".into(),
+            op: Op::Softmax { axis: 1 },
+            inputs: vec![Some(z)],
+            outputs: vec![u],
+        });
+        g.inputs = vec![x];
+        g.outputs = vec![u];
+        let r = report(&g);
+        assert_eq!(r.nodes, 3);
+        assert_eq!(r.parameters, 6 * 2 * 3 * 3);
+        // Naive: each of 1*6*8*8 outputs does 2*3*3 multiply-adds; ReLU one op per output.
+        let conv_flops: u64 = (0..6 * 8 * 8).map(|_| 2 * (2 * 3 * 3) as u64).sum();
+        assert_eq!(r.flops, conv_flops + 6 * 8 * 8);
+        assert_eq!(r.nodes_without_shapes, 1);
+        assert_eq!(
+            r.ops,
+            vec![
+                ("Conv".to_string(), 1),
+                ("Relu".to_string(), 1),
+                ("Softmax".to_string(), 1)
+            ]
+        );
+    }
 }

@@ -22,7 +22,11 @@ pub fn load_config(config: Option<&Path>, models_dir: Option<&Path>) -> Result<C
 
 /// Resolves a model argument: a path to an `.onnx` file (defaults by file name), else a model
 /// name from `--config` or the default models.
-pub fn resolve_model(arg: &str, config: Option<&Path>, models_dir: Option<&Path>) -> Result<ModelConfig, String> {
+pub fn resolve_model(
+    arg: &str,
+    config: Option<&Path>,
+    models_dir: Option<&Path>,
+) -> Result<ModelConfig, String> {
     let as_path = PathBuf::from(arg);
     if as_path.is_file() || arg.to_ascii_lowercase().ends_with(".onnx") {
         if !as_path.is_file() {
@@ -31,10 +35,18 @@ pub fn resolve_model(arg: &str, config: Option<&Path>, models_dir: Option<&Path>
         return Ok(ModelConfig::from_path(&as_path));
     }
     let cfg = load_config(config, models_dir)?;
-    cfg.models.iter().find(|m| m.name == arg).cloned().ok_or_else(|| {
-        format!(
-            "unknown model '{arg}'; known models: {} (or pass a path to an .onnx file)",
-            cfg.models.iter().map(|m| m.name.as_str()).collect::<Vec<_>>().join(", ")
-        )
-    })
+    cfg.models
+        .iter()
+        .find(|m| m.name == arg)
+        .cloned()
+        .ok_or_else(|| {
+            format!(
+                "unknown model '{arg}'; known models: {} (or pass a path to an .onnx file)",
+                cfg.models
+                    .iter()
+                    .map(|m| m.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        })
 }

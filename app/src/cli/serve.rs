@@ -28,12 +28,19 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
     runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(&listen).await.map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+        let listener = tokio::net::TcpListener::bind(&listen)
+            .await
+            .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
         let registry = Registry::load_all(&cfg.models, &cfg.limits)?;
         let state = AppState::new(registry, cfg.limits.clone());
-        let addr = listener.local_addr().map(|a| a.to_string()).unwrap_or(listen);
+        let addr = listener
+            .local_addr()
+            .map(|a| a.to_string())
+            .unwrap_or(listen);
         tracing::info!(%addr, models = state.registry.len(), "vigil listening");
-        serve_with_shutdown(listener, state, shutdown_signal()).await.map_err(|e| format!("server error: {e}"))?;
+        serve_with_shutdown(listener, state, shutdown_signal())
+            .await
+            .map_err(|e| format!("server error: {e}"))?;
         tracing::info!("shut down");
         Ok(())
     })

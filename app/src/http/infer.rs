@@ -51,7 +51,13 @@ pub struct InferResponse {
 
 impl InferResponse {
     /// Assembles the answer from an engine result.
-    pub fn new(model: &str, task: &'static str, inf: ImageInference, total_ms: f64, request_id: String) -> InferResponse {
+    pub fn new(
+        model: &str,
+        task: &'static str,
+        inf: ImageInference,
+        total_ms: f64,
+        request_id: String,
+    ) -> InferResponse {
         let t = inf.timings;
         InferResponse {
             model: model.to_string(),
@@ -102,7 +108,9 @@ pub async fn list_models(State(state): State<Arc<AppState>>) -> Response {
 pub fn check_image(bytes: &[u8], max_pixels: u64) -> Result<(), ApiError> {
     use image::ImageFormat as F;
     if bytes.is_empty() {
-        return Err(ApiError::bad_request("empty request body: expected image bytes (JPEG, PNG, BMP or WebP)"));
+        return Err(ApiError::bad_request(
+            "empty request body: expected image bytes (JPEG, PNG, BMP or WebP)",
+        ));
     }
     match image::guess_format(bytes) {
         Ok(F::Jpeg | F::Png | F::Bmp | F::WebP) => {}
@@ -151,25 +159,40 @@ async fn read_image_body(req: Request) -> Result<Bytes, ApiError> {
                 .await
                 .map_err(|e| ApiError::new(e.status(), e.body_text()))?;
             let mut first_field = None;
-            while let Some(field) = form.next_field().await.map_err(|e| ApiError::new(e.status(), e.body_text()))? {
+            while let Some(field) = form
+                .next_field()
+                .await
+                .map_err(|e| ApiError::new(e.status(), e.body_text()))?
+            {
                 let is_file = field.file_name().is_some();
                 if is_file || first_field.is_none() {
-                    let data = field.bytes().await.map_err(|e| ApiError::new(e.status(), e.body_text()))?;
+                    let data = field
+                        .bytes()
+                        .await
+                        .map_err(|e| ApiError::new(e.status(), e.body_text()))?;
                     if is_file {
                         return Ok(data);
                     }
                     first_field = Some(data);
                 }
             }
-            first_field.ok_or_else(|| ApiError::bad_request("multipart body has no parts; send the image as a file field"))
+            first_field.ok_or_else(|| {
+                ApiError::bad_request("multipart body has no parts; send the image as a file field")
+            })
         }
-        Some(c) if !(c.is_empty() || c.starts_with("image/") || c.starts_with("application/octet-stream")) => {
+        Some(c)
+            if !(c.is_empty()
+                || c.starts_with("image/")
+                || c.starts_with("application/octet-stream")) =>
+        {
             Err(ApiError::new(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 format!("unsupported content type '{c}': send image bytes or multipart/form-data"),
             ))
         }
-        _ => Bytes::from_request(req, &()).await.map_err(|e| ApiError::new(e.status(), e.body_text())),
+        _ => Bytes::from_request(req, &())
+            .await
+            .map_err(|e| ApiError::new(e.status(), e.body_text())),
     }
 }
 
@@ -215,10 +238,17 @@ async fn infer_image_request(
     }
     let bytes = read_image_body(req).await?;
     check_image(&bytes, state.limits.max_pixels)?;
-    let overrides = Overrides { top_k: q.top_k, score_threshold: q.threshold };
-    let limits = DecodeLimits { max_pixels: state.limits.max_pixels };
+    let overrides = Overrides {
+        top_k: q.top_k,
+        score_threshold: q.threshold,
+    };
+    let limits = DecodeLimits {
+        max_pixels: state.limits.max_pixels,
+    };
     let m = model.clone();
-    let job = model.queue.execute(move |exec| exec.infer_image(&m.spec, &bytes, &limits, &overrides));
+    let job = model
+        .queue
+        .execute(move |exec| exec.infer_image(&m.spec, &bytes, &limits, &overrides));
     let inf = tokio::time::timeout(Duration::from_millis(state.limits.request_timeout_ms), job)
         .await
         .map_err(|_| ApiError::new(StatusCode::GATEWAY_TIMEOUT, "request timed out"))??
@@ -226,5 +256,11 @@ async fn infer_image_request(
     let total_ms = started.elapsed().as_secs_f64() * 1e3;
     record_timings(&model.name, &inf.timings);
     record_stage(&model.name, "total", total_ms);
-    Ok(InferResponse::new(&model.name, model.task_name(), inf, total_ms, request_id))
+    Ok(InferResponse::new(
+        &model.name,
+        model.task_name(),
+        inf,
+        total_ms,
+        request_id,
+    ))
 }

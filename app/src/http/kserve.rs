@@ -47,19 +47,28 @@ fn tensor_meta(t: &TensorInfo) -> Value {
 }
 
 fn lookup(state: &AppState, name: &str) -> Result<Arc<LoadedModel>, ApiError> {
-    state.registry.get(name).ok_or_else(|| ApiError::unknown_model(name))
+    state
+        .registry
+        .get(name)
+        .ok_or_else(|| ApiError::unknown_model(name))
 }
 
 fn check_version(version: &str) -> Result<(), ApiError> {
     if version == "1" {
         Ok(())
     } else {
-        Err(ApiError::new(StatusCode::NOT_FOUND, format!("unknown model version '{version}' (only '1' exists)")))
+        Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("unknown model version '{version}' (only '1' exists)"),
+        ))
     }
 }
 
 /// `GET /v2/models/{name}`: model metadata.
-pub async fn model_metadata(State(state): State<Arc<AppState>>, Path(name): Path<String>) -> Result<Response, ApiError> {
+pub async fn model_metadata(
+    State(state): State<Arc<AppState>>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
     let m = lookup(&state, &name)?;
     Ok(json_ok(&json!({
         "name": m.name,
@@ -80,7 +89,10 @@ pub async fn model_metadata_versioned(
 }
 
 /// `GET /v2/models/{name}/ready`.
-pub async fn model_ready(State(state): State<Arc<AppState>>, Path(name): Path<String>) -> Result<Response, ApiError> {
+pub async fn model_ready(
+    State(state): State<Arc<AppState>>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
     lookup(&state, &name)?;
     Ok(status_only(StatusCode::OK))
 }
@@ -135,7 +147,12 @@ fn flatten<'a>(v: &'a Value, out: &mut Vec<&'a Value>) {
     }
 }
 
-fn json_to_tensor(name: &str, dtype: DataType, shape: Vec<usize>, data: &Value) -> Result<Tensor, ApiError> {
+fn json_to_tensor(
+    name: &str,
+    dtype: DataType,
+    shape: Vec<usize>,
+    data: &Value,
+) -> Result<Tensor, ApiError> {
     let mut leaves = Vec::new();
     flatten(data, &mut leaves);
     let want: usize = shape.iter().product();
@@ -152,11 +169,18 @@ fn json_to_tensor(name: &str, dtype: DataType, shape: Vec<usize>, data: &Value) 
             dtype.kserve_name()
         ))
     };
-    fn ints<T: TryFrom<i64>>(leaves: &[&Value], bad: &dyn Fn(usize) -> ApiError) -> Result<Vec<T>, ApiError> {
+    fn ints<T: TryFrom<i64>>(
+        leaves: &[&Value],
+        bad: &dyn Fn(usize) -> ApiError,
+    ) -> Result<Vec<T>, ApiError> {
         leaves
             .iter()
             .enumerate()
-            .map(|(i, v)| v.as_i64().and_then(|x| T::try_from(x).ok()).ok_or_else(|| bad(i)))
+            .map(|(i, v)| {
+                v.as_i64()
+                    .and_then(|x| T::try_from(x).ok())
+                    .ok_or_else(|| bad(i))
+            })
             .collect()
     }
     let data = match dtype {
@@ -191,7 +215,11 @@ fn split_body<'a>(headers: &HeaderMap, body: &'a [u8]) -> Result<(&'a [u8], &'a 
                 .to_str()
                 .ok()
                 .and_then(|s| s.trim().parse().ok())
-                .ok_or_else(|| ApiError::bad_request("Inference-Header-Content-Length must be a non-negative integer"))?;
+                .ok_or_else(|| {
+                    ApiError::bad_request(
+                        "Inference-Header-Content-Length must be a non-negative integer",
+                    )
+                })?;
             if n > body.len() {
                 return Err(ApiError::bad_request(format!(
                     "Inference-Header-Content-Length {n} exceeds the body size {}",
@@ -204,21 +232,36 @@ fn split_body<'a>(headers: &HeaderMap, body: &'a [u8]) -> Result<(&'a [u8], &'a 
 }
 
 /// Validates the request against the model signature and builds input tensors in model order.
-fn build_inputs(model: &LoadedModel, req: &InferRequest, binary: &[u8]) -> Result<Vec<Tensor>, ApiError> {
+fn build_inputs(
+    model: &LoadedModel,
+    req: &InferRequest,
+    binary: &[u8],
+) -> Result<Vec<Tensor>, ApiError> {
     let mut slots: Vec<Option<Tensor>> = vec![None; model.inputs.len()];
     let mut offset = 0usize;
     for inp in &req.inputs {
-        let idx = model.inputs.iter().position(|i| i.name == inp.name).ok_or_else(|| {
-            ApiError::bad_request(format!(
-                "unknown input '{}'; model '{}' expects {:?}",
-                inp.name,
-                model.name,
-                model.inputs.iter().map(|i| i.name.as_str()).collect::<Vec<_>>()
-            ))
-        })?;
+        let idx = model
+            .inputs
+            .iter()
+            .position(|i| i.name == inp.name)
+            .ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "unknown input '{}'; model '{}' expects {:?}",
+                    inp.name,
+                    model.name,
+                    model
+                        .inputs
+                        .iter()
+                        .map(|i| i.name.as_str())
+                        .collect::<Vec<_>>()
+                ))
+            })?;
         let info = &model.inputs[idx];
         if slots[idx].is_some() {
-            return Err(ApiError::bad_request(format!("input '{}' given twice", inp.name)));
+            return Err(ApiError::bad_request(format!(
+                "input '{}' given twice",
+                inp.name
+            )));
         }
         if inp.datatype != info.dtype.kserve_name() {
             return Err(ApiError::bad_request(format!(
@@ -229,7 +272,11 @@ fn build_inputs(model: &LoadedModel, req: &InferRequest, binary: &[u8]) -> Resul
             )));
         }
         let shape_ok = inp.shape.len() == info.shape.len()
-            && inp.shape.iter().zip(&info.shape).all(|(&a, &b)| a >= 0 && a as u64 == b as u64);
+            && inp
+                .shape
+                .iter()
+                .zip(&info.shape)
+                .all(|(&a, &b)| a >= 0 && a as u64 == b as u64);
         if !shape_ok {
             return Err(ApiError::bad_request(format!(
                 "input '{}': shape {:?} does not match the model's {:?}",
@@ -243,7 +290,9 @@ fn build_inputs(model: &LoadedModel, req: &InferRequest, binary: &[u8]) -> Resul
                 let size = size
                     .as_u64()
                     .and_then(|s| usize::try_from(s).ok())
-                    .ok_or_else(|| ApiError::bad_request(format!("input '{}': bad binary_data_size", inp.name)))?;
+                    .ok_or_else(|| {
+                        ApiError::bad_request(format!("input '{}': bad binary_data_size", inp.name))
+                    })?;
                 if inp.data.is_some() {
                     return Err(ApiError::bad_request(format!(
                         "input '{}' has both data and binary_data_size",
@@ -275,10 +324,9 @@ fn build_inputs(model: &LoadedModel, req: &InferRequest, binary: &[u8]) -> Resul
                 t
             }
             None => {
-                let data = inp
-                    .data
-                    .as_ref()
-                    .ok_or_else(|| ApiError::bad_request(format!("input '{}' has no data", inp.name)))?;
+                let data = inp.data.as_ref().ok_or_else(|| {
+                    ApiError::bad_request(format!("input '{}' has no data", inp.name))
+                })?;
                 json_to_tensor(&inp.name, info.dtype, shape, data)?
             }
         };
@@ -293,7 +341,9 @@ fn build_inputs(model: &LoadedModel, req: &InferRequest, binary: &[u8]) -> Resul
     slots
         .into_iter()
         .zip(&model.inputs)
-        .map(|(t, info)| t.ok_or_else(|| ApiError::bad_request(format!("missing input '{}'", info.name))))
+        .map(|(t, info)| {
+            t.ok_or_else(|| ApiError::bad_request(format!("missing input '{}'", info.name)))
+        })
         .collect()
 }
 
@@ -309,26 +359,44 @@ fn tensor_json_data(t: &Tensor) -> Value {
 }
 
 /// Builds the response: JSON, or JSON header + binary tails when any output asks for binary.
-fn build_response(model: &LoadedModel, req: &InferRequest, outputs: Vec<Tensor>) -> Result<Response, ApiError> {
-    let default_binary = param_bool(&req.parameters, &["binary_data_output", "binary_data"]).unwrap_or(false);
+fn build_response(
+    model: &LoadedModel,
+    req: &InferRequest,
+    outputs: Vec<Tensor>,
+) -> Result<Response, ApiError> {
+    let default_binary =
+        param_bool(&req.parameters, &["binary_data_output", "binary_data"]).unwrap_or(false);
     // (model output index, binary?) in response order.
     let selected: Vec<(usize, bool)> = match &req.outputs {
         Some(list) if !list.is_empty() => list
             .iter()
             .map(|o| {
-                let idx = model.outputs.iter().position(|m| m.name == o.name).ok_or_else(|| {
-                    ApiError::bad_request(format!("unknown output '{}' requested", o.name))
-                })?;
-                Ok((idx, param_bool(&o.parameters, &["binary_data", "binary_data_output"]).unwrap_or(default_binary)))
+                let idx = model
+                    .outputs
+                    .iter()
+                    .position(|m| m.name == o.name)
+                    .ok_or_else(|| {
+                        ApiError::bad_request(format!("unknown output '{}' requested", o.name))
+                    })?;
+                Ok((
+                    idx,
+                    param_bool(&o.parameters, &["binary_data", "binary_data_output"])
+                        .unwrap_or(default_binary),
+                ))
             })
             .collect::<Result<_, ApiError>>()?,
-        _ => (0..model.outputs.len()).map(|i| (i, default_binary)).collect(),
+        _ => (0..model.outputs.len())
+            .map(|i| (i, default_binary))
+            .collect(),
     };
     let mut json_outputs = Vec::with_capacity(selected.len());
     let mut tail: Vec<u8> = Vec::new();
     for &(idx, binary) in &selected {
         let t = outputs.get(idx).ok_or_else(|| {
-            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("model produced no output #{idx}"))
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("model produced no output #{idx}"),
+            )
         })?;
         let info = &model.outputs[idx];
         let mut o = json!({
@@ -345,29 +413,45 @@ fn build_response(model: &LoadedModel, req: &InferRequest, outputs: Vec<Tensor>)
         }
         json_outputs.push(o);
     }
-    let mut body = json!({ "model_name": model.name, "model_version": "1", "outputs": json_outputs });
+    let mut body =
+        json!({ "model_name": model.name, "model_version": "1", "outputs": json_outputs });
     if let Some(id) = &req.id {
         body["id"] = json!(id);
     }
-    let header_bytes = serde_json::to_vec(&body)
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("cannot encode response: {e}")))?;
+    let header_bytes = serde_json::to_vec(&body).map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot encode response: {e}"),
+        )
+    })?;
     if selected.iter().any(|s| s.1) {
         let len = header_bytes.len();
         let mut all = header_bytes;
         all.extend_from_slice(&tail);
         let mut resp = (StatusCode::OK, all).into_response();
         let h = resp.headers_mut();
-        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/octet-stream"),
+        );
         h.insert(HEADER_LENGTH, HeaderValue::from(len));
         Ok(resp)
     } else {
         let mut resp = (StatusCode::OK, header_bytes).into_response();
-        resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
         Ok(resp)
     }
 }
 
-async fn infer_tensors(state: &AppState, model: Arc<LoadedModel>, headers: &HeaderMap, body: &[u8]) -> Result<Response, ApiError> {
+async fn infer_tensors(
+    state: &AppState,
+    model: Arc<LoadedModel>,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response, ApiError> {
     let started = Instant::now();
     let (json_part, binary) = split_body(headers, body)?;
     let req: InferRequest = serde_json::from_slice(json_part)
@@ -375,12 +459,14 @@ async fn infer_tensors(state: &AppState, model: Arc<LoadedModel>, headers: &Head
     let inputs = build_inputs(&model, &req, binary)?;
     let job = model.queue.execute(move |exec| {
         let t = Instant::now();
-        exec.run(&inputs).map(|o| (o, t.elapsed().as_secs_f64() * 1e3))
+        exec.run(&inputs)
+            .map(|o| (o, t.elapsed().as_secs_f64() * 1e3))
     });
-    let (outputs, inference_ms) = tokio::time::timeout(Duration::from_millis(state.limits.request_timeout_ms), job)
-        .await
-        .map_err(|_| ApiError::new(StatusCode::GATEWAY_TIMEOUT, "request timed out"))??
-        .map_err(|e| ApiError::from_engine(e, false))?;
+    let (outputs, inference_ms) =
+        tokio::time::timeout(Duration::from_millis(state.limits.request_timeout_ms), job)
+            .await
+            .map_err(|_| ApiError::new(StatusCode::GATEWAY_TIMEOUT, "request timed out"))??
+            .map_err(|e| ApiError::from_engine(e, false))?;
     let resp = build_response(&model, &req, outputs)?;
     record_stage(&model.name, "inference", inference_ms);
     record_stage(&model.name, "total", started.elapsed().as_secs_f64() * 1e3);

@@ -13,7 +13,8 @@ use super::AppState;
 
 /// Histogram buckets in seconds: 0.5 ms to 10 s, dense around typical CPU inference latencies.
 pub const LATENCY_BUCKETS: &[f64] = &[
-    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0,
 ];
 
 /// The recorder handle; installs the global recorder on first call. If another recorder is already
@@ -23,11 +24,13 @@ pub fn handle() -> PrometheusHandle {
     HANDLE
         .get_or_init(|| {
             let builder = PrometheusBuilder::new();
-            let builder =
-                match builder.set_buckets_for_metric(Matcher::Full("vigil_request_duration_seconds".into()), LATENCY_BUCKETS) {
-                    Ok(b) => b,
-                    Err(_) => PrometheusBuilder::new(),
-                };
+            let builder = match builder.set_buckets_for_metric(
+                Matcher::Full("vigil_request_duration_seconds".into()),
+                LATENCY_BUCKETS,
+            ) {
+                Ok(b) => b,
+                Err(_) => PrometheusBuilder::new(),
+            };
             let recorder = builder.build_recorder();
             let handle = recorder.handle();
             if metrics::set_global_recorder(recorder).is_err() {
@@ -40,14 +43,20 @@ pub fn handle() -> PrometheusHandle {
 }
 
 fn describe() {
-    metrics::describe_counter!("vigil_requests_total", "Inference requests by model and HTTP status.");
+    metrics::describe_counter!(
+        "vigil_requests_total",
+        "Inference requests by model and HTTP status."
+    );
     metrics::describe_histogram!(
         "vigil_request_duration_seconds",
         metrics::Unit::Seconds,
         "Inference request latency by model and stage."
     );
     metrics::describe_gauge!("vigil_requests_in_flight", "HTTP requests being handled.");
-    metrics::describe_gauge!("vigil_queue_depth", "Requests waiting or executing per model.");
+    metrics::describe_gauge!(
+        "vigil_queue_depth",
+        "Requests waiting or executing per model."
+    );
 }
 
 /// Runs histogram upkeep periodically so unscraped samples do not accumulate.
@@ -63,7 +72,11 @@ pub fn spawn_upkeep(handle: PrometheusHandle) -> tokio::task::JoinHandle<()> {
 
 /// `GET /metrics`: Prometheus text exposition.
 pub async fn render(State(state): State<Arc<AppState>>) -> Response {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render()).into_response()
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.metrics.render(),
+    )
+        .into_response()
 }
 
 /// Counts one inference request with its final status.

@@ -40,7 +40,12 @@ pub struct AppState {
 impl AppState {
     /// State over a loaded registry; installs the process-wide metrics recorder on first use.
     pub fn new(registry: Registry, limits: Limits) -> Arc<AppState> {
-        Arc::new(AppState { registry, limits, metrics: metrics::handle(), ready: AtomicBool::new(true) })
+        Arc::new(AppState {
+            registry,
+            limits,
+            metrics: metrics::handle(),
+            ready: AtomicBool::new(true),
+        })
     }
 }
 
@@ -56,7 +61,10 @@ pub struct ApiError {
 impl ApiError {
     /// An error with the given status.
     pub fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
-        ApiError { status, message: message.into() }
+        ApiError {
+            status,
+            message: message.into(),
+        }
     }
 
     /// 400 Bad Request.
@@ -93,7 +101,9 @@ impl From<QueueError> for ApiError {
     fn from(e: QueueError) -> ApiError {
         match e {
             QueueError::Full(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
-            QueueError::Worker(_) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+            QueueError::Worker(_) => {
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+            }
         }
     }
 }
@@ -103,7 +113,8 @@ impl IntoResponse for ApiError {
         let body = serde_json::json!({ "error": self.message, "code": self.status.as_u16() });
         let mut resp = (self.status, Json(body)).into_response();
         if self.status == StatusCode::SERVICE_UNAVAILABLE {
-            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         resp
     }
@@ -128,19 +139,29 @@ pub fn next_request_id() -> String {
 
 fn valid_client_id(v: &HeaderValue) -> Option<String> {
     let s = v.to_str().ok()?;
-    (!s.is_empty() && s.len() <= 128 && s.bytes().all(|b| b.is_ascii_graphic())).then(|| s.to_string())
+    (!s.is_empty() && s.len() <= 128 && s.bytes().all(|b| b.is_ascii_graphic()))
+        .then(|| s.to_string())
 }
 
 /// Assigns the request id, opens the tracing span, tracks in-flight requests and echoes `x-request-id`.
 async fn request_context(mut req: Request, next: Next) -> Response {
-    let id = req.headers().get("x-request-id").and_then(valid_client_id).unwrap_or_else(next_request_id);
+    let id = req
+        .headers()
+        .get("x-request-id")
+        .and_then(valid_client_id)
+        .unwrap_or_else(next_request_id);
     req.extensions_mut().insert(RequestId(id.clone()));
-    let span = tracing::info_span!("request", id = %id, method = %req.method(), path = %req.uri().path());
+    let span =
+        tracing::info_span!("request", id = %id, method = %req.method(), path = %req.uri().path());
     let in_flight = InFlight::enter();
     let mut resp = async move {
         let started = std::time::Instant::now();
         let resp = next.run(req).await;
-        tracing::info!(status = resp.status().as_u16(), ms = started.elapsed().as_secs_f64() * 1e3, "done");
+        tracing::info!(
+            status = resp.status().as_u16(),
+            ms = started.elapsed().as_secs_f64() * 1e3,
+            "done"
+        );
         resp
     }
     .instrument(span)
@@ -184,10 +205,15 @@ async fn json_errors(req: Request, next: Next) -> Response {
         return resp;
     }
     let (parts, body) = resp.into_parts();
-    let text = axum::body::to_bytes(body, 64 * 1024).await.map(|b| String::from_utf8_lossy(&b).trim().to_string());
+    let text = axum::body::to_bytes(body, 64 * 1024)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string());
     let message = match text {
         Ok(t) if !t.is_empty() => t,
-        _ => status.canonical_reason().unwrap_or("error").to_ascii_lowercase(),
+        _ => status
+            .canonical_reason()
+            .unwrap_or("error")
+            .to_ascii_lowercase(),
     };
     let mut out = ApiError::new(status, message).into_response();
     for (k, v) in parts.headers.iter() {
@@ -218,9 +244,18 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v2/models/{name}", get(kserve::model_metadata))
         .route("/v2/models/{name}/ready", get(kserve::model_ready))
         .route("/v2/models/{name}/infer", post(kserve::infer))
-        .route("/v2/models/{name}/versions/{version}", get(kserve::model_metadata_versioned))
-        .route("/v2/models/{name}/versions/{version}/ready", get(kserve::model_ready_versioned))
-        .route("/v2/models/{name}/versions/{version}/infer", post(kserve::infer_versioned))
+        .route(
+            "/v2/models/{name}/versions/{version}",
+            get(kserve::model_metadata_versioned),
+        )
+        .route(
+            "/v2/models/{name}/versions/{version}/ready",
+            get(kserve::model_ready_versioned),
+        )
+        .route(
+            "/v2/models/{name}/versions/{version}/infer",
+            post(kserve::infer_versioned),
+        )
         .route("/metrics", get(metrics::render))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -231,7 +266,10 @@ pub fn router(state: Arc<AppState>) -> Router {
 }
 
 /// Serves the API on `listener` until the process ends.
-pub async fn serve_with(listener: tokio::net::TcpListener, state: Arc<AppState>) -> std::io::Result<()> {
+pub async fn serve_with(
+    listener: tokio::net::TcpListener,
+    state: Arc<AppState>,
+) -> std::io::Result<()> {
     serve_with_shutdown(listener, state, std::future::pending()).await
 }
 
@@ -243,7 +281,9 @@ pub async fn serve_with_shutdown(
 ) -> std::io::Result<()> {
     let upkeep = metrics::spawn_upkeep(state.metrics.clone());
     let app = router(state);
-    let r = axum::serve(listener, app).with_graceful_shutdown(shutdown).await;
+    let r = axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await;
     upkeep.abort();
     r
 }

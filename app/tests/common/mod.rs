@@ -27,7 +27,10 @@ pub fn start(state: Arc<AppState>) -> String {
 
 /// A ureq agent that returns non-2xx responses instead of erroring.
 pub fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder().http_status_as_error(false).build().into()
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into()
 }
 
 /// A response read fully: status, headers, body.
@@ -51,14 +54,20 @@ impl Reply {
 
     /// A header value as a string.
     pub fn header(&self, name: &str) -> Option<String> {
-        self.headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_string)
+        self.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
     }
 
     /// Asserts an error response: the status, a JSON body with a non-empty "error" and the same "code".
     pub fn assert_json_error(&self, status: u16) -> String {
         assert_eq!(self.status, status, "body: {}", self.text());
         let v = self.json();
-        let msg = v["error"].as_str().unwrap_or_else(|| panic!("no error field in {v}")).to_string();
+        let msg = v["error"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no error field in {v}"))
+            .to_string();
         assert!(!msg.is_empty());
         assert_eq!(v["code"].as_u64(), Some(status as u64), "{v}");
         msg
@@ -69,8 +78,17 @@ fn finish(resp: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> Reply 
     let mut resp = resp.unwrap_or_else(|e| panic!("request failed: {e}"));
     let status = resp.status().as_u16();
     let headers = resp.headers().clone();
-    let body = resp.body_mut().with_config().limit(256 * 1024 * 1024).read_to_vec().expect("read body");
-    Reply { status, headers, body }
+    let body = resp
+        .body_mut()
+        .with_config()
+        .limit(256 * 1024 * 1024)
+        .read_to_vec()
+        .expect("read body");
+    Reply {
+        status,
+        headers,
+        body,
+    }
 }
 
 /// GET a URL.
@@ -89,7 +107,11 @@ pub fn post(url: &str, content_type: &str, headers: &[(&str, String)], body: &[u
 
 /// Sends a request with any method and no body.
 pub fn call(method: &str, url: &str) -> Reply {
-    let req = ureq::http::Request::builder().method(method).uri(url).body(()).expect("request");
+    let req = ureq::http::Request::builder()
+        .method(method)
+        .uri(url)
+        .body(())
+        .expect("request");
     finish(agent().run(req))
 }
 
@@ -98,7 +120,8 @@ pub fn multipart(file: &[u8]) -> (String, Vec<u8>) {
     let boundary = "vigil-test-boundary-7d1f";
     let mut body = Vec::new();
     body.extend_from_slice(
-        format!("--{boundary}\r\nContent-Disposition: form-data; name=\"note\"\r\n\r\nhello\r\n").as_bytes(),
+        format!("--{boundary}\r\nContent-Disposition: form-data; name=\"note\"\r\n\r\nhello\r\n")
+            .as_bytes(),
     );
     body.extend_from_slice(
         format!(
@@ -127,7 +150,9 @@ pub fn f32_bytes(v: &[f32]) -> Vec<u8> {
 
 /// f32 values from little-endian bytes.
 pub fn f32_from_bytes(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
 }
 
 /// Splits a binary-extension response into (JSON header, binary tail).
