@@ -1,1 +1,48 @@
-fn main() {}
+//! `vigil`: command-line dispatch.
+
+use std::io::IsTerminal;
+
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+use vigil::cli;
+
+#[derive(Parser)]
+#[command(
+    name = "vigil",
+    version,
+    about = "Edge inference appliance: HTTP/KServe daemon and tools"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the HTTP API.
+    Serve(cli::serve::ServeArgs),
+    /// Run images through a model and print JSON results.
+    Infer(cli::infer::InferArgs),
+    /// Time inference on random input.
+    Bench(cli::bench::BenchArgs),
+    // Integration point: `Inspect(cli::inspect::InspectArgs)` => `cli::inspect::run`, once
+    // `vigil_engine::onnx::load_file` and `vigil_engine::passes::optimize` exist (see cli/inspect.rs).
+}
+
+fn main() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+    let result = match Cli::parse().command {
+        Command::Serve(a) => cli::serve::run(a),
+        Command::Infer(a) => cli::infer::run(a),
+        Command::Bench(a) => cli::bench::run(a),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}

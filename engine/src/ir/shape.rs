@@ -27,7 +27,9 @@ fn runtime(node: &Node, what: &str) -> Error {
 }
 
 fn input_id(g: &Graph, node: &Node, i: usize) -> Result<ValueId> {
-    let v = node.input(i).ok_or_else(|| err(node, format!("input {i} is missing")))?;
+    let v = node
+        .input(i)
+        .ok_or_else(|| err(node, format!("input {i} is missing")))?;
     if v >= g.values.len() {
         return Err(err(node, format!("input {i} is out of range")));
     }
@@ -52,14 +54,18 @@ fn const_in<'a>(g: &'a Graph, node: &Node, i: usize, what: &str) -> Result<Optio
 }
 
 fn const_i64(g: &Graph, node: &Node, i: usize, what: &str) -> Result<Option<Vec<i64>>> {
-    const_in(g, node, i, what)?.map(Tensor::to_i64_vec).transpose()
+    const_in(g, node, i, what)?
+        .map(Tensor::to_i64_vec)
+        .transpose()
 }
 
 /// Element count of a shape, bounded by [`MAX_ELEMENTS`].
 fn numel(node: &Node, shape: &[usize]) -> Result<usize> {
     shape
         .iter()
-        .try_fold(1usize, |n, &d| n.checked_mul(d).filter(|&n| n <= MAX_ELEMENTS))
+        .try_fold(1usize, |n, &d| {
+            n.checked_mul(d).filter(|&n| n <= MAX_ELEMENTS)
+        })
         .ok_or_else(|| err(node, format!("shape {shape:?} has too many elements")))
 }
 
@@ -74,9 +80,16 @@ fn dim(node: &Node, v: i128, what: &str) -> Result<usize> {
 fn norm_axis(node: &Node, axis: i64, rank: usize) -> Result<usize> {
     let r = rank as i64;
     if axis < -r || axis >= r {
-        return Err(err(node, format!("axis {axis} is out of range for rank {rank}")));
+        return Err(err(
+            node,
+            format!("axis {axis} is out of range for rank {rank}"),
+        ));
     }
-    Ok(if axis < 0 { (axis + r) as usize } else { axis as usize })
+    Ok(if axis < 0 {
+        (axis + r) as usize
+    } else {
+        axis as usize
+    })
 }
 
 fn norm_axes(node: &Node, axes: &[i64], rank: usize) -> Result<Vec<usize>> {
@@ -114,11 +127,18 @@ fn broadcast(node: &Node, shapes: &[&[usize]]) -> Result<Vec<usize>> {
 }
 
 /// Spatial dims, channel count and batch of an activation in `layout`.
-fn split_activation<'a>(node: &Node, x: &'a [usize], layout: Layout) -> Result<(usize, usize, &'a [usize])> {
+fn split_activation<'a>(
+    node: &Node,
+    x: &'a [usize],
+    layout: Layout,
+) -> Result<(usize, usize, &'a [usize])> {
     match layout {
         Layout::Nchw if x.len() >= 3 => Ok((x[0], x[1], &x[2..])),
         Layout::Nhwc if x.len() == 4 => Ok((x[0], x[3], &x[1..3])),
-        _ => Err(err(node, format!("input shape {x:?} does not fit layout {layout:?}"))),
+        _ => Err(err(
+            node,
+            format!("input shape {x:?} does not fit layout {layout:?}"),
+        )),
     }
 }
 
@@ -200,7 +220,12 @@ fn window(
         out_pads[i] = begin;
         out_pads[i + r] = end;
     }
-    Ok(Window { kernel: kernel.to_vec(), strides, dilations, pads: out_pads })
+    Ok(Window {
+        kernel: kernel.to_vec(),
+        strides,
+        dilations,
+        pads: out_pads,
+    })
 }
 
 /// Output spatial size of a sliding window (conv or pool).
@@ -212,10 +237,19 @@ fn window_output(node: &Node, input: &[usize], w: &Window, ceil_mode: bool) -> R
             let padded = input[i] as i128 + w.pads[i] as i128 + w.pads[i + r] as i128;
             let s = w.strides[i] as i128;
             if padded < eff {
-                return Err(err(node, format!("kernel extent {eff} exceeds padded input {padded} on spatial axis {i}")));
+                return Err(err(
+                    node,
+                    format!(
+                        "kernel extent {eff} exceeds padded input {padded} on spatial axis {i}"
+                    ),
+                ));
             }
             let span = padded - eff;
-            let mut out = if ceil_mode { (span + s - 1) / s + 1 } else { span / s + 1 };
+            let mut out = if ceil_mode {
+                (span + s - 1) / s + 1
+            } else {
+                span / s + 1
+            };
             // A window that would start inside the end padding is dropped (ORT/PyTorch rule).
             if ceil_mode && (out - 1) * s >= input[i] as i128 + w.pads[i] as i128 {
                 out -= 1;
@@ -230,22 +264,43 @@ fn conv_shape(g: &Graph, node: &Node, a: &crate::ir::ConvAttrs) -> Result<Vec<us
     let w = in_shape(g, node, 1)?;
     let (n, c, spatial) = split_activation(node, x, a.layout)?;
     if w.len() != spatial.len() + 2 {
-        return Err(err(node, format!("weight shape {w:?} does not match input {x:?}")));
+        return Err(err(
+            node,
+            format!("weight shape {w:?} does not match input {x:?}"),
+        ));
     }
-    let kernel = if a.kernel_shape.is_empty() { &w[2..] } else { &a.kernel_shape[..] };
+    let kernel = if a.kernel_shape.is_empty() {
+        &w[2..]
+    } else {
+        &a.kernel_shape[..]
+    };
     if kernel != &w[2..] {
-        return Err(err(node, format!("kernel_shape {kernel:?} does not match weight {w:?}")));
+        return Err(err(
+            node,
+            format!("kernel_shape {kernel:?} does not match weight {w:?}"),
+        ));
     }
     let group = a.group;
     if group == 0 || w[1].checked_mul(group) != Some(c) || w[0] % group != 0 {
-        return Err(err(node, format!("input channels {c}, weight {w:?} and group {group} do not fit")));
+        return Err(err(
+            node,
+            format!("input channels {c}, weight {w:?} and group {group} do not fit"),
+        ));
     }
     if let Ok(b) = in_shape(g, node, 2).map(<[usize]>::to_vec) {
         if node.input(2).is_some() && b != [w[0]] {
             return Err(err(node, format!("bias shape {b:?}, expected [{}]", w[0])));
         }
     }
-    let win = window(node, spatial, kernel, &a.strides, &a.dilations, &a.pads, a.auto_pad)?;
+    let win = window(
+        node,
+        spatial,
+        kernel,
+        &a.strides,
+        &a.dilations,
+        &a.pads,
+        a.auto_pad,
+    )?;
     let out = window_output(node, spatial, &win, false)?;
     Ok(join_activation(n, w[0], out, a.layout))
 }
@@ -263,7 +318,12 @@ fn conv_transpose_geometry(
     let dilations = or_default(&c.dilations, r, 1);
     let pads = or_default(&c.pads, 2 * r, 0);
     let opad = or_default(&a.output_padding, r, 0);
-    if kernel.len() != r || strides.len() != r || dilations.len() != r || pads.len() != 2 * r || opad.len() != r {
+    if kernel.len() != r
+        || strides.len() != r
+        || dilations.len() != r
+        || pads.len() != 2 * r
+        || opad.len() != r
+    {
         return Err(err(node, "attribute lengths do not match the spatial rank"));
     }
     if strides.contains(&0) || dilations.contains(&0) {
@@ -271,7 +331,12 @@ fn conv_transpose_geometry(
     }
     let target: Option<Vec<usize>> = match (&a.output_shape, c.auto_pad) {
         (Some(os), _) if os.len() >= r => Some(os[os.len() - r..].to_vec()),
-        (Some(os), _) => return Err(err(node, format!("output_shape {os:?} is shorter than the spatial rank"))),
+        (Some(os), _) => {
+            return Err(err(
+                node,
+                format!("output_shape {os:?} is shorter than the spatial rank"),
+            ));
+        }
         (None, AutoPad::SameUpper | AutoPad::SameLower) => Some(
             spatial
                 .iter()
@@ -312,16 +377,33 @@ fn conv_transpose_geometry(
     Ok((out_pads, out))
 }
 
-fn conv_transpose_shape(g: &Graph, node: &Node, a: &crate::ir::ConvTransposeAttrs) -> Result<Vec<usize>> {
+fn conv_transpose_shape(
+    g: &Graph,
+    node: &Node,
+    a: &crate::ir::ConvTransposeAttrs,
+) -> Result<Vec<usize>> {
     let x = in_shape(g, node, 0)?;
     let w = in_shape(g, node, 1)?;
     let (n, c, spatial) = split_activation(node, x, a.conv.layout)?;
     if w.len() != spatial.len() + 2 || w[0] != c {
-        return Err(err(node, format!("weight shape {w:?} does not match input {x:?}")));
+        return Err(err(
+            node,
+            format!("weight shape {w:?} does not match input {x:?}"),
+        ));
     }
-    let kernel = if a.conv.kernel_shape.is_empty() { &w[2..] } else { &a.conv.kernel_shape[..] };
+    let kernel = if a.conv.kernel_shape.is_empty() {
+        &w[2..]
+    } else {
+        &a.conv.kernel_shape[..]
+    };
     if kernel != &w[2..] || a.conv.group == 0 || c % a.conv.group != 0 {
-        return Err(err(node, format!("weight {w:?}, kernel {kernel:?} and group {} do not fit", a.conv.group)));
+        return Err(err(
+            node,
+            format!(
+                "weight {w:?}, kernel {kernel:?} and group {} do not fit",
+                a.conv.group
+            ),
+        ));
     }
     let m = w[1]
         .checked_mul(a.conv.group)
@@ -333,7 +415,15 @@ fn conv_transpose_shape(g: &Graph, node: &Node, a: &crate::ir::ConvTransposeAttr
 fn pool_shape(g: &Graph, node: &Node, a: &crate::ir::PoolAttrs) -> Result<Vec<usize>> {
     let x = in_shape(g, node, 0)?;
     let (n, c, spatial) = split_activation(node, x, a.layout)?;
-    let win = window(node, spatial, &a.kernel_shape, &a.strides, &a.dilations, &a.pads, a.auto_pad)?;
+    let win = window(
+        node,
+        spatial,
+        &a.kernel_shape,
+        &a.strides,
+        &a.dilations,
+        &a.pads,
+        a.auto_pad,
+    )?;
     let out = window_output(node, spatial, &win, a.ceil_mode)?;
     Ok(join_activation(n, c, out, a.layout))
 }
@@ -342,11 +432,22 @@ fn matmul_shape(node: &Node, a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
     if a.is_empty() || b.is_empty() {
         return Err(err(node, "MatMul inputs must have rank >= 1"));
     }
-    let a2: Vec<usize> = if a.len() == 1 { vec![1, a[0]] } else { a.to_vec() };
-    let b2: Vec<usize> = if b.len() == 1 { vec![b[0], 1] } else { b.to_vec() };
+    let a2: Vec<usize> = if a.len() == 1 {
+        vec![1, a[0]]
+    } else {
+        a.to_vec()
+    };
+    let b2: Vec<usize> = if b.len() == 1 {
+        vec![b[0], 1]
+    } else {
+        b.to_vec()
+    };
     let (ar, br) = (a2.len(), b2.len());
     if a2[ar - 1] != b2[br - 2] {
-        return Err(err(node, format!("inner dimensions of {a:?} and {b:?} differ")));
+        return Err(err(
+            node,
+            format!("inner dimensions of {a:?} and {b:?} differ"),
+        ));
     }
     let mut out = broadcast(node, &[&a2[..ar - 2], &b2[..br - 2]])?;
     if a.len() > 1 {
@@ -360,7 +461,8 @@ fn matmul_shape(node: &Node, a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
 
 fn slice_shape(g: &Graph, node: &Node) -> Result<Vec<usize>> {
     let x = in_shape(g, node, 0)?;
-    let starts = const_i64(g, node, 1, "Slice starts")?.ok_or_else(|| err(node, "starts missing"))?;
+    let starts =
+        const_i64(g, node, 1, "Slice starts")?.ok_or_else(|| err(node, "starts missing"))?;
     let ends = const_i64(g, node, 2, "Slice ends")?.ok_or_else(|| err(node, "ends missing"))?;
     let axes = match const_i64(g, node, 3, "Slice axes")? {
         Some(a) => norm_axes(node, &a, x.len())?,
@@ -396,7 +498,11 @@ fn slice_shape(g: &Graph, node: &Node) -> Result<Vec<usize>> {
         }
         let len = if d == 0 {
             0
-        } else if step > 0 { (e - s + step - 1) / step } else { (s - e + (-step) - 1) / (-step) };
+        } else if step > 0 {
+            (e - s + step - 1) / step
+        } else {
+            (s - e + (-step) - 1) / (-step)
+        };
         out[ax] = dim(node, len.max(0), "slice length")?;
     }
     Ok(out)
@@ -414,7 +520,10 @@ fn reshape_shape(g: &Graph, node: &Node, allowzero: bool) -> Result<Vec<usize>> 
                 infer_at = Some(i);
                 out.push(1);
             }
-            0 if !allowzero => out.push(*x.get(i).ok_or_else(|| err(node, format!("shape {spec:?} copies dim {i} of {x:?}")))?),
+            0 if !allowzero => out.push(
+                *x.get(i)
+                    .ok_or_else(|| err(node, format!("shape {spec:?} copies dim {i} of {x:?}")))?,
+            ),
             s if s >= 0 => out.push(dim(node, s as i128, "reshape dim")?),
             _ => return Err(err(node, format!("invalid reshape target {spec:?}"))),
         }
@@ -426,12 +535,20 @@ fn reshape_shape(g: &Graph, node: &Node, allowzero: bool) -> Result<Vec<usize>> 
         }
         out[i] = total / known;
     } else if known != total {
-        return Err(err(node, format!("cannot reshape {x:?} ({total} elements) into {out:?}")));
+        return Err(err(
+            node,
+            format!("cannot reshape {x:?} ({total} elements) into {out:?}"),
+        ));
     }
     Ok(out)
 }
 
-fn split_sizes(g: &Graph, node: &Node, axis: i64, split: &Option<Vec<usize>>) -> Result<(usize, Vec<usize>)> {
+fn split_sizes(
+    g: &Graph,
+    node: &Node,
+    axis: i64,
+    split: &Option<Vec<usize>>,
+) -> Result<(usize, Vec<usize>)> {
     let x = in_shape(g, node, 0)?;
     let ax = norm_axis(node, axis, x.len())?;
     let d = x[ax];
@@ -439,7 +556,10 @@ fn split_sizes(g: &Graph, node: &Node, axis: i64, split: &Option<Vec<usize>>) ->
     let sizes = match split {
         Some(s) => s.clone(),
         None => match const_i64(g, node, 1, "Split sizes")? {
-            Some(v) => v.iter().map(|&s| dim(node, s as i128, "split size")).collect::<Result<_>>()?,
+            Some(v) => v
+                .iter()
+                .map(|&s| dim(node, s as i128, "split size"))
+                .collect::<Result<_>>()?,
             None => {
                 if n == 0 {
                     return Err(err(node, "no outputs"));
@@ -454,13 +574,19 @@ fn split_sizes(g: &Graph, node: &Node, axis: i64, split: &Option<Vec<usize>>) ->
                     v.push(last);
                     v
                 } else {
-                    return Err(err(node, format!("dim {d} does not split evenly into {n} outputs")));
+                    return Err(err(
+                        node,
+                        format!("dim {d} does not split evenly into {n} outputs"),
+                    ));
                 }
             }
         },
     };
     if sizes.len() != n || sizes.iter().try_fold(0usize, |a, &b| a.checked_add(b)) != Some(d) {
-        return Err(err(node, format!("split {sizes:?} does not cover dim {d} with {n} outputs")));
+        return Err(err(
+            node,
+            format!("split {sizes:?} does not cover dim {d} with {n} outputs"),
+        ));
     }
     Ok((ax, sizes))
 }
@@ -473,7 +599,10 @@ fn pad_shape(g: &Graph, node: &Node) -> Result<Vec<usize>> {
         None => (0..x.len()).collect(),
     };
     if pads.len() != 2 * axes.len() {
-        return Err(err(node, format!("pads {pads:?} do not fit {} axes", axes.len())));
+        return Err(err(
+            node,
+            format!("pads {pads:?} do not fit {} axes", axes.len()),
+        ));
     }
     let mut out = x.to_vec();
     let r = axes.len();
@@ -494,15 +623,24 @@ fn resize_shape(g: &Graph, node: &Node) -> Result<Vec<usize>> {
     if let Some(sizes) = resize_param(g, node, 3, "Resize sizes")? {
         let s = sizes.to_i64_vec()?;
         if s.len() != x.len() {
-            return Err(err(node, format!("sizes {s:?} do not match rank {}", x.len())));
+            return Err(err(
+                node,
+                format!("sizes {s:?} do not match rank {}", x.len()),
+            ));
         }
-        return s.iter().map(|&v| dim(node, v as i128, "resize size")).collect();
+        return s
+            .iter()
+            .map(|&v| dim(node, v as i128, "resize size"))
+            .collect();
     }
     let scales = resize_param(g, node, 2, "Resize scales")?
         .ok_or_else(|| err(node, "neither scales nor sizes is given"))?
         .to_f32_vec();
     if scales.len() != x.len() {
-        return Err(err(node, format!("scales {scales:?} do not match rank {}", x.len())));
+        return Err(err(
+            node,
+            format!("scales {scales:?} do not match rank {}", x.len()),
+        ));
     }
     x.iter()
         .zip(&scales)
@@ -533,7 +671,11 @@ fn range_len(g: &Graph, node: &Node) -> Result<usize> {
     let get = |i: usize, what: &str| -> Result<&Tensor> {
         const_in(g, node, i, what)?.ok_or_else(|| err(node, format!("{what} missing")))
     };
-    let (s, l, d) = (get(0, "Range start")?, get(1, "Range limit")?, get(2, "Range delta")?);
+    let (s, l, d) = (
+        get(0, "Range start")?,
+        get(1, "Range limit")?,
+        get(2, "Range delta")?,
+    );
     if s.dtype() == DataType::F32 {
         let (s, l, d) = match (scalar_f64(s), scalar_f64(l), scalar_f64(d)) {
             (Some(s), Some(l), Some(d)) => (s, l, d),
@@ -559,17 +701,29 @@ fn range_len(g: &Graph, node: &Node) -> Result<usize> {
             return Err(err(node, "Range delta is 0"));
         }
         let span = l - s;
-        let n = if d > 0 { (span + d - 1).div_euclid(d) } else { (span + d + 1).div_euclid(d) };
+        // ceil(span / delta) for either sign.
+        let (q, r) = (span / d, span % d);
+        let n = if r != 0 && ((r > 0) == (d > 0)) {
+            q + 1
+        } else {
+            q
+        };
         dim(node, n.max(0), "Range length")
     }
 }
 
 fn same(g: &Graph, node: &Node) -> Result<Vec<(DataType, Vec<usize>)>> {
-    Ok(vec![(in_dtype(g, node, 0)?, in_shape(g, node, 0)?.to_vec())])
+    Ok(vec![(
+        in_dtype(g, node, 0)?,
+        in_shape(g, node, 0)?.to_vec(),
+    )])
 }
 
 fn is_bool_op(b: BinaryOp) -> bool {
-    matches!(b, BinaryOp::Equal | BinaryOp::Less | BinaryOp::Greater | BinaryOp::And | BinaryOp::Or)
+    matches!(
+        b,
+        BinaryOp::Equal | BinaryOp::Less | BinaryOp::Greater | BinaryOp::And | BinaryOp::Or
+    )
 }
 
 /// Output element types and shapes of `node`, from its inputs' shapes and constant inputs.
@@ -583,25 +737,39 @@ pub fn infer_node(graph: &Graph, node: &Node) -> Result<Vec<(DataType, Vec<usize
     match &node.op {
         Op::Conv(a) => one(dt0()?, conv_shape(g, node, a)?),
         Op::ConvTranspose(a) => one(dt0()?, conv_transpose_shape(g, node, a)?),
-        Op::Gemm { trans_a, trans_b, .. } => {
+        Op::Gemm {
+            trans_a, trans_b, ..
+        } => {
             let (a, b) = (in_shape(g, node, 0)?, in_shape(g, node, 1)?);
             if a.len() != 2 || b.len() != 2 {
-                return Err(err(node, format!("Gemm needs 2-D inputs, got {a:?} and {b:?}")));
+                return Err(err(
+                    node,
+                    format!("Gemm needs 2-D inputs, got {a:?} and {b:?}"),
+                ));
             }
             let (m, k) = if *trans_a { (a[1], a[0]) } else { (a[0], a[1]) };
             let (k2, n) = if *trans_b { (b[1], b[0]) } else { (b[0], b[1]) };
             if k != k2 {
-                return Err(err(node, format!("inner dimensions of {a:?} and {b:?} differ")));
+                return Err(err(
+                    node,
+                    format!("inner dimensions of {a:?} and {b:?} differ"),
+                ));
             }
             if node.input(2).is_some() {
                 let c = in_shape(g, node, 2)?;
                 if broadcast_shapes(&[c, &[m, n]]).as_deref() != Some(&[m, n][..]) {
-                    return Err(err(node, format!("C {c:?} does not broadcast to [{m}, {n}]")));
+                    return Err(err(
+                        node,
+                        format!("C {c:?} does not broadcast to [{m}, {n}]"),
+                    ));
                 }
             }
             one(dt0()?, vec![m, n])
         }
-        Op::MatMul => one(dt0()?, matmul_shape(node, in_shape(g, node, 0)?, in_shape(g, node, 1)?)?),
+        Op::MatMul => one(
+            dt0()?,
+            matmul_shape(node, in_shape(g, node, 0)?, in_shape(g, node, 1)?)?,
+        ),
         Op::BatchNormalization { .. } => {
             let x = in_shape(g, node, 0)?;
             if x.len() < 2 {
@@ -609,7 +777,10 @@ pub fn infer_node(graph: &Graph, node: &Node) -> Result<Vec<(DataType, Vec<usize
             }
             for i in 1..5 {
                 if numel(node, in_shape(g, node, i)?)? != x[1] {
-                    return Err(err(node, format!("parameter {i} does not have {} elements", x[1])));
+                    return Err(err(
+                        node,
+                        format!("parameter {i} does not have {} elements", x[1]),
+                    ));
                 }
             }
             same(g, node)
@@ -626,10 +797,15 @@ pub fn infer_node(graph: &Graph, node: &Node) -> Result<Vec<(DataType, Vec<usize
                     node.op.name()
                 )));
             }
-            one(if is_bool_op(*b) { DataType::Bool } else { ta }, broadcast(node, &[a, c])?)
+            one(
+                if is_bool_op(*b) { DataType::Bool } else { ta },
+                broadcast(node, &[a, c])?,
+            )
         }
         Op::Elementwise(steps) => {
-            let shapes = (0..node.inputs.len()).map(|i| in_shape(g, node, i)).collect::<Result<Vec<_>>>()?;
+            let shapes = (0..node.inputs.len())
+                .map(|i| in_shape(g, node, i))
+                .collect::<Result<Vec<_>>>()?;
             let mut dt = dt0()?;
             for s in steps {
                 match s {
@@ -660,9 +836,14 @@ pub fn infer_node(graph: &Graph, node: &Node) -> Result<Vec<(DataType, Vec<usize
             for i in 1..node.inputs.len() {
                 let s = in_shape(g, node, i)?;
                 if s.len() != first.len() || (0..s.len()).any(|d| d != ax && s[d] != first[d]) {
-                    return Err(err(node, format!("cannot concatenate {first:?} and {s:?} on axis {ax}")));
+                    return Err(err(
+                        node,
+                        format!("cannot concatenate {first:?} and {s:?} on axis {ax}"),
+                    ));
                 }
-                out[ax] = out[ax].checked_add(s[ax]).ok_or_else(|| err(node, "concat size overflows"))?;
+                out[ax] = out[ax]
+                    .checked_add(s[ax])
+                    .ok_or_else(|| err(node, "concat size overflows"))?;
             }
             one(dt0()?, out)
         }
@@ -683,10 +864,21 @@ pub fn infer_node(graph: &Graph, node: &Node) -> Result<Vec<(DataType, Vec<usize
         Op::Reshape { allowzero } => one(dt0()?, reshape_shape(g, node, *allowzero)?),
         Op::Transpose { perm } => {
             let x = in_shape(g, node, 0)?;
-            let perm: Vec<usize> = if perm.is_empty() { (0..x.len()).rev().collect() } else { perm.clone() };
+            let perm: Vec<usize> = if perm.is_empty() {
+                (0..x.len()).rev().collect()
+            } else {
+                perm.clone()
+            };
             let mut seen = vec![false; x.len()];
-            if perm.len() != x.len() || perm.iter().any(|&p| p >= x.len() || std::mem::replace(&mut seen[p], true)) {
-                return Err(err(node, format!("perm {perm:?} is not a permutation of rank {}", x.len())));
+            if perm.len() != x.len()
+                || perm
+                    .iter()
+                    .any(|&p| p >= x.len() || std::mem::replace(&mut seen[p], true))
+            {
+                return Err(err(
+                    node,
+                    format!("perm {perm:?} is not a permutation of rank {}", x.len()),
+                ));
             }
             one(dt0()?, perm.iter().map(|&p| x[p]).collect())
         }
@@ -711,7 +903,10 @@ pub fn infer_node(graph: &Graph, node: &Node) -> Result<Vec<(DataType, Vec<usize
                     if let Some(&bad) = a.iter().find(|&&i| x[i] != 1) {
                         return Err(err(node, format!("cannot squeeze axis {bad} of {x:?}")));
                     }
-                    (0..x.len()).filter(|i| !a.contains(i)).map(|i| x[i]).collect()
+                    (0..x.len())
+                        .filter(|i| !a.contains(i))
+                        .map(|i| x[i])
+                        .collect()
                 }
                 None => x.iter().copied().filter(|&d| d != 1).collect(),
             };
@@ -721,12 +916,21 @@ pub fn infer_node(graph: &Graph, node: &Node) -> Result<Vec<(DataType, Vec<usize
             let x = in_shape(g, node, 0)?;
             let axes = match axes {
                 Some(a) => a.clone(),
-                None => const_i64(g, node, 1, "Unsqueeze axes")?.ok_or_else(|| err(node, "axes missing"))?,
+                None => const_i64(g, node, 1, "Unsqueeze axes")?
+                    .ok_or_else(|| err(node, "axes missing"))?,
             };
             let r = x.len() + axes.len();
             let a = norm_axes(node, &axes, r)?;
             let mut it = x.iter();
-            let out = (0..r).map(|i| if a.contains(&i) { 1 } else { it.next().copied().unwrap_or(1) }).collect();
+            let out = (0..r)
+                .map(|i| {
+                    if a.contains(&i) {
+                        1
+                    } else {
+                        it.next().copied().unwrap_or(1)
+                    }
+                })
+                .collect();
             one(dt0()?, out)
         }
         Op::Gather { axis } => {
@@ -735,7 +939,10 @@ pub fn infer_node(graph: &Graph, node: &Node) -> Result<Vec<(DataType, Vec<usize
             let ax = norm_axis(node, *axis, x.len())?;
             let it = in_dtype(g, node, 1)?;
             if !matches!(it, DataType::I64 | DataType::I32) {
-                return Err(Error::Type(format!("node '{}' (Gather): indices are {it:?}", node.name)));
+                return Err(Error::Type(format!(
+                    "node '{}' (Gather): indices are {it:?}",
+                    node.name
+                )));
             }
             if let Some(t) = node.input(1).and_then(|v| g.constant(v)) {
                 let d = x[ax] as i64;
@@ -750,20 +957,36 @@ pub fn infer_node(graph: &Graph, node: &Node) -> Result<Vec<(DataType, Vec<usize
         }
         Op::Expand => {
             let x = in_shape(g, node, 0)?;
-            let s = const_i64(g, node, 1, "Expand shape")?.ok_or_else(|| err(node, "shape missing"))?;
-            let s: Vec<usize> = s.iter().map(|&v| dim(node, v as i128, "expand dim")).collect::<Result<_>>()?;
+            let s =
+                const_i64(g, node, 1, "Expand shape")?.ok_or_else(|| err(node, "shape missing"))?;
+            let s: Vec<usize> = s
+                .iter()
+                .map(|&v| dim(node, v as i128, "expand dim"))
+                .collect::<Result<_>>()?;
             one(dt0()?, broadcast(node, &[x, &s])?)
         }
         Op::ScatterND => {
-            let (x, idx, upd) = (in_shape(g, node, 0)?, in_shape(g, node, 1)?, in_shape(g, node, 2)?);
-            let q = *idx.last().ok_or_else(|| err(node, "indices must have rank >= 1"))?;
+            let (x, idx, upd) = (
+                in_shape(g, node, 0)?,
+                in_shape(g, node, 1)?,
+                in_shape(g, node, 2)?,
+            );
+            let q = *idx
+                .last()
+                .ok_or_else(|| err(node, "indices must have rank >= 1"))?;
             if q > x.len() {
-                return Err(err(node, format!("index depth {q} exceeds data rank {}", x.len())));
+                return Err(err(
+                    node,
+                    format!("index depth {q} exceeds data rank {}", x.len()),
+                ));
             }
             let mut want = idx[..idx.len() - 1].to_vec();
             want.extend_from_slice(&x[q..]);
             if upd != want.as_slice() {
-                return Err(err(node, format!("updates shape {upd:?}, expected {want:?}")));
+                return Err(err(
+                    node,
+                    format!("updates shape {upd:?}, expected {want:?}"),
+                ));
             }
             same(g, node)
         }
@@ -790,14 +1013,25 @@ pub fn infer_node(graph: &Graph, node: &Node) -> Result<Vec<(DataType, Vec<usize
             one(DataType::I64, vec![(e - s).max(0) as usize])
         }
         Op::ConstantOfShape { value } => {
-            let s = const_i64(g, node, 0, "ConstantOfShape shape")?.ok_or_else(|| err(node, "shape missing"))?;
-            let s: Vec<usize> = s.iter().map(|&v| dim(node, v as i128, "dim")).collect::<Result<_>>()?;
+            let s = const_i64(g, node, 0, "ConstantOfShape shape")?
+                .ok_or_else(|| err(node, "shape missing"))?;
+            let s: Vec<usize> = s
+                .iter()
+                .map(|&v| dim(node, v as i128, "dim"))
+                .collect::<Result<_>>()?;
             one(value.dtype(), s)
         }
         Op::Where => {
-            let (c, a, b) = (in_shape(g, node, 0)?, in_shape(g, node, 1)?, in_shape(g, node, 2)?);
+            let (c, a, b) = (
+                in_shape(g, node, 0)?,
+                in_shape(g, node, 1)?,
+                in_shape(g, node, 2)?,
+            );
             if dt0()? != DataType::Bool {
-                return Err(Error::Type(format!("node '{}' (Where): condition is not Bool", node.name)));
+                return Err(Error::Type(format!(
+                    "node '{}' (Where): condition is not Bool",
+                    node.name
+                )));
             }
             one(in_dtype(g, node, 1)?, broadcast(node, &[c, a, b])?)
         }
@@ -833,7 +1067,10 @@ pub fn pin_inputs(graph: &mut Graph, batch: usize) -> Result<()> {
             .ok_or_else(|| Error::InvalidModel("graph input id out of range".into()))?;
         let Some(decl) = &v.declared else {
             if v.shape.is_none() {
-                return Err(Error::Shape(format!("input '{}' has no declared shape", v.name)));
+                return Err(Error::Shape(format!(
+                    "input '{}' has no declared shape",
+                    v.name
+                )));
             }
             continue;
         };
@@ -850,8 +1087,17 @@ pub fn pin_inputs(graph: &mut Graph, batch: usize) -> Result<()> {
                 }
             });
         }
-        if shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d).filter(|&n| n <= MAX_ELEMENTS)).is_none() {
-            return Err(Error::Shape(format!("input '{}' shape {shape:?} is too large", v.name)));
+        if shape
+            .iter()
+            .try_fold(1usize, |n, &d| {
+                n.checked_mul(d).filter(|&n| n <= MAX_ELEMENTS)
+            })
+            .is_none()
+        {
+            return Err(Error::Shape(format!(
+                "input '{}' shape {shape:?} is too large",
+                v.name
+            )));
         }
         v.shape = Some(shape);
     }
@@ -863,7 +1109,11 @@ pub fn pin_inputs(graph: &mut Graph, batch: usize) -> Result<()> {
 /// requires them; errors when `auto_pad` must be resolved but the input shape is unknown.
 fn resolve_node(graph: &mut Graph, i: usize) -> Result<()> {
     let node = &graph.nodes[i];
-    let shape_of = |k: usize| node.input(k).and_then(|v| graph.values.get(v)).and_then(|v| v.shape.clone());
+    let shape_of = |k: usize| {
+        node.input(k)
+            .and_then(|v| graph.values.get(v))
+            .and_then(|v| v.shape.clone())
+    };
     let x = shape_of(0);
     let w = shape_of(1);
     let needs = match &node.op {
@@ -874,7 +1124,10 @@ fn resolve_node(graph: &mut Graph, i: usize) -> Result<()> {
     };
     if x.is_none() {
         if needs {
-            return Err(err(node, "auto_pad cannot be resolved before the input shape is known"));
+            return Err(err(
+                node,
+                "auto_pad cannot be resolved before the input shape is known",
+            ));
         }
         return Ok(());
     }
@@ -889,7 +1142,15 @@ fn resolve_node(graph: &mut Graph, i: usize) -> Result<()> {
                     _ => return Err(err(&node_c, "kernel shape unknown")),
                 }
             }
-            let win = window(&node_c, sp, &a.kernel_shape, &a.strides, &a.dilations, &a.pads, a.auto_pad)?;
+            let win = window(
+                &node_c,
+                sp,
+                &a.kernel_shape,
+                &a.strides,
+                &a.dilations,
+                &a.pads,
+                a.auto_pad,
+            )?;
             a.strides = win.strides;
             a.dilations = win.dilations;
             a.pads = win.pads;
@@ -914,7 +1175,15 @@ fn resolve_node(graph: &mut Graph, i: usize) -> Result<()> {
         }
         Op::MaxPool(a) | Op::AveragePool(a) => {
             let (_, _, sp) = split_activation(&node_c, &x, a.layout)?;
-            let win = window(&node_c, sp, &a.kernel_shape, &a.strides, &a.dilations, &a.pads, a.auto_pad)?;
+            let win = window(
+                &node_c,
+                sp,
+                &a.kernel_shape,
+                &a.strides,
+                &a.dilations,
+                &a.pads,
+                a.auto_pad,
+            )?;
             a.strides = win.strides;
             a.dilations = win.dilations;
             a.pads = win.pads;
@@ -956,7 +1225,14 @@ pub fn infer(graph: &mut Graph) -> Result<()> {
         let node = &graph.nodes[i];
         let outs = infer_node(graph, node)?;
         if outs.len() != node.outputs.len() {
-            return Err(err(node, format!("has {} outputs, inference gives {}", node.outputs.len(), outs.len())));
+            return Err(err(
+                node,
+                format!(
+                    "has {} outputs, inference gives {}",
+                    node.outputs.len(),
+                    outs.len()
+                ),
+            ));
         }
         let ids = node.outputs.clone();
         for (o, (dt, shape)) in ids.into_iter().zip(outs) {
@@ -1011,7 +1287,12 @@ mod tests {
 
     impl B {
         fn new() -> Self {
-            B { g: Graph { opset: 17, ..Graph::default() } }
+            B {
+                g: Graph {
+                    opset: 17,
+                    ..Graph::default()
+                },
+            }
         }
         fn input(&mut self, name: &str, dt: DataType, shape: &[usize]) -> ValueId {
             let id = self.g.add_value(name, dt);
@@ -1025,24 +1306,46 @@ mod tests {
         }
         fn ci(&mut self, v: &[i64]) -> ValueId {
             let n = format!("c{}", self.g.values.len());
-            self.g.add_constant(n, Tensor::from_i64(vec![v.len()], v.to_vec()).unwrap())
+            self.g
+                .add_constant(n, Tensor::from_i64(vec![v.len()], v.to_vec()).unwrap())
         }
         fn cf(&mut self, shape: &[usize], v: &[f32]) -> ValueId {
             let n = format!("c{}", self.g.values.len());
-            self.g.add_constant(n, Tensor::from_f32(shape.to_vec(), v.to_vec()).unwrap())
+            self.g
+                .add_constant(n, Tensor::from_f32(shape.to_vec(), v.to_vec()).unwrap())
         }
         fn node(&mut self, op: Op, inputs: &[Option<ValueId>], n_out: usize) -> Vec<ValueId> {
             let k = self.g.nodes.len();
-            let outs: Vec<ValueId> = (0..n_out).map(|i| self.g.add_value(format!("n{k}_{i}"), DataType::F32)).collect();
-            self.g.nodes.push(Node { name: format!("n{k}"), op, inputs: inputs.to_vec(), outputs: outs.clone() });
+            let outs: Vec<ValueId> = (0..n_out)
+                .map(|i| self.g.add_value(format!("n{k}_{i}"), DataType::F32))
+                .collect();
+            self.g.nodes.push(Node {
+                name: format!("n{k}"),
+                op,
+                inputs: inputs.to_vec(),
+                outputs: outs.clone(),
+            });
             outs
         }
         /// Infers the single node and returns its outputs' types and shapes.
         fn run(mut self) -> Result<Vec<(DataType, Vec<usize>)>> {
-            let outs = self.g.nodes.last().map(|n| n.outputs.clone()).unwrap_or_default();
+            let outs = self
+                .g
+                .nodes
+                .last()
+                .map(|n| n.outputs.clone())
+                .unwrap_or_default();
             self.g.outputs = outs.clone();
             infer(&mut self.g)?;
-            Ok(outs.iter().map(|&o| (self.g.values[o].dtype, self.g.values[o].shape.clone().unwrap())).collect())
+            Ok(outs
+                .iter()
+                .map(|&o| {
+                    (
+                        self.g.values[o].dtype,
+                        self.g.values[o].shape.clone().unwrap(),
+                    )
+                })
+                .collect())
         }
     }
 
@@ -1054,7 +1357,15 @@ mod tests {
         Ok(b.run()?.remove(0).1)
     }
 
-    fn conv(k: &[usize], s: &[usize], p: &[usize], d: &[usize], group: usize, auto_pad: AutoPad, layout: Layout) -> ConvAttrs {
+    fn conv(
+        k: &[usize],
+        s: &[usize],
+        p: &[usize],
+        d: &[usize],
+        group: usize,
+        auto_pad: AutoPad,
+        layout: Layout,
+    ) -> ConvAttrs {
         ConvAttrs {
             kernel_shape: k.to_vec(),
             strides: s.to_vec(),
@@ -1067,7 +1378,13 @@ mod tests {
         }
     }
 
-    fn pool(k: &[usize], s: &[usize], p: &[usize], ceil_mode: bool, auto_pad: AutoPad) -> PoolAttrs {
+    fn pool(
+        k: &[usize],
+        s: &[usize],
+        p: &[usize],
+        ceil_mode: bool,
+        auto_pad: AutoPad,
+    ) -> PoolAttrs {
         PoolAttrs {
             kernel_shape: k.to_vec(),
             strides: s.to_vec(),
@@ -1111,7 +1428,15 @@ mod tests {
     }
 
     /// Brute-force count of sliding-window positions (independent of the closed-form formula).
-    fn windows_ref(input: usize, k: usize, s: usize, d: usize, pb: usize, pe: usize, ceil_mode: bool) -> Option<usize> {
+    fn windows_ref(
+        input: usize,
+        k: usize,
+        s: usize,
+        d: usize,
+        pb: usize,
+        pe: usize,
+        ceil_mode: bool,
+    ) -> Option<usize> {
         let padded = input + pb + pe;
         let eff = (k - 1) * d + 1;
         if padded < eff {
@@ -1134,7 +1459,12 @@ mod tests {
 
     #[test]
     fn window_sizes_match_brute_force() {
-        let node = Node { name: "t".into(), op: Op::Identity, inputs: vec![], outputs: vec![] };
+        let node = Node {
+            name: "t".into(),
+            op: Op::Identity,
+            inputs: vec![],
+            outputs: vec![],
+        };
         for input in 1..=9 {
             for k in 1..=4 {
                 for s in 1..=3 {
@@ -1146,10 +1476,24 @@ mod tests {
                                 continue;
                             }
                             for ceil_mode in [false, true] {
-                                let w = window(&node, &[input], &[k], &[s], &[d], &[pb, pe], AutoPad::NotSet).unwrap();
-                                let got = window_output(&node, &[input], &w, ceil_mode).ok().map(|v| v[0]);
+                                let w = window(
+                                    &node,
+                                    &[input],
+                                    &[k],
+                                    &[s],
+                                    &[d],
+                                    &[pb, pe],
+                                    AutoPad::NotSet,
+                                )
+                                .unwrap();
+                                let got = window_output(&node, &[input], &w, ceil_mode)
+                                    .ok()
+                                    .map(|v| v[0]);
                                 let want = windows_ref(input, k, s, d, pb, pe, ceil_mode);
-                                assert_eq!(got, want, "in={input} k={k} s={s} d={d} pads=({pb},{pe}) ceil={ceil_mode}");
+                                assert_eq!(
+                                    got, want,
+                                    "in={input} k={k} s={s} d={d} pads=({pb},{pe}) ceil={ceil_mode}"
+                                );
                             }
                         }
                         // SAME: output is ceil(in / s), padding is the minimum total that achieves it.
@@ -1160,7 +1504,11 @@ mod tests {
                             let total = w.pads[0] + w.pads[1];
                             let eff = (k - 1) * d + 1;
                             assert_eq!(total, ((out - 1) * s + eff).saturating_sub(input));
-                            let (small, big) = if ap == AutoPad::SameUpper { (w.pads[0], w.pads[1]) } else { (w.pads[1], w.pads[0]) };
+                            let (small, big) = if ap == AutoPad::SameUpper {
+                                (w.pads[0], w.pads[1])
+                            } else {
+                                (w.pads[1], w.pads[0])
+                            };
                             assert!(big == small || big == small + 1);
                         }
                     }
@@ -1172,28 +1520,81 @@ mod tests {
     #[test]
     fn conv_shapes() {
         let c = |a: ConvAttrs, x: &[usize], w: &[usize]| shape1(Op::Conv(a), &[x, w]);
-        let a = conv(&[3, 3], &[2, 2], &[1, 1, 1, 1], &[1, 1], 1, AutoPad::NotSet, Layout::Nchw);
-        assert_eq!(c(a.clone(), &[2, 3, 224, 224], &[32, 3, 3, 3]).unwrap(), vec![2, 32, 112, 112]);
+        let a = conv(
+            &[3, 3],
+            &[2, 2],
+            &[1, 1, 1, 1],
+            &[1, 1],
+            1,
+            AutoPad::NotSet,
+            Layout::Nchw,
+        );
+        assert_eq!(
+            c(a.clone(), &[2, 3, 224, 224], &[32, 3, 3, 3]).unwrap(),
+            vec![2, 32, 112, 112]
+        );
         // Defaults from the weight; 1-D conv.
         let a0 = conv(&[], &[], &[], &[], 1, AutoPad::NotSet, Layout::Nchw);
-        assert_eq!(c(a0.clone(), &[1, 4, 10], &[6, 4, 3]).unwrap(), vec![1, 6, 8]);
+        assert_eq!(
+            c(a0.clone(), &[1, 4, 10], &[6, 4, 3]).unwrap(),
+            vec![1, 6, 8]
+        );
         // Depthwise, dilated, asymmetric pads.
-        let a = conv(&[3, 3], &[1, 1], &[0, 1, 2, 0], &[2, 1], 8, AutoPad::NotSet, Layout::Nchw);
-        assert_eq!(c(a, &[1, 8, 10, 10], &[8, 1, 3, 3]).unwrap(), vec![1, 8, 8, 9]);
+        let a = conv(
+            &[3, 3],
+            &[1, 1],
+            &[0, 1, 2, 0],
+            &[2, 1],
+            8,
+            AutoPad::NotSet,
+            Layout::Nchw,
+        );
+        assert_eq!(
+            c(a, &[1, 8, 10, 10], &[8, 1, 3, 3]).unwrap(),
+            vec![1, 8, 8, 9]
+        );
         // NHWC: spatial dims 1..3, weights stay [Cout, Cin/g, kh, kw].
-        let a = conv(&[3, 3], &[2, 2], &[1, 1, 1, 1], &[1, 1], 1, AutoPad::NotSet, Layout::Nhwc);
-        assert_eq!(c(a, &[1, 224, 200, 3], &[16, 3, 3, 3]).unwrap(), vec![1, 112, 100, 16]);
+        let a = conv(
+            &[3, 3],
+            &[2, 2],
+            &[1, 1, 1, 1],
+            &[1, 1],
+            1,
+            AutoPad::NotSet,
+            Layout::Nhwc,
+        );
+        assert_eq!(
+            c(a, &[1, 224, 200, 3], &[16, 3, 3, 3]).unwrap(),
+            vec![1, 112, 100, 16]
+        );
         // SAME_UPPER with stride 2 gives ceil(in / 2); VALID drops the remainder.
-        let a = conv(&[3, 3], &[2, 2], &[], &[], 1, AutoPad::SameUpper, Layout::Nchw);
-        assert_eq!(c(a, &[1, 3, 225, 224], &[8, 3, 3, 3]).unwrap(), vec![1, 8, 113, 112]);
+        let a = conv(
+            &[3, 3],
+            &[2, 2],
+            &[],
+            &[],
+            1,
+            AutoPad::SameUpper,
+            Layout::Nchw,
+        );
+        assert_eq!(
+            c(a, &[1, 3, 225, 224], &[8, 3, 3, 3]).unwrap(),
+            vec![1, 8, 113, 112]
+        );
         let a = conv(&[3, 3], &[2, 2], &[], &[], 1, AutoPad::Valid, Layout::Nchw);
-        assert_eq!(c(a, &[1, 3, 225, 224], &[8, 3, 3, 3]).unwrap(), vec![1, 8, 112, 111]);
+        assert_eq!(
+            c(a, &[1, 3, 225, 224], &[8, 3, 3, 3]).unwrap(),
+            vec![1, 8, 112, 111]
+        );
         // Errors: channel mismatch, group mismatch, kernel larger than input, bad bias.
         assert!(is_shape_err(c(a0.clone(), &[1, 4, 8, 8], &[6, 3, 3, 3])));
         let ag = conv(&[], &[], &[], &[], 3, AutoPad::NotSet, Layout::Nchw);
         assert!(is_shape_err(c(ag, &[1, 6, 8, 8], &[4, 2, 3, 3])));
         assert!(is_shape_err(c(a0.clone(), &[1, 4, 2, 8], &[6, 4, 3, 3])));
-        assert!(is_shape_err(shape1(Op::Conv(a0), &[&[1, 4, 8, 8], &[6, 4, 3, 3], &[5]])));
+        assert!(is_shape_err(shape1(
+            Op::Conv(a0),
+            &[&[1, 4, 8, 8], &[6, 4, 3, 3], &[5]]
+        )));
     }
 
     #[test]
@@ -1213,32 +1614,78 @@ mod tests {
         g2.values[x].shape = None;
         assert!(is_shape_err(resolve_auto_pad(&mut g2)));
         infer(&mut g).unwrap();
-        let Op::Conv(a) = &g.nodes[0].op else { panic!() };
+        let Op::Conv(a) = &g.nodes[0].op else {
+            panic!()
+        };
         // in 7, s 2 -> out 4, total pad (4-1)*2+3-7 = 2 -> (1,1); in 8 -> out 4, total 1 -> lower gets it.
-        assert_eq!((a.auto_pad, a.kernel_shape.clone(), a.pads.clone()), (AutoPad::NotSet, vec![3, 3], vec![1, 1, 1, 0]));
+        assert_eq!(
+            (a.auto_pad, a.kernel_shape.clone(), a.pads.clone()),
+            (AutoPad::NotSet, vec![3, 3], vec![1, 1, 1, 0])
+        );
         assert_eq!(a.dilations, vec![1, 1]);
-        let Op::MaxPool(p) = &g.nodes[1].op else { panic!() };
+        let Op::MaxPool(p) = &g.nodes[1].op else {
+            panic!()
+        };
         // 4x4, k2 s1 -> total 1, upper puts it at the end.
-        assert_eq!((p.auto_pad, p.pads.clone(), p.strides.clone()), (AutoPad::NotSet, vec![0, 0, 1, 1], vec![1, 1]));
-        assert_eq!(g.values[g.nodes[1].outputs[0]].shape, Some(vec![1, 4, 4, 4]));
-        assert_eq!(g.nodes[2].op, Op::Transpose { perm: vec![3, 2, 1, 0] });
-        assert_eq!(g.values[g.nodes[2].outputs[0]].shape, Some(vec![8, 7, 3, 1]));
+        assert_eq!(
+            (p.auto_pad, p.pads.clone(), p.strides.clone()),
+            (AutoPad::NotSet, vec![0, 0, 1, 1], vec![1, 1])
+        );
+        assert_eq!(
+            g.values[g.nodes[1].outputs[0]].shape,
+            Some(vec![1, 4, 4, 4])
+        );
+        assert_eq!(
+            g.nodes[2].op,
+            Op::Transpose {
+                perm: vec![3, 2, 1, 0]
+            }
+        );
+        assert_eq!(
+            g.values[g.nodes[2].outputs[0]].shape,
+            Some(vec![8, 7, 3, 1])
+        );
         // Re-inferring the resolved graph gives the same shapes.
         reinfer(&mut g).unwrap();
-        assert_eq!(g.values[g.nodes[1].outputs[0]].shape, Some(vec![1, 4, 4, 4]));
+        assert_eq!(
+            g.values[g.nodes[1].outputs[0]].shape,
+            Some(vec![1, 4, 4, 4])
+        );
     }
 
     #[test]
     fn conv_transpose_shapes() {
         let ct = |conv: ConvAttrs, op: &[usize], os: Option<Vec<usize>>| {
-            Op::ConvTranspose(ConvTransposeAttrs { conv, output_padding: op.to_vec(), output_shape: os })
+            Op::ConvTranspose(ConvTransposeAttrs {
+                conv,
+                output_padding: op.to_vec(),
+                output_shape: os,
+            })
         };
-        let a = conv(&[3, 3], &[2, 2], &[1, 1, 1, 1], &[], 1, AutoPad::NotSet, Layout::Nchw);
+        let a = conv(
+            &[3, 3],
+            &[2, 2],
+            &[1, 1, 1, 1],
+            &[],
+            1,
+            AutoPad::NotSet,
+            Layout::Nchw,
+        );
         // 2*(5-1) + 1 + 3 - 2 = 10 ; 2*(6-1) + 0 + 3 - 2 = 11
-        assert_eq!(shape1(ct(a.clone(), &[1, 0], None), &[&[1, 4, 5, 6], &[4, 2, 3, 3]]).unwrap(), vec![1, 2, 10, 11]);
+        assert_eq!(
+            shape1(
+                ct(a.clone(), &[1, 0], None),
+                &[&[1, 4, 5, 6], &[4, 2, 3, 3]]
+            )
+            .unwrap(),
+            vec![1, 2, 10, 11]
+        );
         // group 2: out channels = W[1] * group.
         let ag = conv(&[3, 3], &[1, 1], &[], &[], 2, AutoPad::NotSet, Layout::Nchw);
-        assert_eq!(shape1(ct(ag, &[], None), &[&[1, 4, 5, 5], &[4, 3, 3, 3]]).unwrap(), vec![1, 6, 7, 7]);
+        assert_eq!(
+            shape1(ct(ag, &[], None), &[&[1, 4, 5, 5], &[4, 3, 3, 3]]).unwrap(),
+            vec![1, 6, 7, 7]
+        );
         // output_shape and SAME_UPPER fix the output; pads are derived.
         let mut b = B::new();
         let x = b.x(&[1, 4, 5, 6]);
@@ -1247,48 +1694,139 @@ mod tests {
         b.node(ct(a0, &[], Some(vec![10, 12])), &[Some(x), Some(w)], 1);
         let mut g = b.g.clone();
         infer(&mut g).unwrap();
-        assert_eq!(g.values[g.nodes[0].outputs[0]].shape, Some(vec![1, 2, 10, 12]));
-        let Op::ConvTranspose(r) = &g.nodes[0].op else { panic!() };
+        assert_eq!(
+            g.values[g.nodes[0].outputs[0]].shape,
+            Some(vec![1, 2, 10, 12])
+        );
+        let Op::ConvTranspose(r) = &g.nodes[0].op else {
+            panic!()
+        };
         // full sizes 11 and 13 -> total padding 1 each, begin gets the odd one (not SAME_UPPER).
-        assert_eq!((r.conv.pads.clone(), r.output_shape.clone()), (vec![1, 1, 0, 0], None));
+        assert_eq!(
+            (r.conv.pads.clone(), r.output_shape.clone()),
+            (vec![1, 1, 0, 0], None)
+        );
         reinfer(&mut g).unwrap();
-        assert_eq!(g.values[g.nodes[0].outputs[0]].shape, Some(vec![1, 2, 10, 12]));
-        let su = conv(&[3, 3], &[2, 2], &[], &[], 1, AutoPad::SameUpper, Layout::Nchw);
-        assert_eq!(shape1(ct(su, &[], None), &[&[1, 4, 5, 6], &[4, 2, 3, 3]]).unwrap(), vec![1, 2, 10, 12]);
+        assert_eq!(
+            g.values[g.nodes[0].outputs[0]].shape,
+            Some(vec![1, 2, 10, 12])
+        );
+        let su = conv(
+            &[3, 3],
+            &[2, 2],
+            &[],
+            &[],
+            1,
+            AutoPad::SameUpper,
+            Layout::Nchw,
+        );
+        assert_eq!(
+            shape1(ct(su, &[], None), &[&[1, 4, 5, 6], &[4, 2, 3, 3]]).unwrap(),
+            vec![1, 2, 10, 12]
+        );
         // An output_shape larger than reachable is an error.
         let a1 = conv(&[3, 3], &[1, 1], &[], &[], 1, AutoPad::NotSet, Layout::Nchw);
-        assert!(is_shape_err(shape1(ct(a1, &[], Some(vec![20, 20])), &[&[1, 4, 5, 6], &[4, 2, 3, 3]])));
+        assert!(is_shape_err(shape1(
+            ct(a1, &[], Some(vec![20, 20])),
+            &[&[1, 4, 5, 6], &[4, 2, 3, 3]]
+        )));
     }
 
     #[test]
     fn pool_shapes() {
         let p = pool(&[3, 3], &[2, 2], &[0, 0, 0, 0], false, AutoPad::NotSet);
-        assert_eq!(shape1(Op::MaxPool(p), &[&[1, 8, 8, 9]]).unwrap(), vec![1, 8, 3, 4]);
+        assert_eq!(
+            shape1(Op::MaxPool(p), &[&[1, 8, 8, 9]]).unwrap(),
+            vec![1, 8, 3, 4]
+        );
         let p = pool(&[3, 3], &[2, 2], &[0, 0, 0, 0], true, AutoPad::NotSet);
-        assert_eq!(shape1(Op::AveragePool(p), &[&[1, 8, 8, 9]]).unwrap(), vec![1, 8, 4, 4]);
+        assert_eq!(
+            shape1(Op::AveragePool(p), &[&[1, 8, 8, 9]]).unwrap(),
+            vec![1, 8, 4, 4]
+        );
         let mut p = pool(&[2, 2], &[2, 2], &[], false, AutoPad::NotSet);
         p.layout = Layout::Nhwc;
-        assert_eq!(shape1(Op::MaxPool(p), &[&[2, 8, 6, 5]]).unwrap(), vec![2, 4, 3, 5]);
-        assert_eq!(shape1(Op::GlobalAveragePool { layout: Layout::Nchw }, &[&[2, 7, 5, 5]]).unwrap(), vec![2, 7, 1, 1]);
-        assert_eq!(shape1(Op::GlobalAveragePool { layout: Layout::Nhwc }, &[&[2, 5, 5, 7]]).unwrap(), vec![2, 1, 1, 7]);
-        assert_eq!(shape1(Op::GlobalMaxPool { layout: Layout::Nchw }, &[&[2, 7, 9]]).unwrap(), vec![2, 7, 1]);
+        assert_eq!(
+            shape1(Op::MaxPool(p), &[&[2, 8, 6, 5]]).unwrap(),
+            vec![2, 4, 3, 5]
+        );
+        assert_eq!(
+            shape1(
+                Op::GlobalAveragePool {
+                    layout: Layout::Nchw
+                },
+                &[&[2, 7, 5, 5]]
+            )
+            .unwrap(),
+            vec![2, 7, 1, 1]
+        );
+        assert_eq!(
+            shape1(
+                Op::GlobalAveragePool {
+                    layout: Layout::Nhwc
+                },
+                &[&[2, 5, 5, 7]]
+            )
+            .unwrap(),
+            vec![2, 1, 1, 7]
+        );
+        assert_eq!(
+            shape1(
+                Op::GlobalMaxPool {
+                    layout: Layout::Nchw
+                },
+                &[&[2, 7, 9]]
+            )
+            .unwrap(),
+            vec![2, 7, 1]
+        );
         let p = pool(&[3, 3], &[1, 1], &[], false, AutoPad::NotSet);
-        assert!(is_shape_err(shape1(Op::MaxPool(p.clone()), &[&[1, 1, 2, 5]])));
+        assert!(is_shape_err(shape1(
+            Op::MaxPool(p.clone()),
+            &[&[1, 1, 2, 5]]
+        )));
         assert!(is_shape_err(shape1(Op::MaxPool(p), &[&[1, 1, 5, 5, 5]])));
     }
 
     #[test]
     fn gemm_and_matmul() {
-        let gemm = |ta: bool, tb: bool| Op::Gemm { alpha: 1.0, beta: 1.0, trans_a: ta, trans_b: tb, activation: None };
-        assert_eq!(shape1(gemm(false, true), &[&[2, 5], &[7, 5], &[7]]).unwrap(), vec![2, 7]);
-        assert_eq!(shape1(gemm(true, false), &[&[5, 2], &[5, 7], &[2, 1]]).unwrap(), vec![2, 7]);
-        assert!(is_shape_err(shape1(gemm(false, false), &[&[2, 5], &[7, 5]])));
-        assert!(is_shape_err(shape1(gemm(false, true), &[&[2, 5], &[7, 5], &[3]])));
+        let gemm = |ta: bool, tb: bool| Op::Gemm {
+            alpha: 1.0,
+            beta: 1.0,
+            trans_a: ta,
+            trans_b: tb,
+            activation: None,
+        };
+        assert_eq!(
+            shape1(gemm(false, true), &[&[2, 5], &[7, 5], &[7]]).unwrap(),
+            vec![2, 7]
+        );
+        assert_eq!(
+            shape1(gemm(true, false), &[&[5, 2], &[5, 7], &[2, 1]]).unwrap(),
+            vec![2, 7]
+        );
+        assert!(is_shape_err(shape1(
+            gemm(false, false),
+            &[&[2, 5], &[7, 5]]
+        )));
+        assert!(is_shape_err(shape1(
+            gemm(false, true),
+            &[&[2, 5], &[7, 5], &[3]]
+        )));
         assert_eq!(shape1(Op::MatMul, &[&[3, 4], &[4, 5]]).unwrap(), vec![3, 5]);
         assert_eq!(shape1(Op::MatMul, &[&[4], &[2, 4, 5]]).unwrap(), vec![2, 5]);
-        assert_eq!(shape1(Op::MatMul, &[&[2, 1, 3, 4], &[4]]).unwrap(), vec![2, 1, 3]);
-        assert_eq!(shape1(Op::MatMul, &[&[2, 1, 3, 4], &[5, 4, 6]]).unwrap(), vec![2, 5, 3, 6]);
-        assert_eq!(shape1(Op::MatMul, &[&[4], &[4]]).unwrap(), Vec::<usize>::new());
+        assert_eq!(
+            shape1(Op::MatMul, &[&[2, 1, 3, 4], &[4]]).unwrap(),
+            vec![2, 1, 3]
+        );
+        assert_eq!(
+            shape1(Op::MatMul, &[&[2, 1, 3, 4], &[5, 4, 6]]).unwrap(),
+            vec![2, 5, 3, 6]
+        );
+        assert_eq!(
+            shape1(Op::MatMul, &[&[4], &[4]]).unwrap(),
+            Vec::<usize>::new()
+        );
         assert!(is_shape_err(shape1(Op::MatMul, &[&[3, 4], &[5, 6]])));
         assert!(is_shape_err(shape1(Op::MatMul, &[&[2, 3, 4], &[3, 4, 6]])));
     }
@@ -1315,7 +1853,10 @@ mod tests {
         let y = b.input("i", DataType::I64, &[2]);
         b.node(Op::Binary(BinaryOp::Mul), &[Some(x), Some(y)], 1);
         assert!(matches!(b.run(), Err(Error::Type(_))));
-        assert!(is_shape_err(shape1(Op::Binary(BinaryOp::Sub), &[&[2, 3], &[2]])));
+        assert!(is_shape_err(shape1(
+            Op::Binary(BinaryOp::Sub),
+            &[&[2, 3], &[2]]
+        )));
         // Where: three-way broadcast, value type from X.
         let mut b = B::new();
         let c = b.input("c", DataType::Bool, &[1, 4]);
@@ -1325,60 +1866,145 @@ mod tests {
         assert_eq!(b.run().unwrap(), vec![(DataType::I64, vec![3, 4])]);
         // Elementwise chain: broadcast of all inputs; a comparison makes it Bool.
         let steps = vec![
-            ChainStep::Binary { op: BinaryOp::Add, operand: 1, acc_on_right: false },
+            ChainStep::Binary {
+                op: BinaryOp::Add,
+                operand: 1,
+                acc_on_right: false,
+            },
             ChainStep::Unary(UnaryOp::Act(crate::ir::Activation::Relu)),
-            ChainStep::Binary { op: BinaryOp::Mul, operand: 2, acc_on_right: true },
+            ChainStep::Binary {
+                op: BinaryOp::Mul,
+                operand: 2,
+                acc_on_right: true,
+            },
         ];
-        assert_eq!(shape1(Op::Elementwise(steps.clone()), &[&[2, 1, 1], &[1, 3, 1], &[5]]).unwrap(), vec![2, 3, 5]);
+        assert_eq!(
+            shape1(
+                Op::Elementwise(steps.clone()),
+                &[&[2, 1, 1], &[1, 3, 1], &[5]]
+            )
+            .unwrap(),
+            vec![2, 3, 5]
+        );
         let mut b = B::new();
         let x = b.x(&[2]);
         let y = b.x(&[1]);
         let mut s = steps.clone();
-        s[2] = ChainStep::Binary { op: BinaryOp::Greater, operand: 1, acc_on_right: false };
+        s[2] = ChainStep::Binary {
+            op: BinaryOp::Greater,
+            operand: 1,
+            acc_on_right: false,
+        };
         b.node(Op::Elementwise(s), &[Some(x), Some(y)], 1);
         assert_eq!(b.run().unwrap(), vec![(DataType::Bool, vec![2])]);
         assert_eq!(shape1(Op::Clip, &[&[2, 3]]).unwrap(), vec![2, 3]);
-        assert_eq!(shape1(Op::BatchNormalization { epsilon: 1e-5 }, &[&[1, 3, 2, 2], &[3], &[3], &[3], &[3]]).unwrap(), vec![1, 3, 2, 2]);
-        assert!(is_shape_err(shape1(Op::BatchNormalization { epsilon: 1e-5 }, &[&[1, 3, 2], &[4], &[3], &[3], &[3]])));
+        assert_eq!(
+            shape1(
+                Op::BatchNormalization { epsilon: 1e-5 },
+                &[&[1, 3, 2, 2], &[3], &[3], &[3], &[3]]
+            )
+            .unwrap(),
+            vec![1, 3, 2, 2]
+        );
+        assert!(is_shape_err(shape1(
+            Op::BatchNormalization { epsilon: 1e-5 },
+            &[&[1, 3, 2], &[4], &[3], &[3], &[3]]
+        )));
     }
 
     #[test]
     fn concat_and_split() {
-        assert_eq!(shape1(Op::Concat { axis: -1 }, &[&[2, 3], &[2, 5], &[2, 1]]).unwrap(), vec![2, 9]);
-        assert!(is_shape_err(shape1(Op::Concat { axis: 1 }, &[&[2, 3], &[3, 5]])));
-        assert!(is_shape_err(shape1(Op::Concat { axis: 2 }, &[&[2, 3], &[2, 5]])));
-        let split = |axis: i64, split: Option<Vec<usize>>, input: Option<&[i64]>, n: usize, opset: i64, x: &[usize]| {
+        assert_eq!(
+            shape1(Op::Concat { axis: -1 }, &[&[2, 3], &[2, 5], &[2, 1]]).unwrap(),
+            vec![2, 9]
+        );
+        assert!(is_shape_err(shape1(
+            Op::Concat { axis: 1 },
+            &[&[2, 3], &[3, 5]]
+        )));
+        assert!(is_shape_err(shape1(
+            Op::Concat { axis: 2 },
+            &[&[2, 3], &[2, 5]]
+        )));
+        let split = |axis: i64,
+                     split: Option<Vec<usize>>,
+                     input: Option<&[i64]>,
+                     n: usize,
+                     opset: i64,
+                     x: &[usize]| {
             let mut b = B::new();
             b.g.opset = opset;
             let xi = b.x(x);
             let s = input.map(|v| b.ci(v));
-            let ins = if s.is_some() { vec![Some(xi), s] } else { vec![Some(xi)] };
+            let ins = if s.is_some() {
+                vec![Some(xi), s]
+            } else {
+                vec![Some(xi)]
+            };
             b.node(Op::Split { axis, split }, &ins, n);
-            b.run().map(|v| v.into_iter().map(|(_, s)| s).collect::<Vec<_>>())
+            b.run()
+                .map(|v| v.into_iter().map(|(_, s)| s).collect::<Vec<_>>())
         };
-        assert_eq!(split(1, Some(vec![1, 3]), None, 2, 11, &[2, 4]).unwrap(), vec![vec![2, 1], vec![2, 3]]);
-        assert_eq!(split(0, None, Some(&[3, 1]), 2, 13, &[4]).unwrap(), vec![vec![3], vec![1]]);
-        assert_eq!(split(-1, None, None, 3, 13, &[2, 6]).unwrap(), vec![vec![2, 2]; 3]);
-        assert_eq!(split(0, None, None, 3, 18, &[7]).unwrap(), vec![vec![3], vec![3], vec![1]]);
+        assert_eq!(
+            split(1, Some(vec![1, 3]), None, 2, 11, &[2, 4]).unwrap(),
+            vec![vec![2, 1], vec![2, 3]]
+        );
+        assert_eq!(
+            split(0, None, Some(&[3, 1]), 2, 13, &[4]).unwrap(),
+            vec![vec![3], vec![1]]
+        );
+        assert_eq!(
+            split(-1, None, None, 3, 13, &[2, 6]).unwrap(),
+            vec![vec![2, 2]; 3]
+        );
+        assert_eq!(
+            split(0, None, None, 3, 18, &[7]).unwrap(),
+            vec![vec![3], vec![3], vec![1]]
+        );
         assert!(is_shape_err(split(0, None, None, 3, 13, &[7])));
         assert!(is_shape_err(split(0, Some(vec![1, 2]), None, 2, 11, &[4])));
         // A non-constant split input.
         let mut b = B::new();
         let x = b.x(&[4]);
         let s = b.input("s", DataType::I64, &[2]);
-        b.node(Op::Split { axis: 0, split: None }, &[Some(x), Some(s)], 2);
+        b.node(
+            Op::Split {
+                axis: 0,
+                split: None,
+            },
+            &[Some(x), Some(s)],
+            2,
+        );
         assert!(is_runtime(b.run()));
     }
 
     /// Reference Slice length on one dim by filtering indices (numpy semantics).
     fn slice_ref(d: i64, start: i64, end: i64, step: i64) -> usize {
-        let s = if start < 0 { start as i128 + d as i128 } else { start as i128 };
-        let e = if end < 0 { end as i128 + d as i128 } else { end as i128 };
+        let s = if start < 0 {
+            start as i128 + d as i128
+        } else {
+            start as i128
+        };
+        let e = if end < 0 {
+            end as i128 + d as i128
+        } else {
+            end as i128
+        };
         // The stride phase starts at the clamped start (as in numpy; for negative steps the
         // ONNX spec clamps into [0, d-1], so a start below 0 still yields index 0).
-        let s = if step < 0 { s.clamp(0, (d as i128 - 1).max(0)) } else { s.max(0) };
+        let s = if step < 0 {
+            s.clamp(0, (d as i128 - 1).max(0))
+        } else {
+            s.max(0)
+        };
         (0..d as i128)
-            .filter(|&i| if step > 0 { i >= s && i < e } else { i <= s && i > e })
+            .filter(|&i| {
+                if step > 0 {
+                    i >= s && i < e
+                } else {
+                    i <= s && i > e
+                }
+            })
             .filter(|&i| (i - s) % step as i128 == 0)
             .count()
     }
@@ -1392,10 +2018,19 @@ mod tests {
                     for step in [-3i64, -1, 1, 2] {
                         let mut b = B::new();
                         let x = b.x(&[3, d]);
-                        let (s, e, a, st) = (b.ci(&[start]), b.ci(&[end]), b.ci(&[-1]), b.ci(&[step]));
-                        b.node(Op::Slice, &[Some(x), Some(s), Some(e), Some(a), Some(st)], 1);
+                        let (s, e, a, st) =
+                            (b.ci(&[start]), b.ci(&[end]), b.ci(&[-1]), b.ci(&[step]));
+                        b.node(
+                            Op::Slice,
+                            &[Some(x), Some(s), Some(e), Some(a), Some(st)],
+                            1,
+                        );
                         let got = b.run().unwrap().remove(0).1;
-                        assert_eq!(got, vec![3, slice_ref(d as i64, start, end, step)], "d={d} {start}:{end}:{step}");
+                        assert_eq!(
+                            got,
+                            vec![3, slice_ref(d as i64, start, end, step)],
+                            "d={d} {start}:{end}:{step}"
+                        );
                     }
                 }
             }
@@ -1409,7 +2044,11 @@ mod tests {
         let mut b = B::new();
         let x = b.x(&[6]);
         let (s, e, a, st) = (b.ci(&[0]), b.ci(&[3]), b.ci(&[0]), b.ci(&[0]));
-        b.node(Op::Slice, &[Some(x), Some(s), Some(e), Some(a), Some(st)], 1);
+        b.node(
+            Op::Slice,
+            &[Some(x), Some(s), Some(e), Some(a), Some(st)],
+            1,
+        );
         assert!(is_shape_err(b.run()));
         let mut b = B::new();
         let x = b.x(&[6]);
@@ -1430,9 +2069,13 @@ mod tests {
 
     #[test]
     fn reshape_and_friends() {
-        let r = |az: bool, x: &[usize], s: &[i64]| with_const(Op::Reshape { allowzero: az }, x, &[s]);
+        let r =
+            |az: bool, x: &[usize], s: &[i64]| with_const(Op::Reshape { allowzero: az }, x, &[s]);
         assert_eq!(r(false, &[2, 3, 4], &[0, -1]).unwrap(), vec![2, 12]);
-        assert_eq!(r(false, &[2, 3, 4], &[-1, 0, 2, 2]).unwrap(), vec![2, 3, 2, 2]);
+        assert_eq!(
+            r(false, &[2, 3, 4], &[-1, 0, 2, 2]).unwrap(),
+            vec![2, 3, 2, 2]
+        );
         assert_eq!(r(true, &[0, 3], &[3, 0]).unwrap(), vec![3, 0]);
         assert!(is_shape_err(r(false, &[2, 3, 4], &[5, -1])));
         assert!(is_shape_err(r(false, &[2, 3, 4], &[-1, -1])));
@@ -1447,24 +2090,102 @@ mod tests {
             other => panic!("{other:?}"),
         }
 
-        assert_eq!(shape1(Op::Transpose { perm: vec![0, 2, 3, 1] }, &[&[1, 3, 5, 7]]).unwrap(), vec![1, 5, 7, 3]);
-        assert!(is_shape_err(shape1(Op::Transpose { perm: vec![0, 1] }, &[&[1, 3, 5]])));
-        assert_eq!(shape1(Op::Flatten { axis: 2 }, &[&[2, 3, 4, 5]]).unwrap(), vec![6, 20]);
-        assert_eq!(shape1(Op::Flatten { axis: 0 }, &[&[2, 3]]).unwrap(), vec![1, 6]);
-        assert_eq!(shape1(Op::Flatten { axis: -1 }, &[&[2, 3, 4]]).unwrap(), vec![6, 4]);
-        assert_eq!(shape1(Op::Squeeze { axes: Some(vec![0, -1]) }, &[&[1, 3, 1, 1]]).unwrap(), vec![3, 1]);
-        assert_eq!(shape1(Op::Squeeze { axes: None }, &[&[1, 3, 1, 2]]).unwrap(), vec![3, 2]);
-        assert_eq!(with_const(Op::Squeeze { axes: None }, &[1, 3, 1], &[&[2]]).unwrap(), vec![1, 3]);
-        assert!(is_shape_err(shape1(Op::Squeeze { axes: Some(vec![1]) }, &[&[1, 3]])));
-        assert_eq!(shape1(Op::Unsqueeze { axes: Some(vec![0, -1]) }, &[&[3, 4]]).unwrap(), vec![1, 3, 4, 1]);
-        assert_eq!(with_const(Op::Unsqueeze { axes: None }, &[3, 4], &[&[1, 3]]).unwrap(), vec![3, 1, 4, 1]);
-        assert!(is_shape_err(shape1(Op::Unsqueeze { axes: Some(vec![0, 0]) }, &[&[3]])));
-        assert_eq!(with_const(Op::Expand, &[3, 1], &[&[2, 1, 4]]).unwrap(), vec![2, 3, 4]);
+        assert_eq!(
+            shape1(
+                Op::Transpose {
+                    perm: vec![0, 2, 3, 1]
+                },
+                &[&[1, 3, 5, 7]]
+            )
+            .unwrap(),
+            vec![1, 5, 7, 3]
+        );
+        assert!(is_shape_err(shape1(
+            Op::Transpose { perm: vec![0, 1] },
+            &[&[1, 3, 5]]
+        )));
+        assert_eq!(
+            shape1(Op::Flatten { axis: 2 }, &[&[2, 3, 4, 5]]).unwrap(),
+            vec![6, 20]
+        );
+        assert_eq!(
+            shape1(Op::Flatten { axis: 0 }, &[&[2, 3]]).unwrap(),
+            vec![1, 6]
+        );
+        assert_eq!(
+            shape1(Op::Flatten { axis: -1 }, &[&[2, 3, 4]]).unwrap(),
+            vec![6, 4]
+        );
+        assert_eq!(
+            shape1(
+                Op::Squeeze {
+                    axes: Some(vec![0, -1])
+                },
+                &[&[1, 3, 1, 1]]
+            )
+            .unwrap(),
+            vec![3, 1]
+        );
+        assert_eq!(
+            shape1(Op::Squeeze { axes: None }, &[&[1, 3, 1, 2]]).unwrap(),
+            vec![3, 2]
+        );
+        assert_eq!(
+            with_const(Op::Squeeze { axes: None }, &[1, 3, 1], &[&[2]]).unwrap(),
+            vec![1, 3]
+        );
+        assert!(is_shape_err(shape1(
+            Op::Squeeze {
+                axes: Some(vec![1])
+            },
+            &[&[1, 3]]
+        )));
+        assert_eq!(
+            shape1(
+                Op::Unsqueeze {
+                    axes: Some(vec![0, -1])
+                },
+                &[&[3, 4]]
+            )
+            .unwrap(),
+            vec![1, 3, 4, 1]
+        );
+        assert_eq!(
+            with_const(Op::Unsqueeze { axes: None }, &[3, 4], &[&[1, 3]]).unwrap(),
+            vec![3, 1, 4, 1]
+        );
+        assert!(is_shape_err(shape1(
+            Op::Unsqueeze {
+                axes: Some(vec![0, 0])
+            },
+            &[&[3]]
+        )));
+        assert_eq!(
+            with_const(Op::Expand, &[3, 1], &[&[2, 1, 4]]).unwrap(),
+            vec![2, 3, 4]
+        );
         assert!(is_shape_err(with_const(Op::Expand, &[3, 2], &[&[4]])));
-        let pad = Op::Pad { mode: crate::ir::PadMode::Constant };
-        assert_eq!(with_const(pad.clone(), &[1, 3, 4, 4], &[&[0, 0, 1, 2, 0, 0, 3, -1]]).unwrap(), vec![1, 3, 8, 5]);
-        assert_eq!(with_const(pad.clone(), &[1, 3, 4, 4], &[&[1, 2, 1, 1], &[0.0f32 as i64], &[2, -1]]).unwrap(), vec![1, 3, 6, 7]);
-        assert!(is_shape_err(with_const(pad.clone(), &[2, 2], &[&[0, -3, 0, 0]])));
+        let pad = Op::Pad {
+            mode: crate::ir::PadMode::Constant,
+        };
+        assert_eq!(
+            with_const(pad.clone(), &[1, 3, 4, 4], &[&[0, 0, 1, 2, 0, 0, 3, -1]]).unwrap(),
+            vec![1, 3, 8, 5]
+        );
+        assert_eq!(
+            with_const(
+                pad.clone(),
+                &[1, 3, 4, 4],
+                &[&[1, 2, 1, 1], &[0.0f32 as i64], &[2, -1]]
+            )
+            .unwrap(),
+            vec![1, 3, 6, 7]
+        );
+        assert!(is_shape_err(with_const(
+            pad.clone(),
+            &[2, 2],
+            &[&[0, -3, 0, 0]]
+        )));
         assert!(is_shape_err(with_const(pad, &[2, 2], &[&[1, 1]])));
     }
 
@@ -1475,8 +2196,15 @@ mod tests {
         let i = b.input("i", DataType::I64, &[2, 3]);
         b.node(Op::Gather { axis: 1 }, &[Some(x), Some(i)], 1);
         assert_eq!(b.run().unwrap()[0].1, vec![5, 2, 3, 7]);
-        assert!(is_shape_err(with_const(Op::Gather { axis: 0 }, &[5], &[&[5]])));
-        assert_eq!(with_const(Op::Gather { axis: 0 }, &[5, 2], &[&[-5]]).unwrap(), vec![1, 2]);
+        assert!(is_shape_err(with_const(
+            Op::Gather { axis: 0 },
+            &[5],
+            &[&[5]]
+        )));
+        assert_eq!(
+            with_const(Op::Gather { axis: 0 }, &[5, 2], &[&[-5]]).unwrap(),
+            vec![1, 2]
+        );
         let mut b = B::new();
         let x = b.x(&[4, 5, 6]);
         let i = b.input("i", DataType::I64, &[3, 2]);
@@ -1493,11 +2221,22 @@ mod tests {
         let x = b.x(&[2, 3]);
         b.node(Op::Cast { to: DataType::I32 }, &[Some(x)], 1);
         assert_eq!(b.run().unwrap(), vec![(DataType::I32, vec![2, 3])]);
-        for (start, end, want) in [(0, None, 4), (1, None, 3), (-1, None, 1), (1, Some(-1), 2), (-10, Some(10), 4), (3, Some(1), 0)] {
+        for (start, end, want) in [
+            (0, None, 4),
+            (1, None, 3),
+            (-1, None, 1),
+            (1, Some(-1), 2),
+            (-10, Some(10), 4),
+            (3, Some(1), 0),
+        ] {
             let mut b = B::new();
             let x = b.x(&[2, 3, 4, 5]);
             b.node(Op::Shape { start, end }, &[Some(x)], 1);
-            assert_eq!(b.run().unwrap(), vec![(DataType::I64, vec![want])], "{start} {end:?}");
+            assert_eq!(
+                b.run().unwrap(),
+                vec![(DataType::I64, vec![want])],
+                "{start} {end:?}"
+            );
         }
     }
 
@@ -1523,13 +2262,35 @@ mod tests {
             b.node(attrs(layout), &ins, 1);
             b.run().map(|mut v| v.remove(0).1)
         };
-        assert_eq!(run(Layout::Nchw, &[1, 3, 13, 13], &[1.0, 1.0, 2.0, 2.0], None).unwrap(), vec![1, 3, 26, 26]);
-        assert_eq!(run(Layout::Nchw, &[1, 3, 5, 5], &[1.0, 1.0, 0.5, 1.5], None).unwrap(), vec![1, 3, 2, 7]);
+        assert_eq!(
+            run(Layout::Nchw, &[1, 3, 13, 13], &[1.0, 1.0, 2.0, 2.0], None).unwrap(),
+            vec![1, 3, 26, 26]
+        );
+        assert_eq!(
+            run(Layout::Nchw, &[1, 3, 5, 5], &[1.0, 1.0, 0.5, 1.5], None).unwrap(),
+            vec![1, 3, 2, 7]
+        );
         // NHWC: scales are in the tensor's own axis order.
-        assert_eq!(run(Layout::Nhwc, &[1, 13, 13, 3], &[1.0, 2.0, 2.0, 1.0], None).unwrap(), vec![1, 26, 26, 3]);
-        assert_eq!(run(Layout::Nchw, &[1, 3, 5, 5], &[], Some(&[1, 3, 8, 9])).unwrap(), vec![1, 3, 8, 9]);
-        assert!(is_shape_err(run(Layout::Nchw, &[1, 3, 5, 5], &[2.0, 2.0], None)));
-        assert!(is_shape_err(run(Layout::Nchw, &[1, 3, 5, 5], &[1.0, 1.0, -2.0, 2.0], None)));
+        assert_eq!(
+            run(Layout::Nhwc, &[1, 13, 13, 3], &[1.0, 2.0, 2.0, 1.0], None).unwrap(),
+            vec![1, 26, 26, 3]
+        );
+        assert_eq!(
+            run(Layout::Nchw, &[1, 3, 5, 5], &[], Some(&[1, 3, 8, 9])).unwrap(),
+            vec![1, 3, 8, 9]
+        );
+        assert!(is_shape_err(run(
+            Layout::Nchw,
+            &[1, 3, 5, 5],
+            &[2.0, 2.0],
+            None
+        )));
+        assert!(is_shape_err(run(
+            Layout::Nchw,
+            &[1, 3, 5, 5],
+            &[1.0, 1.0, -2.0, 2.0],
+            None
+        )));
         assert!(is_shape_err(run(Layout::Nchw, &[1, 3, 5, 5], &[], None)));
         let mut b = B::new();
         let x = b.x(&[1, 3, 5, 5]);
@@ -1547,10 +2308,25 @@ mod tests {
         assert_eq!(b.run().unwrap(), vec![(DataType::I64, vec![2, 0, 3])]);
         let mut b = B::new();
         let s = b.input("s", DataType::I64, &[2]);
-        b.node(Op::ConstantOfShape { value: Tensor::from_f32(vec![1], vec![0.0]).unwrap() }, &[Some(s)], 1);
+        b.node(
+            Op::ConstantOfShape {
+                value: Tensor::from_f32(vec![1], vec![0.0]).unwrap(),
+            },
+            &[Some(s)],
+            1,
+        );
         assert!(is_runtime(b.run()));
         // Range: count matches a naive loop.
-        for (st, li, de) in [(0i64, 10i64, 3i64), (10, 0, -3), (5, 5, 1), (0, -4, 1), (-7, 8, 5)] {
+        for (st, li, de) in [
+            (0i64, 10i64, 3i64),
+            (10, 0, -3),
+            (9, 0, -3),
+            (3, 7, -1),
+            (-7, 9, 4),
+            (5, 5, 1),
+            (0, -4, 1),
+            (-7, 8, 5),
+        ] {
             let mut b = B::new();
             let (a, l, d) = (b.ci(&[st]), b.ci(&[li]), b.ci(&[de]));
             b.node(Op::Range, &[Some(a), Some(l), Some(d)], 1);
@@ -1560,7 +2336,11 @@ mod tests {
                 n += 1;
                 v += de;
             }
-            assert_eq!(b.run().unwrap(), vec![(DataType::I64, vec![n])], "{st} {li} {de}");
+            assert_eq!(
+                b.run().unwrap(),
+                vec![(DataType::I64, vec![n])],
+                "{st} {li} {de}"
+            );
         }
         let mut b = B::new();
         let (a, l, d) = (b.cf(&[], &[0.5]), b.cf(&[], &[2.0]), b.cf(&[], &[0.4]));
@@ -1572,16 +2352,28 @@ mod tests {
         assert!(is_shape_err(b.run()));
 
         let rm = |axes: Option<Vec<i64>>, keepdims| Op::ReduceMean { axes, keepdims };
-        assert_eq!(shape1(rm(Some(vec![2, 3]), true), &[&[2, 3, 4, 5]]).unwrap(), vec![2, 3, 1, 1]);
-        assert_eq!(shape1(rm(Some(vec![-1]), false), &[&[2, 3, 4]]).unwrap(), vec![2, 3]);
-        assert_eq!(shape1(rm(None, false), &[&[2, 3]]).unwrap(), Vec::<usize>::new());
+        assert_eq!(
+            shape1(rm(Some(vec![2, 3]), true), &[&[2, 3, 4, 5]]).unwrap(),
+            vec![2, 3, 1, 1]
+        );
+        assert_eq!(
+            shape1(rm(Some(vec![-1]), false), &[&[2, 3, 4]]).unwrap(),
+            vec![2, 3]
+        );
+        assert_eq!(
+            shape1(rm(None, false), &[&[2, 3]]).unwrap(),
+            Vec::<usize>::new()
+        );
         assert!(is_shape_err(shape1(rm(Some(vec![3]), false), &[&[2, 3]])));
         assert_eq!(shape1(Op::Identity, &[&[4, 1]]).unwrap(), vec![4, 1]);
     }
 
     #[test]
     fn softmax_old_opset_semantics() {
-        assert_eq!(shape1(Op::Softmax { axis: 1 }, &[&[2, 5]]).unwrap(), vec![2, 5]);
+        assert_eq!(
+            shape1(Op::Softmax { axis: 1 }, &[&[2, 5]]).unwrap(),
+            vec![2, 5]
+        );
         let run = |opset: i64, axis: i64, x: &[usize]| {
             let mut b = B::new();
             b.g.opset = opset;
@@ -1625,7 +2417,10 @@ mod tests {
 
     #[test]
     fn real_models_infer_where_static() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../models/efficientnet-lite0.onnx");
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../models/efficientnet-lite0.onnx"
+        );
         let mut g = crate::onnx::load_file(std::path::Path::new(path)).unwrap();
         pin_inputs(&mut g, 2).unwrap();
         assert_eq!(g.values[g.inputs[0]].shape, Some(vec![2, 3, 224, 224]));
@@ -1633,6 +2428,44 @@ mod tests {
         match infer(&mut g) {
             Err(Error::Unsupported(m)) => assert!(m.contains("depends on a runtime value"), "{m}"),
             other => panic!("{other:?}"),
+        }
+
+        // nanodet: everything before the first Reshape (whose shape the exporter computes from a
+        // ScatterND chain) infers; expected shapes from python onnx shape inference, batch 2.
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../models/nanodet-m-416.onnx");
+        let mut g = crate::onnx::load_file(std::path::Path::new(path)).unwrap();
+        pin_inputs(&mut g, 2).unwrap();
+        match infer(&mut g) {
+            Err(Error::Unsupported(m)) => {
+                assert!(m.contains("Reshape shape") && m.contains("runtime"), "{m}")
+            }
+            other => panic!("{other:?}"),
+        }
+        let expect = [
+            ("PartitionedCall/MaxPool2d:0", [2, 32, 104, 104]),
+            (
+                "PartitionedCall/onnx_tf_prefix_Concat_12:0",
+                [2, 64, 104, 104],
+            ),
+            (
+                "PartitionedCall/onnx_tf_prefix_Concat_27:0",
+                [2, 128, 52, 52],
+            ),
+            (
+                "PartitionedCall/onnx_tf_prefix_Concat_42:0",
+                [2, 256, 26, 26],
+            ),
+            (
+                "PartitionedCall/onnx_tf_prefix_Concat_62:0",
+                [2, 512, 13, 13],
+            ),
+            ("Resize__108:0", [2, 128, 26, 26]),
+            ("Resize__112:0", [2, 128, 52, 52]),
+            ("Resize__128:0", [2, 128, 13, 13]),
+        ];
+        for (name, want) in expect {
+            let v = g.value_by_name(name).unwrap();
+            assert_eq!(g.values[v].shape.as_deref(), Some(&want[..]), "{name}");
         }
     }
 }

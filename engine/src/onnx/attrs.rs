@@ -20,7 +20,9 @@ impl<'a> Attrs<'a> {
         for a in &n.attribute {
             let name = a.name.as_deref().unwrap_or("");
             if map.insert(name, a).is_some() {
-                return Err(Error::InvalidModel(format!("node '{node}' ({op}) has attribute '{name}' twice")));
+                return Err(Error::InvalidModel(format!(
+                    "node '{node}' ({op}) has attribute '{name}' twice"
+                )));
             }
         }
         Ok(Attrs { node, op, map })
@@ -31,8 +33,15 @@ impl<'a> Attrs<'a> {
         self.map.contains_key(name)
     }
 
-    fn get(&self, name: &str, want: AttributeType, present: fn(&AttributeProto) -> bool) -> Result<Option<&'a AttributeProto>> {
-        let Some(a) = self.map.get(name).copied() else { return Ok(None) };
+    fn get(
+        &self,
+        name: &str,
+        want: AttributeType,
+        present: fn(&AttributeProto) -> bool,
+    ) -> Result<Option<&'a AttributeProto>> {
+        let Some(a) = self.map.get(name).copied() else {
+            return Ok(None);
+        };
         let t = AttributeType::try_from(a.r#type.unwrap_or(0)).unwrap_or(AttributeType::Undefined);
         if t == want || (t == AttributeType::Undefined && present(a)) {
             Ok(Some(a))
@@ -49,7 +58,9 @@ impl<'a> Attrs<'a> {
 
     /// An integer attribute, if present.
     pub(crate) fn opt_int(&self, name: &str) -> Result<Option<i64>> {
-        Ok(self.get(name, AttributeType::Int, |a| a.i.is_some())?.map(|a| a.i.unwrap_or(0)))
+        Ok(self
+            .get(name, AttributeType::Int, |a| a.i.is_some())?
+            .map(|a| a.i.unwrap_or(0)))
     }
 
     /// An integer attribute or its default.
@@ -73,17 +84,23 @@ impl<'a> Attrs<'a> {
 
     /// A float attribute or its default.
     pub(crate) fn float(&self, name: &str, default: f32) -> Result<f32> {
-        Ok(self.get(name, AttributeType::Float, |a| a.f.is_some())?.map_or(default, |a| a.f.unwrap_or(0.0)))
+        Ok(self
+            .get(name, AttributeType::Float, |a| a.f.is_some())?
+            .map_or(default, |a| a.f.unwrap_or(0.0)))
     }
 
     /// A list-of-integers attribute, if present.
     pub(crate) fn ints(&self, name: &str) -> Result<Option<Vec<i64>>> {
-        Ok(self.get(name, AttributeType::Ints, |a| !a.ints.is_empty())?.map(|a| a.ints.clone()))
+        Ok(self
+            .get(name, AttributeType::Ints, |a| !a.ints.is_empty())?
+            .map(|a| a.ints.clone()))
     }
 
     /// A list-of-floats attribute, if present.
     pub(crate) fn floats(&self, name: &str) -> Result<Option<Vec<f32>>> {
-        Ok(self.get(name, AttributeType::Floats, |a| !a.floats.is_empty())?.map(|a| a.floats.clone()))
+        Ok(self
+            .get(name, AttributeType::Floats, |a| !a.floats.is_empty())?
+            .map(|a| a.floats.clone()))
     }
 
     /// A string attribute or its default.
@@ -100,17 +117,25 @@ impl<'a> Attrs<'a> {
 
     /// A tensor attribute, if present.
     pub(crate) fn tensor(&self, name: &str) -> Result<Option<&'a TensorProto>> {
-        Ok(self.get(name, AttributeType::Tensor, |a| a.t.is_some())?.and_then(|a| a.t.as_ref()))
+        Ok(self
+            .get(name, AttributeType::Tensor, |a| a.t.is_some())?
+            .and_then(|a| a.t.as_ref()))
     }
 
     /// Error for a required attribute that is absent.
     pub(crate) fn missing(&self, name: &str) -> Error {
-        Error::InvalidModel(format!("node '{}' ({}) lacks required attribute '{name}'", self.node, self.op))
+        Error::InvalidModel(format!(
+            "node '{}' ({}) lacks required attribute '{name}'",
+            self.node, self.op
+        ))
     }
 
     /// Error for an attribute value that is malformed.
     pub(crate) fn bad(&self, name: &str, what: &str) -> Error {
-        Error::InvalidModel(format!("attribute '{name}' of node '{}' ({}) has invalid value {what}", self.node, self.op))
+        Error::InvalidModel(format!(
+            "attribute '{name}' of node '{}' ({}) has invalid value {what}",
+            self.node, self.op
+        ))
     }
 
     /// Error for an attribute value that is valid ONNX but not implemented.

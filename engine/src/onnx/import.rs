@@ -26,7 +26,9 @@ fn default_opset(model: &ModelProto) -> Result<i64> {
             found = Some(o.version.unwrap_or(0));
         }
     }
-    let v = found.ok_or_else(|| Error::InvalidModel("model declares no default-domain (ai.onnx) opset".into()))?;
+    let v = found.ok_or_else(|| {
+        Error::InvalidModel("model declares no default-domain (ai.onnx) opset".into())
+    })?;
     if !OPSET_RANGE.contains(&v) {
         return Err(Error::Unsupported(format!(
             "ONNX opset {v}; supported opsets are {} to {}",
@@ -45,7 +47,9 @@ fn declared_type(vi: &ValueInfoProto) -> Result<Declared> {
         .as_ref()
         .ok_or_else(|| Error::InvalidModel(format!("value '{name}' has no type")))?;
     let Some(TypeValue::TensorType(t)) = &tp.value else {
-        return Err(Error::Unsupported(format!("value '{name}' is not a dense tensor")));
+        return Err(Error::Unsupported(format!(
+            "value '{name}' is not a dense tensor"
+        )));
     };
     let code = t.elem_type.unwrap_or(0);
     let dtype = DataType::from_onnx(code)
@@ -56,9 +60,9 @@ fn declared_type(vi: &ValueInfoProto) -> Result<Declared> {
             s.dim
                 .iter()
                 .map(|d| match &d.value {
-                    Some(Dim::DimValue(v)) if *v > MAX_ELEMENTS as i64 => {
-                        Err(Error::InvalidModel(format!("value '{name}' has dimension {v}")))
-                    }
+                    Some(Dim::DimValue(v)) if *v > MAX_ELEMENTS as i64 => Err(Error::InvalidModel(
+                        format!("value '{name}' has dimension {v}"),
+                    )),
                     Some(Dim::DimValue(v)) if *v >= 0 => Ok(Some(*v as usize)),
                     _ => Ok(None),
                 })
@@ -81,10 +85,16 @@ fn constant_value(n: &NodeProto, name: &str) -> Result<Tensor> {
     let a = Attrs::new(n, name, "Constant")?;
     let mut found = Vec::new();
     if let Some(t) = a.tensor("value")? {
-        found.push(tensor_from_proto(t, &format!("value of Constant node '{name}'"))?);
+        found.push(tensor_from_proto(
+            t,
+            &format!("value of Constant node '{name}'"),
+        )?);
     }
     if a.has("value_float") {
-        found.push(Tensor::from_f32(vec![], vec![a.float("value_float", 0.0)?])?);
+        found.push(Tensor::from_f32(
+            vec![],
+            vec![a.float("value_float", 0.0)?],
+        )?);
     }
     if let Some(v) = a.floats("value_floats")? {
         found.push(Tensor::from_f32(vec![v.len()], v)?);
@@ -97,19 +107,28 @@ fn constant_value(n: &NodeProto, name: &str) -> Result<Tensor> {
     }
     for unsupported in ["sparse_value", "value_string", "value_strings"] {
         if a.has(unsupported) {
-            return Err(Error::Unsupported(format!("Constant node '{name}' with attribute {unsupported}")));
+            return Err(Error::Unsupported(format!(
+                "Constant node '{name}' with attribute {unsupported}"
+            )));
         }
     }
     match found.len() {
         1 => Ok(found.remove(0)),
-        0 => Err(Error::InvalidModel(format!("Constant node '{name}' has no value attribute"))),
-        _ => Err(Error::InvalidModel(format!("Constant node '{name}' has more than one value attribute"))),
+        0 => Err(Error::InvalidModel(format!(
+            "Constant node '{name}' has no value attribute"
+        ))),
+        _ => Err(Error::InvalidModel(format!(
+            "Constant node '{name}' has more than one value attribute"
+        ))),
     }
 }
 
 /// Orders `nodes` so every node follows the producers of its inputs, keeping file order where
 /// possible. `known` holds names available before any node runs.
-fn topo_order(nodes: &[(usize, &NodeProto)], known: &HashMap<String, ValueId>) -> Result<Vec<usize>> {
+fn topo_order(
+    nodes: &[(usize, &NodeProto)],
+    known: &HashMap<String, ValueId>,
+) -> Result<Vec<usize>> {
     let mut producer: HashMap<&str, usize> = HashMap::new();
     for (k, (i, n)) in nodes.iter().enumerate() {
         for o in n.output.iter().filter(|o| !o.is_empty()) {
@@ -129,14 +148,19 @@ fn topo_order(nodes: &[(usize, &NodeProto)], known: &HashMap<String, ValueId>) -
                 continue;
             }
             let &p = producer.get(inp.as_str()).ok_or_else(|| {
-                Error::InvalidModel(format!("node '{}' reads undefined value '{inp}'", node_name(n, *i)))
+                Error::InvalidModel(format!(
+                    "node '{}' reads undefined value '{inp}'",
+                    node_name(n, *i)
+                ))
             })?;
             indegree[k] += 1;
             users[p].push(k);
         }
     }
-    let mut ready: BinaryHeap<Reverse<usize>> =
-        (0..nodes.len()).filter(|&k| indegree[k] == 0).map(Reverse).collect();
+    let mut ready: BinaryHeap<Reverse<usize>> = (0..nodes.len())
+        .filter(|&k| indegree[k] == 0)
+        .map(Reverse)
+        .collect();
     let mut order = Vec::with_capacity(nodes.len());
     while let Some(Reverse(k)) = ready.pop() {
         order.push(k);
@@ -150,7 +174,10 @@ fn topo_order(nodes: &[(usize, &NodeProto)], known: &HashMap<String, ValueId>) -
     if order.len() != nodes.len() {
         let stuck = (0..nodes.len()).find(|&k| indegree[k] > 0).map_or(0, |k| k);
         let (i, n) = nodes[stuck];
-        return Err(Error::InvalidModel(format!("the graph has a cycle through node '{}'", node_name(n, i))));
+        return Err(Error::InvalidModel(format!(
+            "the graph has a cycle through node '{}'",
+            node_name(n, i)
+        )));
     }
     Ok(order)
 }
@@ -158,11 +185,17 @@ fn topo_order(nodes: &[(usize, &NodeProto)], known: &HashMap<String, ValueId>) -
 /// Builds the IR graph of `model`.
 pub(crate) fn import_model(model: &ModelProto) -> Result<Graph> {
     let opset = default_opset(model)?;
-    let g: &GraphProto = model.graph.as_ref().ok_or_else(|| Error::InvalidModel("model has no graph".into()))?;
+    let g: &GraphProto = model
+        .graph
+        .as_ref()
+        .ok_or_else(|| Error::InvalidModel("model has no graph".into()))?;
     if !g.sparse_initializer.is_empty() {
         return Err(Error::Unsupported("sparse initializers".into()));
     }
-    let mut graph = Graph { opset, ..Graph::default() };
+    let mut graph = Graph {
+        opset,
+        ..Graph::default()
+    };
     let mut names: HashMap<String, ValueId> = HashMap::new();
 
     for t in &g.initializer {
@@ -172,7 +205,9 @@ pub(crate) fn import_model(model: &ModelProto) -> Result<Graph> {
         }
         let tensor = tensor_from_proto(t, &format!("initializer '{name}'"))?;
         if names.contains_key(&name) {
-            return Err(Error::InvalidModel(format!("initializer '{name}' is defined twice")));
+            return Err(Error::InvalidModel(format!(
+                "initializer '{name}' is defined twice"
+            )));
         }
         let id = graph.add_constant(name.clone(), tensor);
         names.insert(name, id);
@@ -187,7 +222,9 @@ pub(crate) fn import_model(model: &ModelProto) -> Result<Graph> {
             if graph.values[id].constant.is_some() && !graph.inputs.contains(&id) {
                 continue; // An initializer listed as input (with a default): not a runtime input.
             }
-            return Err(Error::InvalidModel(format!("graph input '{name}' is listed twice")));
+            return Err(Error::InvalidModel(format!(
+                "graph input '{name}' is listed twice"
+            )));
         }
         let (dtype, declared) = declared_type(vi)?;
         let id = graph.add_value(name.clone(), dtype);
@@ -218,15 +255,23 @@ pub(crate) fn import_model(model: &ModelProto) -> Result<Graph> {
         let op = n.op_type.as_deref().unwrap_or("");
         let name = node_name(n, i);
         if !(domain.is_empty() || domain == "ai.onnx") {
-            return Err(Error::Unsupported(format!("op {domain}.{op} (node '{name}') is not supported")));
+            return Err(Error::Unsupported(format!(
+                "op {domain}.{op} (node '{name}') is not supported"
+            )));
         }
         if op == "Constant" {
             let out = match n.output.as_slice() {
                 [o] if !o.is_empty() => o.clone(),
-                _ => return Err(Error::InvalidModel(format!("Constant node '{name}' must have one output"))),
+                _ => {
+                    return Err(Error::InvalidModel(format!(
+                        "Constant node '{name}' must have one output"
+                    )));
+                }
             };
             if names.contains_key(&out) {
-                return Err(Error::InvalidModel(format!("value '{out}' is defined more than once")));
+                return Err(Error::InvalidModel(format!(
+                    "value '{out}' is defined more than once"
+                )));
             }
             let t = constant_value(n, &name)?;
             let id = graph.add_constant(out.clone(), t);
@@ -243,11 +288,23 @@ pub(crate) fn import_model(model: &ModelProto) -> Result<Graph> {
         let inputs: Vec<Option<ValueId>> = n
             .input
             .iter()
-            .map(|s| if s.is_empty() { None } else { names.get(s).copied() })
+            .map(|s| {
+                if s.is_empty() {
+                    None
+                } else {
+                    names.get(s).copied()
+                }
+            })
             .collect();
         // Every non-empty input resolves: topo_order checked that each one is known or produced earlier.
-        if n.input.iter().zip(&inputs).any(|(s, v)| !s.is_empty() && v.is_none()) {
-            return Err(Error::InvalidModel(format!("node '{name}' reads an undefined value")));
+        if n.input
+            .iter()
+            .zip(&inputs)
+            .any(|(s, v)| !s.is_empty() && v.is_none())
+        {
+            return Err(Error::InvalidModel(format!(
+                "node '{name}' reads an undefined value"
+            )));
         }
         let c = convert(&graph, n, &name, &inputs, opset)?;
         let mut outs: Vec<&str> = n.output.iter().map(String::as_str).collect();
@@ -255,7 +312,9 @@ pub(crate) fn import_model(model: &ModelProto) -> Result<Graph> {
             outs.pop();
         }
         if outs.is_empty() {
-            return Err(Error::InvalidModel(format!("node '{name}' ({op_type}) has no outputs")));
+            return Err(Error::InvalidModel(format!(
+                "node '{name}' ({op_type}) has no outputs"
+            )));
         }
         if outs.len() > c.max_outputs {
             return Err(Error::Unsupported(format!(
@@ -266,21 +325,28 @@ pub(crate) fn import_model(model: &ModelProto) -> Result<Graph> {
         let mut out_ids = Vec::with_capacity(outs.len());
         for o in outs {
             if o.is_empty() {
-                return Err(Error::Unsupported(format!("node '{name}' ({op_type}) with an omitted middle output")));
+                return Err(Error::Unsupported(format!(
+                    "node '{name}' ({op_type}) with an omitted middle output"
+                )));
             }
             let dtype = declared.get(o).map_or(DataType::F32, |d| d.0);
             let id = graph.add_value(o, dtype);
             names.insert(o.to_string(), id);
             out_ids.push(id);
         }
-        graph.nodes.push(crate::ir::Node { name, op: c.op, inputs: c.inputs, outputs: out_ids });
+        graph.nodes.push(crate::ir::Node {
+            name,
+            op: c.op,
+            inputs: c.inputs,
+            outputs: out_ids,
+        });
     }
 
     for vi in &g.output {
         let name = vi.name.as_deref().unwrap_or("");
-        let &id = names
-            .get(name)
-            .ok_or_else(|| Error::InvalidModel(format!("graph output '{name}' is never produced")))?;
+        let &id = names.get(name).ok_or_else(|| {
+            Error::InvalidModel(format!("graph output '{name}' is never produced"))
+        })?;
         let v = &mut graph.values[id];
         if v.constant.is_none() && v.declared.is_none() {
             v.declared = declared.get(name).and_then(|d| d.1.clone());

@@ -45,19 +45,31 @@ impl Ctx<'_> {
     /// The rank of input `i` if known from an inferred or declared shape.
     fn rank(&self, i: usize) -> Option<usize> {
         let v = &self.graph.values[self.inputs.get(i).copied().flatten()?];
-        v.shape.as_ref().map(Vec::len).or_else(|| v.declared.as_ref().map(Vec::len))
+        v.shape
+            .as_ref()
+            .map(Vec::len)
+            .or_else(|| v.declared.as_ref().map(Vec::len))
     }
 
     /// The constant behind input `i` as i64s, if present and constant.
     fn const_i64(&self, i: usize) -> Result<Option<Vec<i64>>> {
-        match self.inputs.get(i).copied().flatten().and_then(|v| self.graph.constant(v)) {
+        match self
+            .inputs
+            .get(i)
+            .copied()
+            .flatten()
+            .and_then(|v| self.graph.constant(v))
+        {
             Some(t) => Ok(Some(t.to_i64_vec()?)),
             None => Ok(None),
         }
     }
 
     fn unsupported(&self, what: &str) -> Error {
-        Error::Unsupported(format!("{what} in node '{}' ({}) is not supported", self.name, self.op))
+        Error::Unsupported(format!(
+            "{what} in node '{}' ({}) is not supported",
+            self.name, self.op
+        ))
     }
 }
 
@@ -144,7 +156,9 @@ fn conv_attrs(a: &Attrs, cx: &Ctx) -> Result<ConvAttrs> {
 }
 
 fn pool_attrs(a: &Attrs, average: bool) -> Result<PoolAttrs> {
-    let k = a.ints("kernel_shape")?.ok_or_else(|| a.missing("kernel_shape"))?;
+    let k = a
+        .ints("kernel_shape")?
+        .ok_or_else(|| a.missing("kernel_shape"))?;
     let k = usizes(a, "kernel_shape", k, 1)?;
     if k.is_empty() {
         return Err(a.bad("kernel_shape", "[]"));
@@ -176,7 +190,12 @@ pub(crate) fn convert(
 ) -> Result<Converted> {
     let op_type = n.op_type.as_deref().unwrap_or("");
     let a = Attrs::new(n, name, op_type)?;
-    let cx = Ctx { graph, name, op: op_type, inputs };
+    let cx = Ctx {
+        graph,
+        name,
+        op: op_type,
+        inputs,
+    };
     let mut ins = inputs.to_vec();
     let mut max_outputs = 1;
     let unary = |u: UnaryOp| -> Result<Op> {
@@ -200,8 +219,15 @@ pub(crate) fn convert(
                 Some(v) => usizes(&a, "output_padding", v, 0)?,
                 None => vec![0; rank],
             };
-            let output_shape = a.ints("output_shape")?.map(|v| usizes(&a, "output_shape", v, 0)).transpose()?;
-            Op::ConvTranspose(ConvTransposeAttrs { conv, output_padding, output_shape })
+            let output_shape = a
+                .ints("output_shape")?
+                .map(|v| usizes(&a, "output_shape", v, 0))
+                .transpose()?;
+            Op::ConvTranspose(ConvTransposeAttrs {
+                conv,
+                output_padding,
+                output_shape,
+            })
         }
         "Gemm" => {
             cx.arity(2, 3)?;
@@ -222,10 +248,14 @@ pub(crate) fn convert(
             if a.int("training_mode", 0)? != 0 {
                 return Err(a.unsupported("training_mode", "1"));
             }
-            Op::BatchNormalization { epsilon: a.float("epsilon", 1e-5)? }
+            Op::BatchNormalization {
+                epsilon: a.float("epsilon", 1e-5)?,
+            }
         }
         "Relu" => unary(UnaryOp::Act(Activation::Relu))?,
-        "LeakyRelu" => unary(UnaryOp::Act(Activation::LeakyRelu { alpha: a.float("alpha", 0.01)? }))?,
+        "LeakyRelu" => unary(UnaryOp::Act(Activation::LeakyRelu {
+            alpha: a.float("alpha", 0.01)?,
+        }))?,
         "Sigmoid" => unary(UnaryOp::Act(Activation::Sigmoid))?,
         "HardSwish" => unary(UnaryOp::Act(Activation::HardSwish))?,
         "HardSigmoid" => unary(UnaryOp::Act(Activation::HardSigmoid {
@@ -236,7 +266,10 @@ pub(crate) fn convert(
         "Clip" => {
             if opset < 11 {
                 cx.arity(1, 1)?;
-                act(Activation::Clip { min: a.float("min", f32::MIN)?, max: a.float("max", f32::MAX)? })
+                act(Activation::Clip {
+                    min: a.float("min", f32::MIN)?,
+                    max: a.float("max", f32::MAX)?,
+                })
             } else {
                 cx.arity(1, 3)?;
                 Op::Clip
@@ -265,7 +298,10 @@ pub(crate) fn convert(
         "Or" => binary(BinaryOp::Or)?,
         "Max" | "Min" | "Sum" => {
             if inputs.len() != 2 {
-                return Err(cx.unsupported(&format!("{op_type} with {} inputs (only 2 are)", inputs.len())));
+                return Err(cx.unsupported(&format!(
+                    "{op_type} with {} inputs (only 2 are)",
+                    inputs.len()
+                )));
             }
             binary(match op_type {
                 "Max" => BinaryOp::Max,
@@ -283,25 +319,35 @@ pub(crate) fn convert(
         }
         "GlobalAveragePool" => {
             cx.arity(1, 1)?;
-            Op::GlobalAveragePool { layout: Layout::Nchw }
+            Op::GlobalAveragePool {
+                layout: Layout::Nchw,
+            }
         }
         "GlobalMaxPool" => {
             cx.arity(1, 1)?;
-            Op::GlobalMaxPool { layout: Layout::Nchw }
+            Op::GlobalMaxPool {
+                layout: Layout::Nchw,
+            }
         }
         "Concat" => {
             cx.arity(1, usize::MAX)?;
             if ins.iter().any(Option::is_none) {
-                return Err(Error::InvalidModel(format!("node '{name}' (Concat) has an empty input")));
+                return Err(Error::InvalidModel(format!(
+                    "node '{name}' (Concat) has an empty input"
+                )));
             }
-            Op::Concat { axis: a.req_int("axis")? }
+            Op::Concat {
+                axis: a.req_int("axis")?,
+            }
         }
         "Split" => {
             max_outputs = usize::MAX;
             let axis = a.int("axis", 0)?;
             let split = if opset < 13 {
                 cx.arity(1, 1)?;
-                a.ints("split")?.map(|v| usizes(&a, "split", v, 0)).transpose()?
+                a.ints("split")?
+                    .map(|v| usizes(&a, "split", v, 0))
+                    .transpose()?
             } else {
                 cx.arity(1, 2)?;
                 match cx.const_i64(1)? {
@@ -312,7 +358,9 @@ pub(crate) fn convert(
             if opset >= 18 {
                 if let Some(k) = a.opt_int("num_outputs")? {
                     if k < 1 || k as usize != n.output.len() {
-                        return Err(a.bad("num_outputs", &format!("{k} ({} outputs)", n.output.len())));
+                        return Err(
+                            a.bad("num_outputs", &format!("{k} ({} outputs)", n.output.len()))
+                        );
                     }
                 }
             }
@@ -324,7 +372,9 @@ pub(crate) fn convert(
         }
         "Reshape" => {
             cx.arity(2, 2)?;
-            Op::Reshape { allowzero: opset >= 14 && a.flag("allowzero", false)? }
+            Op::Reshape {
+                allowzero: opset >= 14 && a.flag("allowzero", false)?,
+            }
         }
         "Transpose" => {
             cx.arity(1, 1)?;
@@ -341,13 +391,18 @@ pub(crate) fn convert(
                     p
                 }
                 // Default: reverse the dimensions; filled by shape inference when the rank is unknown here.
-                None => cx.rank(0).map(|r| (0..r).rev().collect()).unwrap_or_default(),
+                None => cx
+                    .rank(0)
+                    .map(|r| (0..r).rev().collect())
+                    .unwrap_or_default(),
             };
             Op::Transpose { perm }
         }
         "Flatten" => {
             cx.arity(1, 1)?;
-            Op::Flatten { axis: a.int("axis", 1)? }
+            Op::Flatten {
+                axis: a.int("axis", 1)?,
+            }
         }
         "Squeeze" | "Unsqueeze" => {
             let axes = if opset < 13 {
@@ -364,14 +419,18 @@ pub(crate) fn convert(
                     return Err(a.missing("axes"));
                 }
                 if opset >= 13 && ins.get(1).copied().flatten().is_none() {
-                    return Err(Error::InvalidModel(format!("node '{name}' (Unsqueeze) lacks its axes input")));
+                    return Err(Error::InvalidModel(format!(
+                        "node '{name}' (Unsqueeze) lacks its axes input"
+                    )));
                 }
                 Op::Unsqueeze { axes }
             }
         }
         "Gather" => {
             cx.arity(2, 2)?;
-            Op::Gather { axis: a.int("axis", 0)? }
+            Op::Gather {
+                axis: a.int("axis", 0)?,
+            }
         }
         "Expand" => {
             cx.arity(2, 2)?;
@@ -402,7 +461,9 @@ pub(crate) fn convert(
             cx.arity(1, 1)?;
             let to = a.req_int("to")?;
             let to = i32::try_from(to).map_err(|_| a.bad("to", &to.to_string()))?;
-            Op::Cast { to: DataType::from_onnx(to).map_err(|_| a.unsupported("to", &to.to_string()))? }
+            Op::Cast {
+                to: DataType::from_onnx(to).map_err(|_| a.unsupported("to", &to.to_string()))?,
+            }
         }
         "Resize" => {
             cx.arity(1, 4)?;
@@ -411,7 +472,10 @@ pub(crate) fn convert(
                 "linear" => ResizeMode::Linear,
                 other => return Err(a.unsupported("mode", other)),
             };
-            let coord = match a.string("coordinate_transformation_mode", "half_pixel")?.as_str() {
+            let coord = match a
+                .string("coordinate_transformation_mode", "half_pixel")?
+                .as_str()
+            {
                 "half_pixel" => CoordMode::HalfPixel,
                 "pytorch_half_pixel" => CoordMode::PytorchHalfPixel,
                 "align_corners" => CoordMode::AlignCorners,
@@ -439,15 +503,25 @@ pub(crate) fn convert(
             if policy != "stretch" {
                 return Err(a.unsupported("keep_aspect_ratio_policy", &policy));
             }
-            Op::Resize(ResizeAttrs { mode, coord, nearest, layout: Layout::Nchw })
+            Op::Resize(ResizeAttrs {
+                mode,
+                coord,
+                nearest,
+                layout: Layout::Nchw,
+            })
         }
         "Softmax" => {
             cx.arity(1, 1)?;
-            Op::Softmax { axis: a.int("axis", if opset < 13 { 1 } else { -1 })? }
+            Op::Softmax {
+                axis: a.int("axis", if opset < 13 { 1 } else { -1 })?,
+            }
         }
         "Shape" => {
             cx.arity(1, 1)?;
-            Op::Shape { start: a.int("start", 0)?, end: a.opt_int("end")? }
+            Op::Shape {
+                start: a.int("start", 0)?,
+                end: a.opt_int("end")?,
+            }
         }
         "ConstantOfShape" => {
             cx.arity(1, 1)?;
@@ -455,7 +529,9 @@ pub(crate) fn convert(
                 Some(t) => {
                     let t = tensor_from_proto(t, &format!("value of node '{name}'"))?;
                     if t.len() != 1 {
-                        return Err(a.bad("value", &format!("with {} elements (expected 1)", t.len())));
+                        return Err(
+                            a.bad("value", &format!("with {} elements (expected 1)", t.len()))
+                        );
                     }
                     t
                 }
@@ -491,7 +567,10 @@ pub(crate) fn convert(
             if opset >= 18 && empty && a.int("noop_with_empty_axes", 0)? != 0 {
                 return Err(a.unsupported("noop_with_empty_axes", "1"));
             }
-            Op::ReduceMean { axes: if empty { None } else { axes }, keepdims: a.flag("keepdims", true)? }
+            Op::ReduceMean {
+                axes: if empty { None } else { axes },
+                keepdims: a.flag("keepdims", true)?,
+            }
         }
         "Identity" => {
             cx.arity(1, 1)?;
@@ -503,8 +582,14 @@ pub(crate) fn convert(
             Op::Identity
         }
         other => {
-            return Err(Error::Unsupported(format!("op {other} (node '{name}') is not supported")));
+            return Err(Error::Unsupported(format!(
+                "op {other} (node '{name}') is not supported"
+            )));
         }
     };
-    Ok(Converted { op, inputs: ins, max_outputs })
+    Ok(Converted {
+        op,
+        inputs: ins,
+        max_outputs,
+    })
 }

@@ -14,12 +14,17 @@ pub(crate) fn dims_to_shape(dims: &[i64], what: &str) -> Result<Vec<usize>> {
     let mut shape = Vec::with_capacity(dims.len().min(64));
     for &d in dims {
         if d < 0 || d as u64 > MAX_ELEMENTS as u64 {
-            return Err(Error::InvalidModel(format!("{what} has invalid dimension {d} in {dims:?}")));
+            return Err(Error::InvalidModel(format!(
+                "{what} has invalid dimension {d} in {dims:?}"
+            )));
         }
         let d = d as usize;
-        n = n.checked_mul(d).filter(|&n| n <= MAX_ELEMENTS).ok_or_else(|| {
-            Error::InvalidModel(format!("{what} has too many elements (dims {dims:?})"))
-        })?;
+        n = n
+            .checked_mul(d)
+            .filter(|&n| n <= MAX_ELEMENTS)
+            .ok_or_else(|| {
+                Error::InvalidModel(format!("{what} has too many elements (dims {dims:?})"))
+            })?;
         shape.push(d);
     }
     Ok(shape)
@@ -47,9 +52,12 @@ fn raw_elem_size(code: i32) -> Option<usize> {
 }
 
 fn from_raw(code: i32, n: usize, raw: &[u8], what: &str) -> Result<TensorData> {
-    let size = raw_elem_size(code)
-        .ok_or_else(|| Error::Unsupported(format!("{what} has unsupported data type code {code}")))?;
-    let want = n.checked_mul(size).ok_or_else(|| Error::InvalidModel(format!("{what} is too large")))?;
+    let size = raw_elem_size(code).ok_or_else(|| {
+        Error::Unsupported(format!("{what} has unsupported data type code {code}"))
+    })?;
+    let want = n
+        .checked_mul(size)
+        .ok_or_else(|| Error::InvalidModel(format!("{what} is too large")))?;
     if raw.len() != want {
         return Err(Error::InvalidModel(format!(
             "{what} has {} bytes of raw data but its dims need {want}",
@@ -58,8 +66,12 @@ fn from_raw(code: i32, n: usize, raw: &[u8], what: &str) -> Result<TensorData> {
     }
     Ok(match code {
         1 => TensorData::F32(chunks(raw, f32::from_le_bytes)),
-        10 => TensorData::F32(chunks(raw, |b| half::f16::from_bits(u16::from_le_bytes(b)).to_f32())),
-        16 => TensorData::F32(chunks(raw, |b| half::bf16::from_bits(u16::from_le_bytes(b)).to_f32())),
+        10 => TensorData::F32(chunks(raw, |b| {
+            half::f16::from_bits(u16::from_le_bytes(b)).to_f32()
+        })),
+        16 => TensorData::F32(chunks(raw, |b| {
+            half::bf16::from_bits(u16::from_le_bytes(b)).to_f32()
+        })),
         11 => TensorData::F32(chunks(raw, |b| f64::from_le_bytes(b) as f32)),
         2 => TensorData::U8(raw.to_vec()),
         3 => TensorData::I8(raw.iter().map(|&b| b as i8).collect()),
@@ -71,7 +83,9 @@ fn from_raw(code: i32, n: usize, raw: &[u8], what: &str) -> Result<TensorData> {
 
 fn check_len(got: usize, n: usize, field: &str, what: &str) -> Result<()> {
     if got != n {
-        return Err(Error::InvalidModel(format!("{what} has {got} values in {field} but its dims need {n}")));
+        return Err(Error::InvalidModel(format!(
+            "{what} has {got} values in {field} but its dims need {n}"
+        )));
     }
     Ok(())
 }
@@ -94,15 +108,27 @@ fn from_typed(code: i32, n: usize, t: &TensorProto, what: &str) -> Result<Tensor
             check_len(t.int32_data.len(), n, "int32_data", what)?;
             let v = &t.int32_data;
             match code {
-                10 => TensorData::F32(v.iter().map(|&x| half::f16::from_bits(x as u16).to_f32()).collect()),
-                16 => TensorData::F32(v.iter().map(|&x| half::bf16::from_bits(x as u16).to_f32()).collect()),
+                10 => TensorData::F32(
+                    v.iter()
+                        .map(|&x| half::f16::from_bits(x as u16).to_f32())
+                        .collect(),
+                ),
+                16 => TensorData::F32(
+                    v.iter()
+                        .map(|&x| half::bf16::from_bits(x as u16).to_f32())
+                        .collect(),
+                ),
                 2 => TensorData::U8(v.iter().map(|&x| x as u8).collect()),
                 3 => TensorData::I8(v.iter().map(|&x| x as i8).collect()),
                 9 => TensorData::Bool(v.iter().map(|&x| (x != 0) as u8).collect()),
                 _ => TensorData::I32(v.clone()),
             }
         }
-        other => return Err(Error::Unsupported(format!("{what} has unsupported data type code {other}"))),
+        other => {
+            return Err(Error::Unsupported(format!(
+                "{what} has unsupported data type code {other}"
+            )));
+        }
     })
 }
 

@@ -1,0 +1,11 @@
+//! Vigil daemon and CLI on top of `vigil-engine`.
+//!
+//! [`config`] reads the TOML configuration, [`registry`] loads models into per-model
+//! [`queue`]s of execution contexts, [`http`] serves the image (`/v1`), KServe v2 (`/v2`) and
+//! metrics APIs, and [`cli`] implements the `vigil` subcommands.
+
+pub mod cli;
+pub mod config;
+pub mod http;
+pub mod queue;
+pub mod registry;

@@ -1,0 +1,178 @@
+//! Loaded models: name → model, vision spec, tensor signature and execution queue.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use vigil_engine::vision::{Task, VisionSpec};
+use vigil_engine::{Model, ModelOptions, TensorInfo};
+
+use crate::config::{read_labels, Limits, ModelConfig};
+use crate::queue::{Executor, ModelQueue};
+
+/// A model ready to serve.
+pub struct LoadedModel {
+    /// Name used in URLs.
+    pub name: String,
+    /// The engine model (None for models built from custom executors).
+    pub model: Option<Arc<Model>>,
+    /// Pre/post-processing recipe.
+    pub spec: VisionSpec,
+    /// Runtime inputs, in order.
+    pub inputs: Vec<TensorInfo>,
+    /// Outputs, in order.
+    pub outputs: Vec<TensorInfo>,
+    /// Admission control and the pool of execution contexts.
+    pub queue: ModelQueue,
+}
+
+/// "classification" or "detection".
+pub fn task_name(spec: &VisionSpec) -> &'static str {
+    match spec.task {
+        Task::Classification { .. } => "classification",
+        Task::Detection { .. } => "detection",
+    }
+}
+
+/// Loads a model entry's ONNX file (with its batch/threads options) and builds its vision spec
+/// (labels read, input size taken from the model when the config gives none).
+pub fn load_model(cfg: &ModelConfig, opts: &ModelOptions) -> Result<(Model, VisionSpec), String> {
+    let model = Model::load(&cfg.path, opts).map_err(|e| {
+        format!(
+            "model '{}': cannot load {}: {e}",
+            cfg.name,
+            cfg.path.display()
+        )
+    })?;
+    let labels = match &cfg.labels {
+        Some(p) => read_labels(p).map_err(|e| {
+            format!(
+                "model '{}': cannot read labels {}: {e}",
+                cfg.name,
+                p.display()
+            )
+        })?,
+        None => Vec::new(),
+    };
+    let input_hw = model
+        .inputs()
+        .first()
+        .and_then(|i| match i.shape.as_slice() {
+            [_, 3, h, w] => Some((u32::try_from(*h).ok()?, u32::try_from(*w).ok()?)),
+            _ => None,
+        });
+    let spec = cfg
+        .vision_spec(labels, input_hw)
+        .map_err(|e| e.to_string())?;
+    Ok((model, spec))
+}
+
+/// The load options a config entry asks for.
+pub fn model_options(cfg: &ModelConfig) -> ModelOptions {
+    ModelOptions {
+        batch: cfg.batch.unwrap_or(1),
+        threads: cfg.threads.unwrap_or(0),
+        optimize: true,
+    }
+}
+
+impl LoadedModel {
+    /// Loads a model entry: the ONNX file, its labels, and `workers` execution contexts.
+    pub fn load(cfg: &ModelConfig, limits: &Limits) -> Result<LoadedModel, String> {
+        let (model, spec) = load_model(cfg, &model_options(cfg))?;
+        let mut executors: Vec<Box<dyn Executor>> = Vec::with_capacity(limits.workers);
+        for _ in 0..limits.workers.max(1) {
+            let ctx = model.new_context().map_err(|e| {
+                format!(
+                    "model '{}': cannot create an execution context: {e}",
+                    cfg.name
+                )
+            })?;
+            executors.push(Box::new(ctx));
+        }
+        let inputs = model.inputs().to_vec();
+        let outputs = model.outputs().to_vec();
+        Ok(LoadedModel {
+            queue: ModelQueue::new(&cfg.name, limits.queue_depth, executors),
+            name: cfg.name.clone(),
+            model: Some(Arc::new(model)),
+            spec,
+            inputs,
+            outputs,
+        })
+    }
+
+    /// A model served by custom executors (embedding, tests); `inputs`/`outputs` describe its tensors.
+    pub fn from_executors(
+        name: &str,
+        spec: VisionSpec,
+        inputs: Vec<TensorInfo>,
+        outputs: Vec<TensorInfo>,
+        executors: Vec<Box<dyn Executor>>,
+        queue_depth: usize,
+    ) -> LoadedModel {
+        LoadedModel {
+            name: name.to_string(),
+            model: None,
+            spec,
+            inputs,
+            outputs,
+            queue: ModelQueue::new(name, queue_depth, executors),
+        }
+    }
+
+    /// "classification" or "detection".
+    pub fn task_name(&self) -> &'static str {
+        task_name(&self.spec)
+    }
+}
+
+/// All served models by name.
+#[derive(Default)]
+pub struct Registry {
+    models: BTreeMap<String, Arc<LoadedModel>>,
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Registry {
+        Registry::default()
+    }
+
+    /// Loads every configured model; the first failure is returned.
+    pub fn load_all(models: &[ModelConfig], limits: &Limits) -> Result<Registry, String> {
+        let mut r = Registry::new();
+        for m in models {
+            let started = std::time::Instant::now();
+            let loaded = LoadedModel::load(m, limits)?;
+            tracing::info!(model = %m.name, path = %m.path.display(), task = loaded.task_name(),
+                ms = started.elapsed().as_millis() as u64, "model loaded");
+            r.insert(loaded);
+        }
+        Ok(r)
+    }
+
+    /// Adds (or replaces) a model.
+    pub fn insert(&mut self, m: LoadedModel) {
+        self.models.insert(m.name.clone(), Arc::new(m));
+    }
+
+    /// Looks a model up by name.
+    pub fn get(&self, name: &str) -> Option<Arc<LoadedModel>> {
+        self.models.get(name).cloned()
+    }
+
+    /// All models, sorted by name.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<LoadedModel>> {
+        self.models.values()
+    }
+
+    /// Number of models.
+    pub fn len(&self) -> usize {
+        self.models.len()
+    }
+
+    /// True when no model is loaded.
+    pub fn is_empty(&self) -> bool {
+        self.models.is_empty()
+    }
+}

@@ -1,0 +1,77 @@
+//! CLI tests that need no inference: configuration errors and argument errors exit non-zero
+//! with a clear message.
+
+use std::process::Command;
+
+fn vigil(args: &[&str]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_vigil"))
+        .args(args)
+        .output()
+        .expect("run vigil");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn temp_config(name: &str, text: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("vigil-cli-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join("vigil.toml");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+#[test]
+fn serve_rejects_unknown_config_key() {
+    let p = temp_config(
+        "unknown",
+        "listen = \"127.0.0.1:0\"\n[limits]\nqueue_depht = 4\n",
+    );
+    let (code, err) = vigil(&["serve", "--config", p.to_str().unwrap()]);
+    assert_ne!(code, 0);
+    assert!(err.contains("queue_depht"), "{err}");
+    assert!(err.contains("vigil.toml"), "{err}");
+}
+
+#[test]
+fn serve_rejects_bad_toml_and_values() {
+    let p = temp_config("syntax", "listen = \n");
+    let (code, err) = vigil(&["serve", "--config", p.to_str().unwrap()]);
+    assert_ne!(code, 0);
+    assert!(err.contains("invalid config"), "{err}");
+    let p = temp_config("zero", "[limits]\nworkers = 0\n");
+    let (code, err) = vigil(&["serve", "--config", p.to_str().unwrap()]);
+    assert_ne!(code, 0);
+    assert!(err.contains("workers"), "{err}");
+    let (code, err) = vigil(&["serve", "--config", "/nonexistent/vigil.toml"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("cannot read config"), "{err}");
+}
+
+#[test]
+fn serve_reports_missing_model_file() {
+    let p = temp_config(
+        "missing",
+        "listen = \"127.0.0.1:0\"\n[[models]]\nname = \"m\"\npath = \"missing.onnx\"\n",
+    );
+    let (code, err) = vigil(&["serve", "--config", p.to_str().unwrap()]);
+    assert_ne!(code, 0);
+    assert!(err.contains("missing.onnx"), "{err}");
+}
+
+#[test]
+fn infer_unknown_model_and_missing_file() {
+    let models = concat!(env!("CARGO_MANIFEST_DIR"), "/../models");
+    let (code, err) = vigil(&["infer", "--models-dir", models, "--model", "nope", "x.png"]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("unknown model 'nope'") && err.contains("efficientnet-lite0"),
+        "{err}"
+    );
+    let (code, err) = vigil(&["infer", "--model", "/nonexistent/m.onnx", "x.png"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("does not exist"), "{err}");
+    let (code, _) = vigil(&["bench", "--models-dir", models, "nope"]);
+    assert_ne!(code, 0);
+}
