@@ -12,8 +12,10 @@ use super::tensor::{tensor_from_proto, MAX_ELEMENTS};
 use crate::error::{Error, Result};
 use crate::ir::{DataType, Graph, Tensor, ValueId};
 
-/// The default-domain (ai.onnx) opsets the importer accepts.
-pub const OPSET_RANGE: std::ops::RangeInclusive<i64> = 11..=21;
+/// The default-domain (ai.onnx) opsets the importer accepts. Opsets 22 to 25 changed only the
+/// element types the supported ops accept (bf16, float8/4, int4/2), not their semantics; types
+/// Vigil lacks are rejected when a tensor of that type is met.
+pub const OPSET_RANGE: std::ops::RangeInclusive<i64> = 11..=25;
 
 /// Declared element type and shape of a value (symbolic dims as `None`).
 type Declared = (DataType, Option<Vec<Option<usize>>>);
@@ -27,7 +29,11 @@ fn default_opset(model: &ModelProto) -> Result<i64> {
         }
     }
     let v = found.ok_or_else(|| {
-        Error::InvalidModel("model declares no default-domain (ai.onnx) opset".into())
+        if model.opset_import.is_empty() {
+            Error::InvalidModel("model declares no opset".into())
+        } else {
+            Error::Unsupported("model uses only non-default operator domains (no ai.onnx opset)".into())
+        }
     })?;
     if !OPSET_RANGE.contains(&v) {
         return Err(Error::Unsupported(format!(

@@ -461,6 +461,10 @@ pub(crate) fn convert(
             cx.arity(1, 1)?;
             let to = a.req_int("to")?;
             let to = i32::try_from(to).map_err(|_| a.bad("to", &to.to_string()))?;
+            // f16/f64/bf16 tensors are held as f32, so a cast to them cannot round as ONNX says.
+            if matches!(to, 10 | 11 | 16) {
+                return Err(cx.unsupported(&format!("Cast to element type {to} (f16/f64/bf16)")));
+            }
             Op::Cast {
                 to: DataType::from_onnx(to).map_err(|_| a.unsupported("to", &to.to_string()))?,
             }
@@ -578,6 +582,10 @@ pub(crate) fn convert(
         }
         "Dropout" => {
             cx.arity(1, 3)?;
+            // Inference only: training_mode must be absent or a constant false.
+            if cx.inputs.get(2).copied().flatten().is_some() && cx.const_i64(2)?.is_none_or(|t| t.iter().any(|&x| x != 0)) {
+                return Err(cx.unsupported("Dropout in training mode"));
+            }
             ins.truncate(1);
             Op::Identity
         }
