@@ -25,8 +25,8 @@ enum Command {
     Infer(cli::infer::InferArgs),
     /// Time inference on random input.
     Bench(cli::bench::BenchArgs),
-    // Integration point: `Inspect(cli::inspect::InspectArgs)` => `cli::inspect::run`, once
-    // `vigil_engine::onnx::load_file` and `vigil_engine::passes::optimize` exist (see cli/inspect.rs).
+    /// Print a model's graph as loaded and after optimization (ops, parameters, FLOPs).
+    Inspect(cli::inspect::InspectArgs),
 }
 
 fn main() {
@@ -40,6 +40,7 @@ fn main() {
         Command::Serve(a) => cli::serve::run(a),
         Command::Infer(a) => cli::infer::run(a),
         Command::Bench(a) => cli::bench::run(a),
+        Command::Inspect(a) => cli::inspect::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");

@@ -22,7 +22,11 @@ pub struct ModelOptions {
 
 impl Default for ModelOptions {
     fn default() -> Self {
-        ModelOptions { batch: 1, threads: 0, optimize: true }
+        ModelOptions {
+            batch: 1,
+            threads: 0,
+            optimize: true,
+        }
     }
 }
 
@@ -46,8 +50,9 @@ pub struct Model {
 impl Model {
     /// Loads an ONNX file.
     pub fn load(path: &Path, opts: &ModelOptions) -> Result<Model> {
-        let bytes = std::fs::read(path)
-            .map_err(|e| Error::InvalidModel(format!("cannot read model '{}': {e}", path.display())))?;
+        let bytes = std::fs::read(path).map_err(|e| {
+            Error::InvalidModel(format!("cannot read model '{}': {e}", path.display()))
+        })?;
         Model::from_bytes(&bytes, opts)
     }
 
@@ -77,8 +82,17 @@ impl Model {
         let inputs = info(&graph.inputs)?;
         let outputs = info(&graph.outputs)?;
         let graph = Arc::new(graph);
-        let executable = CpuBackend { threads: opts.threads }.compile(Arc::clone(&graph))?;
-        Ok(Model { graph, executable, inputs, outputs, report })
+        let executable = CpuBackend {
+            threads: opts.threads,
+        }
+        .compile(Arc::clone(&graph))?;
+        Ok(Model {
+            graph,
+            executable,
+            inputs,
+            outputs,
+            report,
+        })
     }
 
     /// The model's runtime inputs.
@@ -114,8 +128,16 @@ impl Model {
     /// A new execution context: its own activation arena, sharing this model's weights.
     pub fn new_context(&self) -> Result<ExecutionContext> {
         let inner = Arc::clone(&self.executable).new_context()?;
-        let outputs = self.outputs.iter().map(|o| Tensor::zeros(o.dtype, o.shape.clone())).collect();
-        Ok(ExecutionContext { inner, inputs: self.inputs.clone(), outputs })
+        let outputs = self
+            .outputs
+            .iter()
+            .map(|o| Tensor::zeros(o.dtype, o.shape.clone()))
+            .collect();
+        Ok(ExecutionContext {
+            inner,
+            inputs: self.inputs.clone(),
+            outputs,
+        })
     }
 }
 

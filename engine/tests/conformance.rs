@@ -13,7 +13,11 @@ fn node_tests_dir() -> PathBuf {
     let dir = std::env::var_os("VIGIL_ONNX_NODE_TESTS").map(PathBuf::from).unwrap_or_else(|| {
         panic!("VIGIL_ONNX_NODE_TESTS is not set: run scripts/test.sh, which installs onnx==1.22.0 and sets it")
     });
-    assert!(dir.is_dir(), "VIGIL_ONNX_NODE_TESTS={} is not a directory", dir.display());
+    assert!(
+        dir.is_dir(),
+        "VIGIL_ONNX_NODE_TESTS={} is not a directory",
+        dir.display()
+    );
     dir
 }
 
@@ -25,12 +29,16 @@ fn read_tensor(path: &Path) -> Result<Tensor, String> {
 
 fn close(got: &Tensor, want: &Tensor) -> Result<(), String> {
     if got.shape != want.shape {
-        return Err(format!("shape {:?} != expected {:?}", got.shape, want.shape));
+        return Err(format!(
+            "shape {:?} != expected {:?}",
+            got.shape, want.shape
+        ));
     }
     match (&got.data, &want.data) {
         (TensorData::F32(a), TensorData::F32(b)) => {
             for (i, (x, y)) in a.iter().zip(b).enumerate() {
-                let ok = (x.is_nan() && y.is_nan()) || x == y || (x - y).abs() <= 1e-4 + 1e-3 * y.abs();
+                let ok =
+                    (x.is_nan() && y.is_nan()) || x == y || (x - y).abs() <= 1e-4 + 1e-3 * y.abs();
                 if !ok {
                     return Err(format!("element {i}: {x} != expected {y}"));
                 }
@@ -38,7 +46,11 @@ fn close(got: &Tensor, want: &Tensor) -> Result<(), String> {
             Ok(())
         }
         (a, b) if a == b => Ok(()),
-        _ if got.dtype() != want.dtype() => Err(format!("dtype {:?} != expected {:?}", got.dtype(), want.dtype())),
+        _ if got.dtype() != want.dtype() => Err(format!(
+            "dtype {:?} != expected {:?}",
+            got.dtype(),
+            want.dtype()
+        )),
         _ => Err("integer/bool values differ".into()),
     }
 }
@@ -59,7 +71,13 @@ fn run_case(dir: &Path) -> Outcome {
         Err(Error::Unsupported(_)) => return Outcome::NotApplicable,
         Err(e) => return Outcome::Fail(format!("import: {e}")),
     };
-    let model = match Model::from_graph(graph, &ModelOptions { threads: 1, ..ModelOptions::default() }) {
+    let model = match Model::from_graph(
+        graph,
+        &ModelOptions {
+            threads: 1,
+            ..ModelOptions::default()
+        },
+    ) {
         Ok(m) => m,
         Err(Error::Unsupported(_)) => return Outcome::NotApplicable,
         Err(e) => return Outcome::Fail(format!("compile: {e}")),
@@ -91,16 +109,25 @@ fn run_case(dir: &Path) -> Outcome {
 #[test]
 fn onnx_backend_node_tests() {
     let root = node_tests_dir();
-    let mut cases: Vec<PathBuf> =
-        std::fs::read_dir(&root).expect("read node tests").filter_map(|e| e.ok().map(|e| e.path())).collect();
+    let mut cases: Vec<PathBuf> = std::fs::read_dir(&root)
+        .expect("read node tests")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
     cases.sort();
     let (mut passed, mut applicable) = (0, 0);
     let mut passing = Vec::new();
     let mut failures = Vec::new();
     for case in &cases {
-        let name = case.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+        let name = case
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
+            .to_string();
         let outcome = std::panic::catch_unwind(|| run_case(case)).unwrap_or_else(|p| {
-            let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
             Outcome::Fail(format!("PANIC: {}", msg.unwrap_or_default()))
         });
         match outcome {
@@ -127,8 +154,17 @@ fn onnx_backend_node_tests() {
         std::fs::write(out, passing.join("\n") + "\n").expect("write passing list");
     }
     let expected = include_str!("conformance-passing.txt");
-    let regressions: Vec<&str> =
-        expected.lines().map(str::trim).filter(|l| !l.is_empty() && !passing.iter().any(|p| p == l)).collect();
-    assert!(failures.iter().all(|f| !f.contains("PANIC")), "a conformance case panicked");
-    assert!(regressions.is_empty(), "cases that used to pass now fail: {regressions:?}");
+    let regressions: Vec<&str> = expected
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !passing.iter().any(|p| p == l))
+        .collect();
+    assert!(
+        failures.iter().all(|f| !f.contains("PANIC")),
+        "a conformance case panicked"
+    );
+    assert!(
+        regressions.is_empty(),
+        "cases that used to pass now fail: {regressions:?}"
+    );
 }

@@ -1,10 +1,5 @@
 //! `vigil inspect`: op histogram, node count, parameters and FLOPs of a model as loaded and after
 //! optimization.
-//!
-//! INTEGRATION POINT: this file is not yet in the module tree (cli/mod.rs) because it calls
-//! `vigil_engine::onnx::load_file` and `vigil_engine::passes::optimize`, which land with the ONNX
-//! import and passes work. To wire it: add `pub mod inspect;` to cli/mod.rs and the
-//! `Inspect(cli::inspect::InspectArgs)` subcommand in main.rs (dispatch to `cli::inspect::run`).
 
 use std::path::PathBuf;
 
@@ -149,9 +144,13 @@ pub fn run(args: InspectArgs) -> Result<(), String> {
     )?;
     let mut graph = vigil_engine::onnx::load_file(&cfg.path)
         .map_err(|e| format!("cannot load {}: {e}", cfg.path.display()))?;
-    let loaded = report(&graph);
-    vigil_engine::passes::optimize(&mut graph, args.batch)
+    let mut loaded_graph = graph.clone();
+    vigil_engine::passes::annotate_shapes(&mut loaded_graph, args.batch)
+        .map_err(|e| format!("shape inference failed: {e}"))?;
+    let loaded = report(&loaded_graph);
+    let passes = vigil_engine::passes::prepare(&mut graph, args.batch, true)
         .map_err(|e| format!("optimization failed: {e}"))?;
+    tracing::info!(folded = passes.folded, rewrites = ?passes.passes.rewrites, "optimized");
     let optimized = report(&graph);
     if args.json {
         println!(

@@ -1,8 +1,9 @@
 //! Command implementations behind `main.rs`: `serve` runs the daemon, `infer` runs images through
-//! a model, `bench` times raw inference. (`inspect` is wired by the integration; see inspect.rs.)
+//! a model, `bench` times raw inference.; `inspect` prints the graph before and after optimization.
 
 pub mod bench;
 pub mod infer;
+pub mod inspect;
 pub mod serve;
 
 use std::path::{Path, PathBuf};

@@ -59,7 +59,13 @@ pub struct Graph {
 impl Graph {
     /// Adds a non-constant value and returns its id.
     pub fn add_value(&mut self, name: impl Into<String>, dtype: DataType) -> ValueId {
-        self.values.push(Value { name: name.into(), dtype, shape: None, declared: None, constant: None });
+        self.values.push(Value {
+            name: name.into(),
+            dtype,
+            shape: None,
+            declared: None,
+            constant: None,
+        });
         self.values.len() - 1
     }
 
@@ -180,7 +186,10 @@ impl Graph {
         for n in &self.nodes {
             for v in n.present_inputs() {
                 if v >= self.values.len() {
-                    return Err(Error::InvalidModel(format!("node '{}' reads a value out of range", n.name)));
+                    return Err(Error::InvalidModel(format!(
+                        "node '{}' reads a value out of range",
+                        n.name
+                    )));
                 }
                 if !ready[v] {
                     return Err(Error::InvalidModel(format!(
@@ -191,7 +200,10 @@ impl Graph {
             }
             for &o in &n.outputs {
                 if o >= self.values.len() {
-                    return Err(Error::InvalidModel(format!("node '{}' writes a value out of range", n.name)));
+                    return Err(Error::InvalidModel(format!(
+                        "node '{}' writes a value out of range",
+                        n.name
+                    )));
                 }
                 if ready[o] {
                     return Err(Error::InvalidModel(format!(

@@ -18,13 +18,21 @@ pub enum Layout {
 pub enum Activation {
     Relu,
     /// Clip(min, max); ReLU6 is Clip(0, 6).
-    Clip { min: f32, max: f32 },
-    LeakyRelu { alpha: f32 },
+    Clip {
+        min: f32,
+        max: f32,
+    },
+    LeakyRelu {
+        alpha: f32,
+    },
     Sigmoid,
     /// x * sigmoid(x); produced by fusion of `Mul(x, Sigmoid(x))`.
     Silu,
     HardSwish,
-    HardSigmoid { alpha: f32, beta: f32 },
+    HardSigmoid {
+        alpha: f32,
+        beta: f32,
+    },
     Tanh,
 }
 
@@ -90,7 +98,11 @@ pub enum BinaryOp {
 pub enum ChainStep {
     Unary(UnaryOp),
     /// `acc = acc OP input[operand]` (or `input[operand] OP acc` when `acc_on_right`).
-    Binary { op: BinaryOp, operand: usize, acc_on_right: bool },
+    Binary {
+        op: BinaryOp,
+        operand: usize,
+        acc_on_right: bool,
+    },
 }
 
 /// ONNX `auto_pad`; shape inference resolves it into explicit `pads` and resets it to `NotSet`.
@@ -192,11 +204,19 @@ pub enum Op {
     /// X, W, [B]
     ConvTranspose(ConvTransposeAttrs),
     /// A, B, [C]; `activation` is a fused epilogue.
-    Gemm { alpha: f32, beta: f32, trans_a: bool, trans_b: bool, activation: Option<Activation> },
+    Gemm {
+        alpha: f32,
+        beta: f32,
+        trans_a: bool,
+        trans_b: bool,
+        activation: Option<Activation>,
+    },
     /// A, B
     MatMul,
     /// X, scale, B, mean, var
-    BatchNormalization { epsilon: f32 },
+    BatchNormalization {
+        epsilon: f32,
+    },
     Unary(UnaryOp),
     Binary(BinaryOp),
     /// Fused elementwise chain over inputs; the result has the broadcast shape of all inputs.
@@ -205,41 +225,76 @@ pub enum Op {
     Clip,
     MaxPool(PoolAttrs),
     AveragePool(PoolAttrs),
-    GlobalAveragePool { layout: Layout },
-    GlobalMaxPool { layout: Layout },
-    Concat { axis: i64 },
+    GlobalAveragePool {
+        layout: Layout,
+    },
+    GlobalMaxPool {
+        layout: Layout,
+    },
+    Concat {
+        axis: i64,
+    },
     /// X, [split]; `num_outputs` is the node's output count.
-    Split { axis: i64, split: Option<Vec<usize>> },
+    Split {
+        axis: i64,
+        split: Option<Vec<usize>>,
+    },
     /// data, starts, ends, [axes], [steps]
     Slice,
     /// data, shape
-    Reshape { allowzero: bool },
-    Transpose { perm: Vec<usize> },
-    Flatten { axis: i64 },
+    Reshape {
+        allowzero: bool,
+    },
+    Transpose {
+        perm: Vec<usize>,
+    },
+    Flatten {
+        axis: i64,
+    },
     /// data, [axes] (attribute axes of older opsets are stored here)
-    Squeeze { axes: Option<Vec<i64>> },
+    Squeeze {
+        axes: Option<Vec<i64>>,
+    },
     /// data, [axes]
-    Unsqueeze { axes: Option<Vec<i64>> },
+    Unsqueeze {
+        axes: Option<Vec<i64>>,
+    },
     /// data, indices
-    Gather { axis: i64 },
+    Gather {
+        axis: i64,
+    },
     /// input, shape
     Expand,
     /// data, indices, updates
     ScatterND,
     /// data, pads, [constant_value], [axes]
-    Pad { mode: PadMode },
-    Cast { to: super::DataType },
+    Pad {
+        mode: PadMode,
+    },
+    Cast {
+        to: super::DataType,
+    },
     /// X, [roi], [scales], [sizes]
     Resize(ResizeAttrs),
-    Softmax { axis: i64 },
-    Shape { start: i64, end: Option<i64> },
+    Softmax {
+        axis: i64,
+    },
+    Shape {
+        start: i64,
+        end: Option<i64>,
+    },
     /// input (shape)
-    ConstantOfShape { value: super::Tensor },
+    ConstantOfShape {
+        value: super::Tensor,
+    },
     /// condition, X, Y
     Where,
     /// start, limit, delta
     Range,
-    ReduceMean { axes: Option<Vec<i64>>, keepdims: bool },
+    ReduceMean {
+        axes: Option<Vec<i64>>,
+        keepdims: bool,
+    },
     Identity,
 }
 
@@ -250,7 +305,10 @@ impl Op {
             Op::Conv(a) if a.activation.is_some() => "FusedConv",
             Op::Conv(_) => "Conv",
             Op::ConvTranspose(_) => "ConvTranspose",
-            Op::Gemm { activation: Some(_), .. } => "FusedGemm",
+            Op::Gemm {
+                activation: Some(_),
+                ..
+            } => "FusedGemm",
             Op::Gemm { .. } => "Gemm",
             Op::MatMul => "MatMul",
             Op::BatchNormalization { .. } => "BatchNormalization",

@@ -138,7 +138,10 @@ impl Tensor {
     pub fn as_f32(&self) -> Result<&[f32]> {
         match &self.data {
             TensorData::F32(v) => Ok(v),
-            _ => Err(Error::Type(format!("expected f32 tensor, got {:?}", self.dtype()))),
+            _ => Err(Error::Type(format!(
+                "expected f32 tensor, got {:?}",
+                self.dtype()
+            ))),
         }
     }
 

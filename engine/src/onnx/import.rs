@@ -32,7 +32,9 @@ fn default_opset(model: &ModelProto) -> Result<i64> {
         if model.opset_import.is_empty() {
             Error::InvalidModel("model declares no opset".into())
         } else {
-            Error::Unsupported("model uses only non-default operator domains (no ai.onnx opset)".into())
+            Error::Unsupported(
+                "model uses only non-default operator domains (no ai.onnx opset)".into(),
+            )
         }
     })?;
     if !OPSET_RANGE.contains(&v) {

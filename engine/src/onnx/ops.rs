@@ -583,7 +583,9 @@ pub(crate) fn convert(
         "Dropout" => {
             cx.arity(1, 3)?;
             // Inference only: training_mode must be absent or a constant false.
-            if cx.inputs.get(2).copied().flatten().is_some() && cx.const_i64(2)?.is_none_or(|t| t.iter().any(|&x| x != 0)) {
+            if cx.inputs.get(2).copied().flatten().is_some()
+                && cx.const_i64(2)?.is_none_or(|t| t.iter().any(|&x| x != 0))
+            {
                 return Err(cx.unsupported("Dropout in training mode"));
             }
             ins.truncate(1);

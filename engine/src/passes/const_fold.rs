@@ -24,7 +24,9 @@ pub fn fold_constants(graph: &mut Graph) -> Result<usize> {
             graph.values[o].dtype = *dt;
             graph.values[o].shape = Some(s.clone());
         }
-        let small = types.iter().all(|(_, s)| s.iter().product::<usize>() <= MAX_FOLDED_ELEMENTS);
+        let small = types
+            .iter()
+            .all(|(_, s)| s.iter().product::<usize>() <= MAX_FOLDED_ELEMENTS);
         let results = match &node.op {
             Op::Shape { start, end } => {
                 let Some(input) = node.input(0) else {
@@ -40,7 +42,9 @@ pub fn fold_constants(graph: &mut Graph) -> Result<usize> {
             }
             _ if small
                 && node.inputs.iter().flatten().count() > 0
-                && node.present_inputs().all(|v| graph.values[v].constant.is_some()) =>
+                && node
+                    .present_inputs()
+                    .all(|v| graph.values[v].constant.is_some()) =>
             {
                 Some(eval_node(graph, &node)?)
             }

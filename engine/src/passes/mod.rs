@@ -17,13 +17,13 @@ mod util;
 mod tests;
 
 pub use bn_fold::bn_fold;
-pub use const_fold::fold_constants;
-pub use pipeline::{prepare, OptimizeReport};
 pub use cleanup::cleanup;
+pub use const_fold::fold_constants;
 pub use fuse_activation::fuse_activation;
 pub use fuse_elementwise::fuse_elementwise;
 pub use layout::{layout, TO_NCHW, TO_NHWC};
 pub use pad_fold::pad_fold;
+pub use pipeline::{annotate_shapes, prepare, OptimizeReport};
 pub use transpose_cancel::transpose_cancel;
 
 use crate::error::{Error, Result};

@@ -17,12 +17,29 @@ pub struct OptimizeReport {
 /// fusion and layout passes.
 pub fn prepare(graph: &mut Graph, batch: usize, optimize: bool) -> Result<OptimizeReport> {
     shape::pin_inputs(graph, batch)?;
-    let mut report = OptimizeReport::default();
-    report.folded = const_fold::fold_constants(graph)?;
+    let mut report = OptimizeReport {
+        folded: const_fold::fold_constants(graph)?,
+        ..Default::default()
+    };
     if optimize {
         report.passes = optimize_after_folding(graph)?;
     }
     shape::infer(graph)?;
     graph.validate()?;
     Ok(report)
+}
+
+/// Fills in the static shapes of a graph as loaded, without changing its nodes: shapes that
+/// depend on exporter shape arithmetic are found by folding a copy and read back (ValueIds are
+/// stable). Used to report FLOPs of the unoptimized graph.
+pub fn annotate_shapes(graph: &mut Graph, batch: usize) -> Result<()> {
+    let mut copy = graph.clone();
+    shape::pin_inputs(&mut copy, batch)?;
+    const_fold::fold_constants(&mut copy)?;
+    for (v, c) in graph.values.iter_mut().zip(copy.values) {
+        if v.shape.is_none() {
+            v.shape = c.shape;
+        }
+    }
+    Ok(())
 }

@@ -58,7 +58,9 @@ fn align(n: usize) -> usize {
 pub fn plan(graph: &Graph, scratch: &[usize]) -> Result<MemoryPlan> {
     let n_nodes = graph.nodes.len();
     if scratch.len() != n_nodes {
-        return Err(Error::InvalidModel("scratch sizes do not match the node count".into()));
+        return Err(Error::InvalidModel(
+            "scratch sizes do not match the node count".into(),
+        ));
     }
     let end = n_nodes; // graph outputs stay live past the last node
     let mut first = vec![usize::MAX; graph.values.len()];
@@ -91,11 +93,25 @@ pub fn plan(graph: &Graph, scratch: &[usize]) -> Result<MemoryPlan> {
             .try_fold(1usize, |a, &d| a.checked_mul(d))
             .ok_or_else(|| Error::Shape(format!("tensor '{}' is too large", value.name)))?;
         let size = align(elems.max(1) * value.dtype.size());
-        requests.push((v, Request { first: first[v], last: last[v].max(first[v]), size }));
+        requests.push((
+            v,
+            Request {
+                first: first[v],
+                last: last[v].max(first[v]),
+                size,
+            },
+        ));
     }
     for (i, &s) in scratch.iter().enumerate() {
         if s > 0 {
-            requests.push((graph.values.len() + i, Request { first: i, last: i, size: align(s) }));
+            requests.push((
+                graph.values.len() + i,
+                Request {
+                    first: i,
+                    last: i,
+                    size: align(s),
+                },
+            ));
         }
     }
 
@@ -108,19 +124,28 @@ pub fn plan(graph: &Graph, scratch: &[usize]) -> Result<MemoryPlan> {
     }
     let lower_bound = live.iter().copied().max().unwrap_or(0);
 
-    let (offsets, arena_bytes) = place_greedy_by_size(&requests.iter().map(|(_, r)| *r).collect::<Vec<_>>());
+    let (offsets, arena_bytes) =
+        place_greedy_by_size(&requests.iter().map(|(_, r)| *r).collect::<Vec<_>>());
 
     let mut values = vec![None; graph.values.len()];
     let mut scratch_slots = vec![None; n_nodes];
     for ((id, r), off) in requests.iter().zip(offsets) {
-        let slot = Slot { offset: off, size: r.size };
+        let slot = Slot {
+            offset: off,
+            size: r.size,
+        };
         if *id < graph.values.len() {
             values[*id] = Some(slot);
         } else {
             scratch_slots[*id - graph.values.len()] = Some(slot);
         }
     }
-    Ok(MemoryPlan { values, scratch: scratch_slots, arena_bytes, lower_bound })
+    Ok(MemoryPlan {
+        values,
+        scratch: scratch_slots,
+        arena_bytes,
+        lower_bound,
+    })
 }
 
 /// Greedy by size: place the largest buffers first, each at the lowest offset where it does not
@@ -128,7 +153,10 @@ pub fn plan(graph: &Graph, scratch: &[usize]) -> Result<MemoryPlan> {
 fn place_greedy_by_size(reqs: &[Request]) -> (Vec<usize>, usize) {
     let mut order: Vec<usize> = (0..reqs.len()).collect();
     order.sort_by(|&a, &b| {
-        reqs[b].size.cmp(&reqs[a].size).then((reqs[b].last - reqs[b].first).cmp(&(reqs[a].last - reqs[a].first)))
+        reqs[b]
+            .size
+            .cmp(&reqs[a].size)
+            .then((reqs[b].last - reqs[b].first).cmp(&(reqs[a].last - reqs[a].first)))
     });
     let mut offsets = vec![0usize; reqs.len()];
     let mut placed: Vec<usize> = Vec::with_capacity(reqs.len());
@@ -175,9 +203,21 @@ mod tests {
     #[test]
     fn disjoint_lifetimes_share_memory_and_overlapping_do_not() {
         let reqs = [
-            Request { first: 0, last: 1, size: 1024 },
-            Request { first: 1, last: 2, size: 1024 },
-            Request { first: 2, last: 3, size: 1024 },
+            Request {
+                first: 0,
+                last: 1,
+                size: 1024,
+            },
+            Request {
+                first: 1,
+                last: 2,
+                size: 1024,
+            },
+            Request {
+                first: 2,
+                last: 3,
+                size: 1024,
+            },
         ];
         let (off, arena) = place_greedy_by_size(&reqs);
         // 0 and 2 do not overlap in time: they can share; 1 overlaps both.
@@ -199,7 +239,11 @@ mod tests {
             let reqs: Vec<Request> = (0..40)
                 .map(|_| {
                     let first = rnd(30);
-                    Request { first, last: first + rnd(8), size: align(1 + rnd(100_000)) }
+                    Request {
+                        first,
+                        last: first + rnd(8),
+                        size: align(1 + rnd(100_000)),
+                    }
                 })
                 .collect();
             let (off, arena) = place_greedy_by_size(&reqs);

@@ -37,11 +37,21 @@ impl CpuExecutable {
             .build()
             .map_err(|e| Error::Unsupported(format!("cannot start CPU worker threads: {e}")))?;
         // Kernels size their per-thread scratch from the pool they are built in.
-        let kernels =
-            pool.install(|| graph.nodes.iter().map(|n| build_kernel(&graph, n)).collect::<Result<Vec<_>>>())?;
+        let kernels = pool.install(|| {
+            graph
+                .nodes
+                .iter()
+                .map(|n| build_kernel(&graph, n))
+                .collect::<Result<Vec<_>>>()
+        })?;
         let scratch: Vec<usize> = kernels.iter().map(|k| k.scratch_bytes()).collect();
         let plan = plan::plan(&graph, &scratch)?;
-        Ok(CpuExecutable { graph, kernels, plan, pool: Arc::new(pool) })
+        Ok(CpuExecutable {
+            graph,
+            kernels,
+            plan,
+            pool: Arc::new(pool),
+        })
     }
 
     /// The arena plan (for reports: size against the lower bound).
@@ -78,8 +88,12 @@ struct CpuContext {
 
 impl CpuContext {
     fn slot(&self, v: usize) -> Result<Slot> {
-        self.exe.plan.values[v]
-            .ok_or_else(|| Error::InvalidModel(format!("value '{}' has no arena slot", self.exe.graph.values[v].name)))
+        self.exe.plan.values[v].ok_or_else(|| {
+            Error::InvalidModel(format!(
+                "value '{}' has no arena slot",
+                self.exe.graph.values[v].name
+            ))
+        })
     }
 }
 
@@ -113,11 +127,21 @@ impl BackendContext for CpuContext {
             let slot = self.slot(v)?;
             let src = t.as_bytes();
             // SAFETY: the slot lies inside the arena (the plan sized it) and holds src.len() bytes.
-            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), base.0.add(slot.offset), src.len()) };
+            unsafe {
+                std::ptr::copy_nonoverlapping(src.as_ptr(), base.0.add(slot.offset), src.len())
+            };
         }
         let result = exe.pool.install(|| {
             for (i, (node, kernel)) in g.nodes.iter().zip(&exe.kernels).enumerate() {
-                run_node(g, &exe.plan, node, i, kernel.as_ref(), base.ptr(), arena_len)?;
+                run_node(
+                    g,
+                    &exe.plan,
+                    node,
+                    i,
+                    kernel.as_ref(),
+                    base.ptr(),
+                    arena_len,
+                )?;
             }
             Ok::<(), Error>(())
         });
@@ -135,7 +159,9 @@ impl BackendContext for CpuContext {
             }
             let slot = self.slot(v)?;
             // SAFETY: the slot lies inside the arena and holds dst.len() bytes of this value.
-            unsafe { std::ptr::copy_nonoverlapping(base.0.add(slot.offset), dst.as_mut_ptr(), dst.len()) };
+            unsafe {
+                std::ptr::copy_nonoverlapping(base.0.add(slot.offset), dst.as_mut_ptr(), dst.len())
+            };
         }
         Ok(())
     }
@@ -169,7 +195,10 @@ fn run_node(
 ) -> Result<()> {
     const MAX_IO: usize = 16;
     if node.inputs.len() > MAX_IO || node.outputs.len() > MAX_IO {
-        return Err(Error::Unsupported(format!("node '{}' has more than {MAX_IO} inputs or outputs", node.name)));
+        return Err(Error::Unsupported(format!(
+            "node '{}' has more than {MAX_IO} inputs or outputs",
+            node.name
+        )));
     }
     let view = |v: usize| -> Result<(&[usize], &[u8])> {
         let value = &g.values[v];
@@ -177,60 +206,87 @@ fn run_node(
         if let Some(c) = &value.constant {
             return Ok((shape, c.as_bytes()));
         }
-        let slot = plan.values[v]
-            .ok_or_else(|| Error::InvalidModel(format!("value '{}' has no arena slot", value.name)))?;
+        let slot = plan.values[v].ok_or_else(|| {
+            Error::InvalidModel(format!("value '{}' has no arena slot", value.name))
+        })?;
         let len = shape.iter().product::<usize>() * value.dtype.size();
         debug_assert!(slot.offset + len <= arena_len);
         // SAFETY: planned slots lie inside the arena; inputs and outputs of one node are live at
         // the same step, so the plan gives them disjoint bytes.
-        Ok((shape, unsafe { std::slice::from_raw_parts(base.add(slot.offset), len) }))
+        Ok((shape, unsafe {
+            std::slice::from_raw_parts(base.add(slot.offset), len)
+        }))
     };
     let mut ins: [Option<TensorRef>; MAX_IO] = [None; MAX_IO];
     for (k, inp) in node.inputs.iter().enumerate() {
         if let Some(v) = *inp {
             let (shape, bytes) = view(v)?;
-            ins[k] = Some(TensorRef { dtype: g.values[v].dtype, shape, bytes });
+            ins[k] = Some(TensorRef {
+                dtype: g.values[v].dtype,
+                shape,
+                bytes,
+            });
         }
     }
     let mut outs: [TensorMut; MAX_IO] = Default::default();
     for (k, &v) in node.outputs.iter().enumerate() {
         let value = &g.values[v];
         let shape = g.shape(v)?;
-        let slot = plan.values[v]
-            .ok_or_else(|| Error::InvalidModel(format!("value '{}' has no arena slot", value.name)))?;
+        let slot = plan.values[v].ok_or_else(|| {
+            Error::InvalidModel(format!("value '{}' has no arena slot", value.name))
+        })?;
         let len = shape.iter().product::<usize>() * value.dtype.size();
         debug_assert!(slot.offset + len <= arena_len);
         // SAFETY: as above; each output has its own disjoint slot.
         let bytes = unsafe { std::slice::from_raw_parts_mut(base.add(slot.offset), len) };
-        outs[k] = TensorMut { dtype: value.dtype, shape, bytes };
+        outs[k] = TensorMut {
+            dtype: value.dtype,
+            shape,
+            bytes,
+        };
     }
     let scratch: &mut [u8] = match plan.scratch[index] {
         // SAFETY: the scratch slot is live only during this node and disjoint from its tensors.
         Some(s) => unsafe { std::slice::from_raw_parts_mut(base.add(s.offset), s.size) },
         None => &mut [],
     };
-    kernel.run(&ins[..node.inputs.len()], &mut outs[..node.outputs.len()], scratch)
+    kernel.run(
+        &ins[..node.inputs.len()],
+        &mut outs[..node.outputs.len()],
+        scratch,
+    )
 }
 
 /// Evaluates one node whose inputs are all constants (used by constant folding).
 pub fn eval_node(graph: &Graph, node: &Node) -> Result<Vec<Tensor>> {
     let out_types = shape::infer_node(graph, node)?;
     let kernel = build_kernel(graph, node)?;
-    let mut outs: Vec<Tensor> = out_types.into_iter().map(|(dt, s)| Tensor::zeros(dt, s)).collect();
+    let mut outs: Vec<Tensor> = out_types
+        .into_iter()
+        .map(|(dt, s)| Tensor::zeros(dt, s))
+        .collect();
     let ins: Vec<Option<TensorRef>> = node
         .inputs
         .iter()
         .map(|inp| {
             inp.map(|v| {
                 let c = graph.constant(v).ok_or_else(|| {
-                    Error::InvalidModel(format!("eval of node '{}' needs constant inputs", node.name))
+                    Error::InvalidModel(format!(
+                        "eval of node '{}' needs constant inputs",
+                        node.name
+                    ))
                 })?;
-                Ok(TensorRef { dtype: c.dtype(), shape: &c.shape, bytes: c.as_bytes() })
+                Ok(TensorRef {
+                    dtype: c.dtype(),
+                    shape: &c.shape,
+                    bytes: c.as_bytes(),
+                })
             })
             .transpose()
         })
         .collect::<Result<_>>()?;
-    let mut scratch = vec![AlignedBlock([0; ALIGNMENT]); kernel.scratch_bytes().div_ceil(ALIGNMENT)];
+    let mut scratch =
+        vec![AlignedBlock([0; ALIGNMENT]); kernel.scratch_bytes().div_ceil(ALIGNMENT)];
     let scratch_bytes =
         // SAFETY: reinterpreting aligned plain bytes.
         unsafe { std::slice::from_raw_parts_mut(scratch.as_mut_ptr() as *mut u8, scratch.len() * ALIGNMENT) };
@@ -238,7 +294,11 @@ pub fn eval_node(graph: &Graph, node: &Node) -> Result<Vec<Tensor>> {
     let mut views: Vec<TensorMut> = outs
         .iter_mut()
         .zip(&shapes)
-        .map(|(t, s)| TensorMut { dtype: t.dtype(), shape: s, bytes: t.as_bytes_mut() })
+        .map(|(t, s)| TensorMut {
+            dtype: t.dtype(),
+            shape: s,
+            bytes: t.as_bytes_mut(),
+        })
         .collect();
     kernel.run(&ins, &mut views, scratch_bytes)?;
     drop(views);

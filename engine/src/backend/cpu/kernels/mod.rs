@@ -19,12 +19,17 @@ pub fn build_kernel(graph: &Graph, node: &Node) -> Result<Box<dyn Kernel>> {
     match &node.op {
         Op::Conv(_) | Op::ConvTranspose(_) => conv::build(graph, node),
         Op::Gemm { .. } | Op::MatMul => gemm::build(graph, node),
-        Op::MaxPool(_) | Op::AveragePool(_) | Op::GlobalAveragePool { .. } | Op::GlobalMaxPool { .. } => {
-            pool::build(graph, node)
+        Op::MaxPool(_)
+        | Op::AveragePool(_)
+        | Op::GlobalAveragePool { .. }
+        | Op::GlobalMaxPool { .. } => pool::build(graph, node),
+        Op::BatchNormalization { .. } | Op::Softmax { .. } | Op::ReduceMean { .. } => {
+            norm::build(graph, node)
         }
-        Op::BatchNormalization { .. } | Op::Softmax { .. } | Op::ReduceMean { .. } => norm::build(graph, node),
         Op::Resize(_) => resize::build(graph, node),
-        Op::Unary(_) | Op::Binary(_) | Op::Elementwise(_) | Op::Clip | Op::Where => elementwise::build(graph, node),
+        Op::Unary(_) | Op::Binary(_) | Op::Elementwise(_) | Op::Clip | Op::Where => {
+            elementwise::build(graph, node)
+        }
         Op::Concat { .. }
         | Op::Split { .. }
         | Op::Slice
@@ -62,7 +67,8 @@ pub struct TensorMut<'a> {
 fn cast_slice<T>(b: &[u8]) -> &[T] {
     let size = std::mem::size_of::<T>();
     assert!(
-        b.len().is_multiple_of(size) && (b.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>()),
+        b.len().is_multiple_of(size)
+            && (b.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>()),
         "arena view misaligned or not a multiple of the element size"
     );
     // SAFETY: alignment and length checked above; T is a plain numeric type.
@@ -72,7 +78,8 @@ fn cast_slice<T>(b: &[u8]) -> &[T] {
 fn cast_slice_mut<T>(b: &mut [u8]) -> &mut [T] {
     let size = std::mem::size_of::<T>();
     assert!(
-        b.len().is_multiple_of(size) && (b.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>()),
+        b.len().is_multiple_of(size)
+            && (b.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>()),
         "arena view misaligned or not a multiple of the element size"
     );
     // SAFETY: alignment and length checked above; T is a plain numeric type.
@@ -105,7 +112,11 @@ impl<'a> TensorRef<'a> {
 impl Default for TensorMut<'_> {
     /// An empty placeholder view (used to fill fixed-size view arrays without allocating).
     fn default() -> Self {
-        TensorMut { dtype: DataType::F32, shape: &[], bytes: &mut [] }
+        TensorMut {
+            dtype: DataType::F32,
+            shape: &[],
+            bytes: &mut [],
+        }
     }
 }
 
@@ -136,7 +147,12 @@ impl<'a> TensorMut<'a> {
 /// declared by [`Kernel::scratch_bytes`] and handed in from the planned arena.
 pub trait Kernel: Send + Sync {
     /// Computes the outputs from the inputs (omitted optional inputs are `None`).
-    fn run(&self, inputs: &[Option<TensorRef<'_>>], outputs: &mut [TensorMut<'_>], scratch: &mut [u8]) -> Result<()>;
+    fn run(
+        &self,
+        inputs: &[Option<TensorRef<'_>>],
+        outputs: &mut [TensorMut<'_>],
+        scratch: &mut [u8],
+    ) -> Result<()>;
 
     /// Bytes of scratch memory `run` needs (im2col buffers and the like).
     fn scratch_bytes(&self) -> usize {
