@@ -68,7 +68,13 @@ impl Executable for CpuExecutable {
     fn new_context(self: Arc<Self>) -> Result<Box<dyn BackendContext>> {
         let words = self.plan.arena_bytes.div_ceil(ALIGNMENT) + 1;
         let arena = vec![AlignedBlock([0; ALIGNMENT]); words];
-        Ok(Box::new(CpuContext { exe: self, arena }))
+        let profile = std::env::var_os("VIGIL_PROFILE")
+            .map(|_| vec![std::time::Duration::ZERO; self.kernels.len()]);
+        Ok(Box::new(CpuContext {
+            exe: self,
+            arena,
+            profile,
+        }))
     }
 
     fn arena_bytes(&self) -> usize {
@@ -84,6 +90,34 @@ struct AlignedBlock([u8; ALIGNMENT]);
 struct CpuContext {
     exe: Arc<CpuExecutable>,
     arena: Vec<AlignedBlock>,
+    /// Per-node accumulated time, when `VIGIL_PROFILE` is set; printed when the context drops.
+    profile: Option<Vec<std::time::Duration>>,
+}
+
+impl Drop for CpuContext {
+    fn drop(&mut self) {
+        let Some(p) = &self.profile else { return };
+        let total: f64 = p.iter().map(|d| d.as_secs_f64()).sum();
+        let mut rows: Vec<(usize, f64)> = p.iter().map(|d| d.as_secs_f64()).enumerate().collect();
+        rows.sort_by(|a, b| b.1.total_cmp(&a.1));
+        eprintln!("node profile (total {:.3} s):", total);
+        for (i, t) in rows.iter().take(40) {
+            let n = &self.exe.graph.nodes[*i];
+            let shape = n
+                .outputs
+                .first()
+                .and_then(|&o| self.exe.graph.values[o].shape.clone())
+                .unwrap_or_default();
+            eprintln!(
+                "{:6.2}% {:9.3} ms  {:<18} {:?} {}",
+                t / total * 100.0,
+                t * 1e3,
+                n.op.name(),
+                shape,
+                n.name
+            );
+        }
+    }
 }
 
 impl CpuContext {
@@ -131,8 +165,10 @@ impl BackendContext for CpuContext {
                 std::ptr::copy_nonoverlapping(src.as_ptr(), base.0.add(slot.offset), src.len())
             };
         }
+        let profile = &mut self.profile;
         let result = exe.pool.install(|| {
             for (i, (node, kernel)) in g.nodes.iter().zip(&exe.kernels).enumerate() {
+                let start = profile.is_some().then(std::time::Instant::now);
                 run_node(
                     g,
                     &exe.plan,
@@ -142,6 +178,9 @@ impl BackendContext for CpuContext {
                     base.ptr(),
                     arena_len,
                 )?;
+                if let (Some(p), Some(t)) = (profile.as_mut(), start) {
+                    p[i] += t.elapsed();
+                }
             }
             Ok::<(), Error>(())
         });
