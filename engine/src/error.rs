@@ -18,6 +18,12 @@ pub enum Error {
     /// A caller-supplied input that does not match the model's signature.
     #[error("bad input: {0}")]
     BadInput(String),
+    /// Image bytes in a format Vigil does not decode (not JPEG, PNG, BMP or WebP).
+    #[error("unsupported image: {0}")]
+    UnsupportedImage(String),
+    /// An image whose header declares more pixels than the configured limit.
+    #[error("image too large: {0}")]
+    ImageTooLarge(String),
     /// Image decoding or pre/post-processing failure.
     #[error("image error: {0}")]
     Image(String),

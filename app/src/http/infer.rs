@@ -1,6 +1,5 @@
 //! The image API (`/v1`): list models, and image in → classes or boxes out.
 
-use std::io::Cursor;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -106,44 +105,9 @@ pub async fn list_models(State(state): State<Arc<AppState>>) -> Response {
 /// Checks an image before it is queued: non-empty, a supported format (else 415), a readable
 /// header, and within the pixel limit (else 413). Decoding proper happens in the engine.
 pub fn check_image(bytes: &[u8], max_pixels: u64) -> Result<(), ApiError> {
-    use image::ImageFormat as F;
-    if bytes.is_empty() {
-        return Err(ApiError::bad_request(
-            "empty request body: expected image bytes (JPEG, PNG, BMP or WebP)",
-        ));
-    }
-    match image::guess_format(bytes) {
-        Ok(F::Jpeg | F::Png | F::Bmp | F::WebP) => {}
-        Ok(other) => {
-            return Err(ApiError::new(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                format!("unsupported image format {other:?}: expected JPEG, PNG, BMP or WebP"),
-            ))
-        }
-        Err(_) => {
-            return Err(ApiError::new(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "unrecognised image data: expected JPEG, PNG, BMP or WebP",
-            ))
-        }
-    }
-    let reader = image::ImageReader::new(Cursor::new(bytes))
-        .with_guessed_format()
-        .map_err(|e| ApiError::bad_request(format!("cannot read image: {e}")))?;
-    let (w, h) = reader
-        .into_dimensions()
-        .map_err(|e| ApiError::bad_request(format!("corrupt or truncated image: {e}")))?;
-    let pixels = w as u64 * h as u64;
-    if pixels == 0 {
-        return Err(ApiError::bad_request("image has zero width or height"));
-    }
-    if pixels > max_pixels {
-        return Err(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("image is {w}x{h} = {pixels} pixels, over the limit of {max_pixels} pixels"),
-        ));
-    }
-    Ok(())
+    vigil_engine::vision::probe_image(bytes, &DecodeLimits { max_pixels })
+        .map(|_| ())
+        .map_err(|e| ApiError::from_engine(e, true))
 }
 
 /// Extracts the image bytes: the first file part of a multipart form, or the raw body

@@ -83,18 +83,18 @@ impl ApiError {
         use vigil_engine::Error as E;
         let status = match &e {
             E::BadInput(_) | E::Shape(_) | E::Type(_) => StatusCode::BAD_REQUEST,
-            E::Image(msg) if image_request && is_pixel_limit(msg) => StatusCode::PAYLOAD_TOO_LARGE,
+            E::ImageTooLarge(_) if image_request => StatusCode::PAYLOAD_TOO_LARGE,
+            E::UnsupportedImage(_) if image_request => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             E::Image(_) if image_request => StatusCode::BAD_REQUEST,
-            E::Image(_) | E::InvalidModel(_) | E::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            E::Image(_)
+            | E::ImageTooLarge(_)
+            | E::UnsupportedImage(_)
+            | E::InvalidModel(_)
+            | E::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
             E::Unsupported(_) => StatusCode::NOT_IMPLEMENTED,
         };
         ApiError::new(status, e.to_string())
     }
-}
-
-fn is_pixel_limit(msg: &str) -> bool {
-    let m = msg.to_ascii_lowercase();
-    m.contains("pixel") && (m.contains("limit") || m.contains("exceed") || m.contains("too large"))
 }
 
 impl From<QueueError> for ApiError {

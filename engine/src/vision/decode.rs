@@ -19,14 +19,44 @@ pub fn sniff_format(bytes: &[u8]) -> Result<ImageFormat> {
         return Err(Error::Image("image data is empty (0 bytes)".into()));
     }
     let format = image::guess_format(bytes).map_err(|_| {
-        Error::Image("unrecognised image format (expected JPEG, PNG, BMP or WebP)".into())
+        Error::UnsupportedImage(
+            "unrecognised image format (expected JPEG, PNG, BMP or WebP)".into(),
+        )
     })?;
     match format {
         ImageFormat::Jpeg | ImageFormat::Png | ImageFormat::Bmp | ImageFormat::WebP => Ok(format),
-        other => Err(Error::Image(format!(
+        other => Err(Error::UnsupportedImage(format!(
             "unsupported image format {other:?} (expected JPEG, PNG, BMP or WebP)"
         ))),
     }
+}
+
+/// Checks declared dimensions against the pixel limit (and rejects empty images).
+fn check_pixels(w: u32, h: u32, limits: &DecodeLimits) -> Result<()> {
+    let pixels = u64::from(w) * u64::from(h);
+    if pixels > limits.max_pixels {
+        return Err(Error::ImageTooLarge(format!(
+            "image is {w}x{h} = {pixels} pixels, limit is {}",
+            limits.max_pixels
+        )));
+    }
+    if pixels == 0 {
+        return Err(Error::Image(format!("image has zero size ({w}x{h})")));
+    }
+    Ok(())
+}
+
+/// Reads only the header: the format, width and height, checked against `limits`. Cheap
+/// admission control before an upload is queued for a full decode.
+pub fn probe_image(bytes: &[u8], limits: &DecodeLimits) -> Result<(ImageFormat, u32, u32)> {
+    let format = sniff_format(bytes)?;
+    let mut reader = ImageReader::new(Cursor::new(bytes));
+    reader.set_format(format);
+    let (w, h) = reader
+        .into_dimensions()
+        .map_err(|e| image_err("corrupt or truncated image header", e))?;
+    check_pixels(w, h, limits)?;
+    Ok((format, w, h))
 }
 
 fn image_err(context: &str, e: image::ImageError) -> Error {
@@ -136,16 +166,7 @@ fn decode_inner(
         .map_err(|e| image_err("cannot read image header", e))?;
 
     let (w, h) = decoder.dimensions();
-    let pixels = u64::from(w) * u64::from(h);
-    if pixels > limits.max_pixels {
-        return Err(Error::Image(format!(
-            "image is {w}x{h} = {pixels} pixels, limit is {}",
-            limits.max_pixels
-        )));
-    }
-    if pixels == 0 {
-        return Err(Error::Image(format!("image has zero size ({w}x{h})")));
-    }
+    check_pixels(w, h, limits)?;
 
     // Orientation comes from EXIF (JPEG APP1, PNG eXIf, WebP EXIF chunk). A malformed EXIF block
     // is not fatal: the pixels are still valid, so fall back to "as stored".

@@ -14,7 +14,7 @@ mod preprocess;
 mod tests;
 
 pub use classify::{classify, softmax};
-pub use decode::{decode_image, sniff_format};
+pub use decode::{decode_image, probe_image, sniff_format};
 pub use detect::{decode_nanodet, decode_yolov8, iou, nms};
 pub use pipeline::{infer_image, load_labels, parse_labels, postprocess};
 pub use preprocess::{preprocess, resize_bilinear};

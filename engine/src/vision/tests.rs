@@ -28,7 +28,10 @@ fn encode(img: &RgbImage, format: ImageFormat) -> Vec<u8> {
 }
 
 fn is_image_err<T: std::fmt::Debug>(r: &crate::error::Result<T>) -> bool {
-    matches!(r, Err(Error::Image(_)))
+    matches!(
+        r,
+        Err(Error::Image(_) | Error::UnsupportedImage(_) | Error::ImageTooLarge(_))
+    )
 }
 
 /// Minimal big-endian TIFF block holding one Orientation (0x0112) entry.
@@ -222,7 +225,7 @@ fn pixel_limit_is_enforced() {
     let err = decode_image(&bytes, &DecodeLimits { max_pixels: 5000 }).unwrap_err();
     assert_eq!(
         err.to_string(),
-        "image error: image is 100x80 = 8000 pixels, limit is 5000"
+        "image too large: image is 100x80 = 8000 pixels, limit is 5000"
     );
     assert!(decode_image(&bytes, &DecodeLimits { max_pixels: 8000 }).is_ok());
 
@@ -233,8 +236,21 @@ fn pixel_limit_is_enforced() {
     let err = decode_image(&bmp, &DecodeLimits::default()).unwrap_err();
     assert_eq!(
         err.to_string(),
-        "image error: image is 20000x20000 = 400000000 pixels, limit is 40000000"
+        "image too large: image is 20000x20000 = 400000000 pixels, limit is 40000000"
     );
+    // The header-only probe agrees, and reports format and size of acceptable images.
+    assert!(matches!(
+        probe_image(&bmp, &DecodeLimits::default()),
+        Err(Error::ImageTooLarge(_))
+    ));
+    assert_eq!(
+        probe_image(&bytes, &DecodeLimits::default()).unwrap(),
+        (ImageFormat::Png, 100, 80)
+    );
+    assert!(matches!(
+        probe_image(b"GIF89a\x01\0\x01\0\0\0\0", &DecodeLimits::default()),
+        Err(Error::UnsupportedImage(_))
+    ));
 }
 
 #[test]
