@@ -320,6 +320,11 @@ fn bad_images_are_rejected_with_json() {
     )
     .assert_json_error(415);
     post(&url, "text/plain", &[], &png(2, 2)).assert_json_error(415);
+    // curl --data-binary's default content type carries raw image bytes.
+    assert_eq!(
+        post(&url, "application/x-www-form-urlencoded", &[], &png(3, 3)).status,
+        200
+    );
     // GIF magic: a real format, but not one we decode.
     post(
         &url,

@@ -111,7 +111,7 @@ pub fn check_image(bytes: &[u8], max_pixels: u64) -> Result<(), ApiError> {
 }
 
 /// Extracts the image bytes: the first file part of a multipart form, or the raw body
-/// (`image/*`, `application/octet-stream`, or no content type).
+/// (`image/*`, `application/octet-stream`, curl's default form type, or no content type).
 async fn read_image_body(req: Request) -> Result<Bytes, ApiError> {
     let ctype = req
         .headers()
@@ -144,10 +144,13 @@ async fn read_image_body(req: Request) -> Result<Bytes, ApiError> {
                 ApiError::bad_request("multipart body has no parts; send the image as a file field")
             })
         }
+        // `curl --data-binary @photo.jpg` labels the body x-www-form-urlencoded: the bytes are
+        // sniffed anyway, so accept it like octet-stream.
         Some(c)
             if !(c.is_empty()
                 || c.starts_with("image/")
-                || c.starts_with("application/octet-stream")) =>
+                || c.starts_with("application/octet-stream")
+                || c.starts_with("application/x-www-form-urlencoded")) =>
         {
             Err(ApiError::new(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
