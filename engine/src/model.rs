@@ -125,6 +125,11 @@ impl Model {
         self.executable.arena_bytes()
     }
 
+    /// Lower bound on the arena (peak live activation bytes), to judge the plan against.
+    pub fn arena_lower_bound(&self) -> usize {
+        self.executable.arena_lower_bound()
+    }
+
     /// A new execution context: its own activation arena, sharing this model's weights.
     pub fn new_context(&self) -> Result<ExecutionContext> {
         let inner = Arc::clone(&self.executable).new_context()?;

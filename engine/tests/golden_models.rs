@@ -66,6 +66,19 @@ fn bbox(v: &Value) -> BBox {
     }
 }
 
+/// The activation arena must be within 5% of the peak-live lower bound.
+fn assert_plan_is_tight(model: &Model) {
+    let (arena, bound) = (model.arena_bytes(), model.arena_lower_bound());
+    println!(
+        "arena {arena} bytes, lower bound {bound} bytes, ratio {:.3}",
+        arena as f64 / bound as f64
+    );
+    assert!(
+        arena as f64 <= 1.05 * bound as f64,
+        "plan {arena} > 1.05 x lower bound {bound}"
+    );
+}
+
 #[test]
 fn efficientnet_logits_match_onnxruntime() {
     let g = golden();

@@ -142,25 +142,45 @@ pub fn run(args: InspectArgs) -> Result<(), String> {
         args.config.as_deref(),
         args.models_dir.as_deref(),
     )?;
-    let mut graph = vigil_engine::onnx::load_file(&cfg.path)
+    let graph = vigil_engine::onnx::load_file(&cfg.path)
         .map_err(|e| format!("cannot load {}: {e}", cfg.path.display()))?;
     let mut loaded_graph = graph.clone();
     vigil_engine::passes::annotate_shapes(&mut loaded_graph, args.batch)
         .map_err(|e| format!("shape inference failed: {e}"))?;
     let loaded = report(&loaded_graph);
-    let passes = vigil_engine::passes::prepare(&mut graph, args.batch, true)
+    let opts = vigil_engine::ModelOptions {
+        batch: args.batch,
+        threads: 1,
+        optimize: true,
+    };
+    let model = vigil_engine::Model::from_graph(graph, &opts)
         .map_err(|e| format!("optimization failed: {e}"))?;
-    tracing::info!(folded = passes.folded, rewrites = ?passes.passes.rewrites, "optimized");
-    let optimized = report(&graph);
+    let passes = model.optimize_report();
+    let optimized = report(model.graph());
+    let (arena, bound) = (model.arena_bytes(), model.arena_lower_bound());
     if args.json {
         println!(
             "{}",
-            serde_json::json!({ "model": cfg.name, "loaded": loaded, "optimized": optimized })
+            serde_json::json!({
+                "model": cfg.name, "loaded": loaded, "optimized": optimized,
+                "folded_nodes": passes.folded, "rewrites": passes.passes.rewrites,
+                "arena_bytes": arena, "arena_lower_bound": bound,
+            })
         );
     } else {
         println!("model: {} ({})", cfg.name, cfg.path.display());
         print_report("as loaded", &loaded);
         print_report("optimized", &optimized);
+        println!("constant-folded nodes: {}", passes.folded);
+        for (pass, n) in &passes.passes.rewrites {
+            println!("  {pass:<20} {n} rewrites");
+        }
+        println!(
+            "activation arena: {:.2} MB, lower bound {:.2} MB (plan / bound = {:.3})",
+            arena as f64 / 1e6,
+            bound as f64 / 1e6,
+            arena as f64 / bound.max(1) as f64
+        );
     }
     Ok(())
 }

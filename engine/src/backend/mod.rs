@@ -18,6 +18,8 @@ pub trait Executable: Send + Sync {
     fn new_context(self: Arc<Self>) -> Result<Box<dyn BackendContext>>;
     /// Bytes of activation memory each context reserves.
     fn arena_bytes(&self) -> usize;
+    /// The most activation bytes live at one step: no arena for this graph can be smaller.
+    fn arena_lower_bound(&self) -> usize;
 }
 
 /// Per-request execution state.

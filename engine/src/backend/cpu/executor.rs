@@ -80,6 +80,10 @@ impl Executable for CpuExecutable {
     fn arena_bytes(&self) -> usize {
         self.plan.arena_bytes
     }
+
+    fn arena_lower_bound(&self) -> usize {
+        self.plan.lower_bound
+    }
 }
 
 #[derive(Clone, Copy)]
