@@ -388,7 +388,9 @@ fn read_dir_files(dir: &Path, ext: Option<&str>) -> Vec<(String, Vec<u8>)> {
     if let Ok(entries) = std::fs::read_dir(dir) {
         for e in entries.flatten() {
             let p = e.path();
-            if !p.is_file()
+            let hidden = e.file_name().to_string_lossy().starts_with('.');
+            if hidden
+                || !p.is_file()
                 || ext.is_some_and(|x| p.extension().and_then(|s| s.to_str()) != Some(x))
             {
                 continue;
@@ -775,7 +777,7 @@ fn mutate_model(m: &mut proto::ModelProto, rng: &mut Rng) {
                 let i = rng.below(g.initializer.len());
                 mutate_tensor(&mut g.initializer[i], rng);
             }
-            2 | 3 | 4 if !g.node.is_empty() => {
+            2..=4 if !g.node.is_empty() => {
                 let n = rng.below(g.node.len());
                 let node = &mut g.node[n];
                 if node.attribute.is_empty() {
