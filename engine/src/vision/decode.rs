@@ -60,7 +60,11 @@ pub fn probe_image(bytes: &[u8], limits: &DecodeLimits) -> Result<(ImageFormat, 
 }
 
 fn image_err(context: &str, e: image::ImageError) -> Error {
-    Error::Image(format!("{context}: {e}"))
+    match e {
+        // The decoder's own dimension/allocation limits: the image is too large, not corrupt.
+        image::ImageError::Limits(_) => Error::ImageTooLarge(format!("{context}: {e}")),
+        _ => Error::Image(format!("{context}: {e}")),
+    }
 }
 
 /// Decodes JPEG/PNG/BMP/WebP bytes to RGB8, applying EXIF orientation and `limits`.
