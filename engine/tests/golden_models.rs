@@ -87,6 +87,7 @@ fn efficientnet_logits_match_onnxruntime() {
         &ModelOptions::default(),
     )
     .expect("load");
+    assert_plan_is_tight(&model);
     let mut ctx = model.new_context().expect("context");
     let mut worst = 0f32;
     for img in g["images"].as_array().expect("images") {
@@ -135,6 +136,7 @@ fn nanodet_outputs_and_detections_match_onnxruntime() {
         &ModelOptions::default(),
     )
     .expect("load");
+    assert_plan_is_tight(&model);
     let spec = VisionSpec::nanodet_m_416(labels("coco-labels.txt"));
     let mut ctx = model.new_context().expect("context");
     for img in g["images"].as_array().expect("images") {
