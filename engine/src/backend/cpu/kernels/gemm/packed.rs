@@ -238,8 +238,10 @@ impl PackedB {
             )));
         }
         let (mr, _, _) = self.isa.dims();
-        // Rows per block: keep an A block around 64 KiB.
-        let mc = ((16384 / k.max(1)) / mr * mr).clamp(mr, 16 * mr);
+        // Rows per block: an A block of up to ~256 KiB stays in L2 while every B panel
+        // streams past it once.
+        let mc = ((65536 / k.max(1)) / mr * mr).clamp(mr, 32 * mr);
+
         let mblocks = m.div_ceil(mc);
         let threads = rayon::current_num_threads();
         let cp = OutPtr(c.as_mut_ptr());
