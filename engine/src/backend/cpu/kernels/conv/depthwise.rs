@@ -66,6 +66,7 @@ pub(super) fn row_avx512(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::too_many_arguments)]
+#[allow(clippy::needless_range_loop)] // register tiles index several arrays in step
 unsafe fn row_impl<const KH: usize, const KW: usize>(
     g: &Geom,
     x: &[f32],

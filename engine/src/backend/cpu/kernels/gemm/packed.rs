@@ -419,6 +419,7 @@ use std::arch::x86_64::*;
 /// `t` must describe valid memory (B panel and bias padded to `16 * V`) and AVX-512F present.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
+#[allow(clippy::needless_range_loop)] // register tiles index several arrays in step
 unsafe fn mk_avx512<const R: usize, const V: usize>(t: &Tile) {
     let mut acc = [[_mm512_setzero_ps(); V]; R];
     let w = 16 * V;
@@ -475,6 +476,7 @@ unsafe fn mk_avx512<const R: usize, const V: usize>(t: &Tile) {
 /// `t` must describe valid memory (B panel and bias padded to `8 * V`) and AVX2 + FMA present.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
+#[allow(clippy::needless_range_loop)] // register tiles index several arrays in step
 unsafe fn mk_avx2<const R: usize, const V: usize>(t: &Tile) {
     let mut acc = [[_mm256_setzero_ps(); V]; R];
     let w = 8 * V;
