@@ -3,9 +3,12 @@
 
 use rayon::prelude::*;
 
+mod depthwise;
+
+use super::gemm::packed::{Epilogue, Isa, PackedB};
 use super::gemm::{
     apply_act, check_f32, in_shape, input_f32, out_shape, output_f32, parallelism, scratch_f32,
-    sgemm, Mat, Parallelism,
+    sgemm, Mat,
 };
 use super::{Kernel, TensorMut, TensorRef};
 use crate::error::{Error, Result};
@@ -123,37 +126,9 @@ fn bias_vec(graph: &Graph, node: &Node, cout: usize) -> Result<Vec<f32>> {
     }
 }
 
-/// `out[r, c] = act(out[r, c] + bias[c])` over rows of width `bias.len()`.
-fn epilogue_rows(out: &mut [f32], bias: &[f32], act: Option<Activation>) {
-    let c = bias.len();
-    if c == 0 {
-        return;
-    }
-    match act {
-        None => out
-            .chunks_exact_mut(c)
-            .for_each(|r| r.iter_mut().zip(bias).for_each(|(o, b)| *o += b)),
-        Some(Activation::Relu) => out.chunks_exact_mut(c).for_each(|r| {
-            r.iter_mut()
-                .zip(bias)
-                .for_each(|(o, b)| *o = (*o + b).max(0.0))
-        }),
-        Some(Activation::Clip { min, max }) => out.chunks_exact_mut(c).for_each(|r| {
-            r.iter_mut()
-                .zip(bias)
-                .for_each(|(o, b)| *o = (*o + b).max(min).min(max))
-        }),
-        Some(a) => out.chunks_exact_mut(c).for_each(|r| {
-            r.iter_mut()
-                .zip(bias)
-                .for_each(|(o, b)| *o = a.apply(*o + b))
-        }),
-    }
-}
-
 enum ConvImpl {
-    /// 1x1, stride 1, unpadded NHWC: GEMM straight on the input, tiled over rows.
-    Pointwise { tile_rows: usize },
+    /// 1x1, stride 1, unpadded NHWC: packed GEMM straight on the input.
+    Pointwise,
     /// NHWC depthwise (group == Cin == Cout): direct kernel vectorised across channels.
     Depthwise,
     /// NHWC general: per-worker im2col tiles of `tile_rows` output pixels + GEMM per group.
@@ -173,6 +148,8 @@ struct ConvKernel {
     bias: Vec<f32>,
     act: Option<Activation>,
     imp: ConvImpl,
+    /// NHWC pointwise / im2col: per-group packed weights with the bias folded in.
+    packed: Vec<PackedB>,
 }
 
 fn build_conv(graph: &Graph, node: &Node, a: &ConvAttrs) -> Result<Box<dyn Kernel>> {
@@ -292,12 +269,7 @@ fn build_conv(graph: &Graph, node: &Node, a: &ConvAttrs) -> Result<Box<dyn Kerne
         }
         let per_thread = rows.div_ceil(threads).max(1);
         if kk == 1 && sh == 1 && sw == 1 && pt + pl + pb + pr == 0 {
-            (
-                wp,
-                ConvImpl::Pointwise {
-                    tile_rows: rows.div_ceil(threads * 2).clamp(32, 1024),
-                },
-            )
+            (wp, ConvImpl::Pointwise)
         } else {
             let tile_rows = (SCRATCH_BUDGET / threads / (kg * 4).max(1))
                 .max(8)
@@ -314,12 +286,36 @@ fn build_conv(graph: &Graph, node: &Node, a: &ConvAttrs) -> Result<Box<dyn Kerne
             )
         }
     };
+    let (wp, packed) = match imp {
+        ConvImpl::Pointwise | ConvImpl::Im2col { .. } => {
+            let isa = Isa::detect();
+            let kg = kk * cin_g;
+            let cg = g.cout_g;
+            let packed = (0..groups)
+                .map(|gi| {
+                    PackedB::new(
+                        isa,
+                        kg,
+                        cg,
+                        &wp[gi * kg * cg..(gi + 1) * kg * cg],
+                        cg,
+                        1,
+                        1.0,
+                        Some(&bias[gi * cg..(gi + 1) * cg]),
+                    )
+                })
+                .collect::<Result<Vec<_>>>()?;
+            (Vec::new(), packed)
+        }
+        _ => (wp, Vec::new()),
+    };
     Ok(Box::new(ConvKernel {
         g,
         w: wp,
         bias,
         act: a.activation,
         imp,
+        packed,
     }))
 }
 
@@ -349,7 +345,7 @@ impl Kernel for ConvKernel {
             return Ok(());
         }
         match self.imp {
-            ConvImpl::Pointwise { tile_rows } => self.run_pointwise(x, out, tile_rows),
+            ConvImpl::Pointwise => self.run_pointwise(x, out),
             ConvImpl::Depthwise => {
                 self.run_depthwise(x, out);
                 Ok(())
@@ -363,80 +359,23 @@ impl Kernel for ConvKernel {
 }
 
 impl ConvKernel {
-    /// GEMM of the output rows `r0..r0+rows` (NHWC) for every group, from `lhs(group)`.
-    fn gemm_rows<'a>(
-        &self,
-        out: &mut [f32],
-        rows: usize,
-        lhs: impl Fn(usize) -> Mat<'a>,
-    ) -> Result<()> {
+    fn run_pointwise(&self, x: &[f32], out: &mut [f32]) -> Result<()> {
         let g = &self.g;
-        let kg = g.kh * g.kw * g.cin_g;
-        for gi in 0..g.groups {
-            sgemm(
+        let rows = g.n * g.h * g.w;
+        let epi = Epilogue::new(self.act);
+        for (gi, pb) in self.packed.iter().enumerate() {
+            pb.run(
                 rows,
-                g.cout_g,
-                kg,
-                lhs(gi),
-                Mat {
-                    data: &self.w[gi * kg * g.cout_g..(gi + 1) * kg * g.cout_g],
-                    rs: g.cout_g,
-                    cs: 1,
-                },
+                &x[gi * g.cin_g..],
+                g.cin,
                 &mut out[gi * g.cout_g..],
                 g.cout,
                 false,
-                1.0,
-                Parallelism::None,
+                epi,
+                true,
             )?;
         }
-        epilogue_rows(out, &self.bias, self.act);
         Ok(())
-    }
-
-    fn run_pointwise(&self, x: &[f32], out: &mut [f32], tile_rows: usize) -> Result<()> {
-        let g = &self.g;
-        let rows = g.n * g.h * g.w;
-        let threads = rayon::current_num_threads();
-        if rows.div_ceil(tile_rows.max(1)) < threads {
-            // Too few row tiles to feed every thread: let GEMM split the columns too.
-            for gi in 0..g.groups {
-                let wg = &self.w[gi * g.cin_g * g.cout_g..(gi + 1) * g.cin_g * g.cout_g];
-                sgemm(
-                    rows,
-                    g.cout_g,
-                    g.cin_g,
-                    Mat {
-                        data: &x[gi * g.cin_g..],
-                        rs: g.cin,
-                        cs: 1,
-                    },
-                    Mat {
-                        data: wg,
-                        rs: g.cout_g,
-                        cs: 1,
-                    },
-                    &mut out[gi * g.cout_g..],
-                    g.cout,
-                    false,
-                    1.0,
-                    parallelism(rows, g.cout_g, g.cin_g),
-                )?;
-            }
-            epilogue_rows(out, &self.bias, self.act);
-            return Ok(());
-        }
-        out.par_chunks_mut(tile_rows * g.cout)
-            .enumerate()
-            .try_for_each(|(t, o)| {
-                let rows = o.len() / g.cout;
-                let xs = &x[t * tile_rows * g.cin..];
-                self.gemm_rows(o, rows, |gi| Mat {
-                    data: &xs[gi * g.cin_g..],
-                    rs: g.cin,
-                    cs: 1,
-                })
-            })
     }
 
     fn run_im2col(
@@ -455,6 +394,7 @@ impl ConvKernel {
         let workers = slots.min(rayon::current_num_threads()).min(ntiles).max(1);
         let per_worker = ntiles.div_ceil(workers) * tile_rows;
         let kg = g.kh * g.kw * g.cin_g;
+        let epi = Epilogue::new(self.act);
         out.par_chunks_mut(per_worker * g.cout)
             .zip(scratch.par_chunks_mut(slot))
             .enumerate()
@@ -466,30 +406,19 @@ impl ConvKernel {
                     let rows = tile_rows.min(nrows - done);
                     let ot = &mut o[done * g.cout..(done + rows) * g.cout];
                     let r0 = r_begin + done;
-                    for gi in 0..g.groups {
+                    for (gi, pb) in self.packed.iter().enumerate() {
                         im2col_nhwc(g, x, gi, r0, rows, col);
-                        sgemm(
+                        pb.run(
                             rows,
-                            g.cout_g,
+                            col,
                             kg,
-                            Mat {
-                                data: col,
-                                rs: kg,
-                                cs: 1,
-                            },
-                            Mat {
-                                data: &self.w[gi * kg * g.cout_g..(gi + 1) * kg * g.cout_g],
-                                rs: g.cout_g,
-                                cs: 1,
-                            },
                             &mut ot[gi * g.cout_g..],
                             g.cout,
                             false,
-                            1.0,
-                            Parallelism::None,
+                            epi,
+                            false,
                         )?;
                     }
-                    epilogue_rows(ot, &self.bias, self.act);
                     done += rows;
                 }
                 Ok(())
@@ -499,9 +428,15 @@ impl ConvKernel {
     fn run_depthwise(&self, x: &[f32], out: &mut [f32]) {
         let g = &self.g;
         let c = g.cin;
+        let epi = Epilogue::new(self.act);
+        let fast = depthwise::avx512_usable(g.kh, g.kw);
         out.par_chunks_mut(g.ow * c)
             .enumerate()
             .for_each(|(row, o)| {
+                if fast && depthwise::row_avx512(g, x, &self.w, &self.bias, row, o, &epi) {
+                    apply_act(epi.post(), o);
+                    return;
+                }
                 #[cfg(target_arch = "x86_64")]
                 {
                     if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")

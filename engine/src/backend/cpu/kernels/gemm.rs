@@ -1,7 +1,10 @@
 //! CPU kernels: Gemm and MatMul, plus the shared f32 matrix-product helpers the other compute
-//! kernels (conv) build on. Products go through the `gemm` crate.
+//! kernels (conv) build on. Constant right-hand sides go through our packed micro-kernels
+//! ([`packed`]); products with a runtime right-hand side go through the `gemm` crate.
 
 use rayon::prelude::*;
+
+pub(super) mod packed;
 
 use super::{Kernel, TensorMut, TensorRef};
 use crate::error::{Error, Result};
@@ -256,6 +259,8 @@ struct GemmKernel {
     alpha: f32,
     beta: f32,
     act: Option<Activation>,
+    /// Constant B (alpha folded in), packed for the micro-kernels; A must then be row-major.
+    packed: Option<packed::PackedB>,
 }
 
 fn build_gemm(
@@ -351,6 +356,25 @@ fn build_gemm(
         }
         _ => None,
     };
+    let packed = match (&b, trans_a, &a) {
+        (Operand::Const(bv), false, Operand::Input(_)) => Some(packed::PackedB::new(
+            packed::Isa::detect(),
+            k,
+            n,
+            bv,
+            b_rs,
+            b_cs,
+            alpha,
+            None,
+        )?),
+        _ => None,
+    };
+    // The packed copy replaces the plain one.
+    let b = if packed.is_some() {
+        Operand::Const(Vec::new())
+    } else {
+        b
+    };
     Ok(Box::new(GemmKernel {
         m,
         n,
@@ -365,6 +389,7 @@ fn build_gemm(
         alpha,
         beta,
         act,
+        packed,
     }))
 }
 
@@ -377,7 +402,6 @@ impl Kernel for GemmKernel {
     ) -> Result<()> {
         let (m, n, k) = (self.m, self.n, self.k);
         let a = self.a.get(inputs, m * k)?;
-        let b = self.b.get(inputs, k * n)?;
         let out = output_f32(outputs, 0, m * n)?;
         let accumulate = match &self.c {
             Some((op, rs, cs, len)) => {
@@ -395,6 +419,19 @@ impl Kernel for GemmKernel {
             }
             None => false,
         };
+        if let Some(pb) = &self.packed {
+            return pb.run(
+                m,
+                a,
+                k,
+                out,
+                n,
+                accumulate,
+                packed::Epilogue::new(self.act),
+                true,
+            );
+        }
+        let b = self.b.get(inputs, k * n)?;
         sgemm(
             m,
             n,
