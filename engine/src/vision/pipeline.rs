@@ -79,11 +79,12 @@ pub fn infer_image(
     timings.preprocess_ms = ms_since(t);
 
     let t = Instant::now();
-    let outputs = ctx.run(std::slice::from_ref(&tensor))?;
+    // The context's own output buffers: no copy of the (possibly large) raw outputs.
+    let outputs = ctx.run_ref(&[&tensor])?;
     timings.inference_ms = ms_since(t);
 
     let t = Instant::now();
-    let results = postprocess(spec, &outputs, &transform, overrides)?;
+    let results = postprocess(spec, outputs, &transform, overrides)?;
     timings.postprocess_ms = ms_since(t);
 
     Ok(ImageInference {
