@@ -14,4 +14,7 @@ export VIGIL_ONNX_NODE_TESTS
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace -- --nocapture 2>&1 | tee target/test-output.log
-grep -E "^test result:|conformance|agreement|worst relative|SKIP" target/test-output.log || true
+grep -E "^conformance:|agreement|worst relative|allocations in|SKIP" target/test-output.log || true
+# One closing line with the totals over every test binary.
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i; if ($(i+1) ~ /^ignored/) s += $i } }
+     END { printf "%d passed, %d failed, %d skipped\n", p, f, s }' target/test-output.log
