@@ -176,7 +176,9 @@ impl Inner {
 /// A best-fit allocator over one region reserved up front; share it as `Arc<FixedPool<R>>`.
 ///
 /// Allocation never touches the system allocator for payload memory; exhaustion returns
-/// [`Error::OutOfMemory`] stating the pool's state.
+/// [`Error::OutOfMemory`] stating the pool's state. A span freed on stream `s` serves `s` at
+/// once; another stream gets it only after one event recorded on `s` completes (never queried
+/// during capture, and only when no span already usable by that stream fits).
 pub struct FixedPool<R: Region> {
     region: R,
     clock: Arc<dyn StreamClock>,

@@ -561,3 +561,19 @@ fn randomized_streams_keep_invariants() {
     };
     assert_eq!(whole.offset(), 0);
 }
+
+#[test]
+fn best_fit_prefers_smallest_span_across_tags() {
+    let (pool, clock) = fake_pool(8);
+    let _a = pool.alloc(U, S0).unwrap();
+    let b = pool.alloc(U, S0).unwrap();
+    let _c = pool.alloc(U, S0).unwrap();
+    drop(b); // 1-unit span at U (S0's); the 5-unit tail at 3U is free for anyone
+    let d = pool.alloc(U, S0).unwrap();
+    assert_eq!(d.offset(), U);
+    drop(d);
+    // Another stream cannot take S0's span, so it gets the tail without touching S0's events.
+    let e = pool.alloc(U, S1).unwrap();
+    assert_eq!(e.offset(), 3 * U);
+    assert_eq!((clock.queries(), clock.records()), (0, 0));
+}
