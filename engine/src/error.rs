@@ -27,6 +27,9 @@ pub enum Error {
     /// Image decoding or pre/post-processing failure.
     #[error("image error: {0}")]
     Image(String),
+    /// A memory pool that cannot satisfy an allocation; the message states the pool's state.
+    #[error("out of memory: {0}")]
+    OutOfMemory(String),
     /// I/O failure reading a model or image.
     #[error("i/o error: {0}")]
     Io(#[from] std::io::Error),

@@ -7,6 +7,7 @@
 pub mod backend;
 pub mod error;
 pub mod ir;
+pub mod memory;
 pub mod model;
 pub mod onnx;
 pub mod passes;

@@ -1,0 +1,19 @@
+//! Fixed-region memory pools shared by the backends.
+//!
+//! A [`FixedPool`] reserves one [`Region`] up front and hands out 256-byte aligned
+//! [`Block`]s from it with best fit and immediate coalescing; its bookkeeping lives off the
+//! region, so the same pool manages device memory (through a device [`Region`]) and host memory
+//! ([`HostRegion`]). Stream safety follows a [`StreamClock`]: a block freed on its own stream
+//! is reusable by that stream at once, while a block declared used on other streams
+//! ([`Block::record_use`]) waits until those streams pass the point recorded at free time.
+
+mod clock;
+mod pool;
+mod region;
+
+#[cfg(test)]
+mod tests;
+
+pub use clock::{EventId, StreamClock, StreamId, SyncClock};
+pub use pool::{Block, FixedPool, PoolStats, DEFAULT_ALIGN};
+pub use region::{HostRegion, Region, HOST_REGION_ALIGN};
