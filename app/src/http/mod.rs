@@ -92,6 +92,7 @@ impl ApiError {
             | E::InvalidModel(_)
             | E::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
             E::Unsupported(_) => StatusCode::NOT_IMPLEMENTED,
+            E::OutOfMemory(_) => StatusCode::SERVICE_UNAVAILABLE,
         };
         ApiError::new(status, e.to_string())
     }
