@@ -3,10 +3,17 @@
 # formatting, lints and every test (unit, ONNX conformance, golden models, HTTP server).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# rustup's and pyenv's tools, where this machine has them (a bare CI environment may not put
+# them on PATH).
+for d in "$HOME/.cargo/bin" "$HOME/.pyenv/shims"; do
+    if [ -d "$d" ]; then PATH="$d:$PATH"; fi
+done
+export PATH
 
 # ONNX's own backend node tests (the conformance cases) ship inside PyPI onnx 1.22.0.
 if ! python3 -c 'import onnx, sys; sys.exit(onnx.__version__ != "1.22.0")' 2>/dev/null; then
-    python3 -m pip install --quiet --disable-pip-version-check "onnx==1.22.0"
+    python3 -m pip install --quiet --disable-pip-version-check "onnx==1.22.0" ||
+        python3 -m pip install --quiet --disable-pip-version-check --break-system-packages "onnx==1.22.0"
 fi
 VIGIL_ONNX_NODE_TESTS="$(python3 -c 'import onnx, os; print(os.path.join(os.path.dirname(onnx.__file__), "backend/test/data/node"))')"
 export VIGIL_ONNX_NODE_TESTS
