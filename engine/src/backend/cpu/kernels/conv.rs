@@ -664,22 +664,8 @@ unsafe fn dw_row_avx2(g: &Geom, x: &[f32], w: &[f32], bias: &[f32], row: usize, 
 }
 
 struct ConvTransposeKernel {
-    n: usize,
-    cin: usize,
-    h: usize,
-    w: usize,
-    cout: usize,
-    oh: usize,
-    ow: usize,
-    kh: usize,
-    kw: usize,
-    sh: usize,
-    sw: usize,
-    dh: usize,
-    dw: usize,
-    pt: usize,
-    pl: usize,
-    groups: usize,
+    /// Geometry of the forward conv this transposes: `h`/`w` are the input, `oh`/`ow` the output.
+    g: Geom,
     nhwc: bool,
     /// [G][Cin_g][KH*KW*Cout_g]
     wp: Vec<f32>,
@@ -763,25 +749,28 @@ fn build_conv_transpose(
             }
         }
     }
-    let _ = cin_g;
     let tile = (SCRATCH_BUDGET / (row * 4).max(1)).clamp(1, (h * w).max(1));
     Ok(Box::new(ConvTransposeKernel {
-        n,
-        cin,
-        h,
-        w,
-        cout,
-        oh,
-        ow,
-        kh,
-        kw,
-        sh,
-        sw,
-        dh,
-        dw,
-        pt,
-        pl,
-        groups,
+        g: Geom {
+            n,
+            cin,
+            h,
+            w,
+            cout,
+            oh,
+            ow,
+            kh,
+            kw,
+            sh,
+            sw,
+            dh,
+            dw,
+            pt,
+            pl,
+            groups,
+            cin_g,
+            cout_g,
+        },
         nhwc: c.layout == Layout::Nhwc,
         wp,
         bias: bias_vec(graph, node, cout)?,
@@ -792,7 +781,7 @@ fn build_conv_transpose(
 
 impl Kernel for ConvTransposeKernel {
     fn scratch_bytes(&self) -> usize {
-        self.tile * self.kh * self.kw * (self.cout / self.groups) * 4
+        self.tile * self.g.kh * self.g.kw * (self.g.cout_g) * 4
     }
 
     fn run(
@@ -801,25 +790,29 @@ impl Kernel for ConvTransposeKernel {
         outputs: &mut [TensorMut<'_>],
         scratch: &mut [u8],
     ) -> Result<()> {
-        let (hw, ohw) = (self.h * self.w, self.oh * self.ow);
-        let x = input_f32(inputs, 0, self.n * self.cin * hw)?;
-        let out = output_f32(outputs, 0, self.n * self.cout * ohw)?;
-        let cin_g = self.cin / self.groups;
-        let cout_g = self.cout / self.groups;
-        let row = self.kh * self.kw * cout_g;
+        let (hw, ohw) = (self.g.h * self.g.w, self.g.oh * self.g.ow);
+        let x = input_f32(inputs, 0, self.g.n * self.g.cin * hw)?;
+        let out = output_f32(outputs, 0, self.g.n * self.g.cout * ohw)?;
+        let cin_g = self.g.cin / self.g.groups;
+        let cout_g = self.g.cout_g;
+        let row = self.g.kh * self.g.kw * cout_g;
         let col = scratch_f32(scratch, self.tile * row)?;
         // (pixel stride, channel stride) of input and output; image strides are C*H*W.
-        let (xp, xc) = if self.nhwc { (self.cin, 1) } else { (1, hw) };
-        let (op, oc) = if self.nhwc { (self.cout, 1) } else { (1, ohw) };
-        for ni in 0..self.n {
-            let on = &mut out[ni * self.cout * ohw..(ni + 1) * self.cout * ohw];
+        let (xp, xc) = if self.nhwc { (self.g.cin, 1) } else { (1, hw) };
+        let (op, oc) = if self.nhwc {
+            (self.g.cout, 1)
+        } else {
+            (1, ohw)
+        };
+        for ni in 0..self.g.n {
+            let on = &mut out[ni * self.g.cout * ohw..(ni + 1) * self.g.cout * ohw];
             for pix in 0..ohw {
                 for (co, &b) in self.bias.iter().enumerate() {
                     on[pix * op + co * oc] = b;
                 }
             }
-            for gi in 0..self.groups {
-                let xg = &x[ni * self.cin * hw + gi * cin_g * xc..];
+            for gi in 0..self.g.groups {
+                let xg = &x[ni * self.g.cin * hw + gi * cin_g * xc..];
                 let wg = &self.wp[gi * cin_g * row..(gi + 1) * cin_g * row];
                 let mut p0 = 0;
                 while p0 < hw {
@@ -845,19 +838,20 @@ impl Kernel for ConvTransposeKernel {
                         parallelism(pt, row, cin_g),
                     )?;
                     for j in 0..pt {
-                        let (iy, ix) = ((p0 + j) / self.w, (p0 + j) % self.w);
-                        for ky in 0..self.kh {
-                            let oy = (iy * self.sh + ky * self.dh).wrapping_sub(self.pt);
-                            if oy >= self.oh {
+                        let (iy, ix) = ((p0 + j) / self.g.w, (p0 + j) % self.g.w);
+                        for ky in 0..self.g.kh {
+                            let oy = (iy * self.g.sh + ky * self.g.dh).wrapping_sub(self.g.pt);
+                            if oy >= self.g.oh {
                                 continue;
                             }
-                            for kx in 0..self.kw {
-                                let ox = (ix * self.sw + kx * self.dw).wrapping_sub(self.pl);
-                                if ox >= self.ow {
+                            for kx in 0..self.g.kw {
+                                let ox = (ix * self.g.sw + kx * self.g.dw).wrapping_sub(self.g.pl);
+                                if ox >= self.g.ow {
                                     continue;
                                 }
-                                let src = &col[j * row + (ky * self.kw + kx) * cout_g..][..cout_g];
-                                let base = (oy * self.ow + ox) * op + gi * cout_g * oc;
+                                let src =
+                                    &col[j * row + (ky * self.g.kw + kx) * cout_g..][..cout_g];
+                                let base = (oy * self.g.ow + ox) * op + gi * cout_g * oc;
                                 for (co, &v) in src.iter().enumerate() {
                                     on[base + co * oc] += v;
                                 }
