@@ -154,6 +154,10 @@ pub struct ModelConfig {
     pub batch: Option<usize>,
     /// CPU threads (0 = one per core).
     pub threads: Option<usize>,
+    /// Backend: `cpu`, `cuda` or `auto` (CUDA when a GPU is usable, else CPU).
+    pub device: Option<vigil_engine::Device>,
+    /// Precision: `fp32`, `fp16` or `int8`.
+    pub precision: Option<vigil_engine::Precision>,
 }
 
 /// Which built-in preset a model file name suggests.

@@ -72,6 +72,8 @@ pub fn model_options(cfg: &ModelConfig) -> ModelOptions {
         batch: cfg.batch.unwrap_or(1),
         threads: cfg.threads.unwrap_or(0),
         optimize: true,
+        device: cfg.device.unwrap_or_default(),
+        precision: cfg.precision.unwrap_or_default(),
     }
 }
 

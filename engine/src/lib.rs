@@ -14,6 +14,7 @@ pub mod passes;
 pub mod plan;
 pub mod vision;
 
+pub use backend::{Device, Precision};
 pub use error::{Error, Result};
 pub use ir::{DataType, Tensor, TensorData};
 pub use model::{ExecutionContext, Model, ModelOptions, TensorInfo};

@@ -3,8 +3,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::backend::cpu::CpuBackend;
-use crate::backend::{Backend, BackendContext, Executable};
+use crate::backend::{compile_for, BackendContext, Device, Executable, Precision};
 use crate::error::{Error, Result};
 use crate::ir::{DataType, Graph, Tensor};
 use crate::passes::{prepare, OptimizeReport};
@@ -18,6 +17,10 @@ pub struct ModelOptions {
     pub threads: usize,
     /// Run the fusion and layout passes (constant folding always runs).
     pub optimize: bool,
+    /// Backend selection (`cpu`, `cuda`, `auto`).
+    pub device: Device,
+    /// Arithmetic precision (`fp32`, `fp16`, `int8`).
+    pub precision: Precision,
 }
 
 impl Default for ModelOptions {
@@ -26,6 +29,8 @@ impl Default for ModelOptions {
             batch: 1,
             threads: 0,
             optimize: true,
+            device: Device::Cpu,
+            precision: Precision::Fp32,
         }
     }
 }
@@ -82,10 +87,12 @@ impl Model {
         let inputs = info(&graph.inputs)?;
         let outputs = info(&graph.outputs)?;
         let graph = Arc::new(graph);
-        let executable = CpuBackend {
-            threads: opts.threads,
-        }
-        .compile(Arc::clone(&graph))?;
+        let executable = compile_for(
+            opts.device,
+            opts.precision,
+            opts.threads,
+            Arc::clone(&graph),
+        )?;
         Ok(Model {
             graph,
             executable,

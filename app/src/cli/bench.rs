@@ -29,6 +29,12 @@ pub struct BenchArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Backend (overrides the config): cpu, cuda or auto.
+    #[arg(long, value_enum)]
+    pub device: Option<super::DeviceArg>,
+    /// Precision (overrides the config): fp32, fp16 or int8.
+    #[arg(long, value_enum)]
+    pub precision: Option<super::PrecisionArg>,
     /// TOML configuration file to resolve the model name against.
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -124,6 +130,16 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         batch: args.batch,
         threads: args.threads,
         optimize: true,
+        device: args
+            .device
+            .map(Into::into)
+            .or(cfg.device)
+            .unwrap_or_default(),
+        precision: args
+            .precision
+            .map(Into::into)
+            .or(cfg.precision)
+            .unwrap_or_default(),
     };
     let (model, _spec) = load_model(&cfg, &opts)?;
     let mut ctx = model

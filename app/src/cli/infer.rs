@@ -28,6 +28,12 @@ pub struct InferArgs {
     /// Minimum score.
     #[arg(long)]
     pub threshold: Option<f32>,
+    /// Backend (overrides the config): cpu, cuda or auto.
+    #[arg(long, value_enum)]
+    pub device: Option<super::DeviceArg>,
+    /// Precision (overrides the config): fp32, fp16 or int8.
+    #[arg(long, value_enum)]
+    pub precision: Option<super::PrecisionArg>,
     /// Image files.
     #[arg(required = true)]
     pub images: Vec<PathBuf>,
@@ -35,11 +41,17 @@ pub struct InferArgs {
 
 /// Runs every image; prints one JSON object (or an array for several images). Fails if any image failed.
 pub fn run(args: InferArgs) -> Result<(), String> {
-    let cfg = super::resolve_model(
+    let mut cfg = super::resolve_model(
         &args.model,
         args.config.as_deref(),
         args.models_dir.as_deref(),
     )?;
+    if let Some(d) = args.device {
+        cfg.device = Some(d.into());
+    }
+    if let Some(p) = args.precision {
+        cfg.precision = Some(p.into());
+    }
     let max_pixels = match &args.config {
         Some(p) => {
             crate::config::Config::load(p)

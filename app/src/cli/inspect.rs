@@ -152,6 +152,7 @@ pub fn run(args: InspectArgs) -> Result<(), String> {
         batch: args.batch,
         threads: 1,
         optimize: true,
+        ..Default::default()
     };
     let model = vigil_engine::Model::from_graph(graph, &opts)
         .map_err(|e| format!("optimization failed: {e}"))?;

@@ -51,3 +51,45 @@ pub fn resolve_model(
             )
         })
 }
+
+/// `--device` values.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum DeviceArg {
+    /// The CPU backend.
+    Cpu,
+    /// CUDA device 0 (fails if unusable).
+    Cuda,
+    /// CUDA if usable, else CPU.
+    Auto,
+}
+
+impl From<DeviceArg> for vigil_engine::Device {
+    fn from(d: DeviceArg) -> Self {
+        match d {
+            DeviceArg::Cpu => vigil_engine::Device::Cpu,
+            DeviceArg::Cuda => vigil_engine::Device::Cuda,
+            DeviceArg::Auto => vigil_engine::Device::Auto,
+        }
+    }
+}
+
+/// `--precision` values.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum PrecisionArg {
+    /// 32-bit float.
+    Fp32,
+    /// 16-bit float.
+    Fp16,
+    /// 8-bit integer.
+    Int8,
+}
+
+impl From<PrecisionArg> for vigil_engine::Precision {
+    fn from(p: PrecisionArg) -> Self {
+        match p {
+            PrecisionArg::Fp32 => vigil_engine::Precision::Fp32,
+            PrecisionArg::Fp16 => vigil_engine::Precision::Fp16,
+            PrecisionArg::Int8 => vigil_engine::Precision::Int8,
+        }
+    }
+}

@@ -17,11 +17,19 @@ pub struct ServeArgs {
     /// Directory holding the default models (without --config).
     #[arg(long)]
     pub models_dir: Option<PathBuf>,
+    /// Backend for every model (overrides the config): cpu, cuda or auto.
+    #[arg(long, value_enum)]
+    pub device: Option<super::DeviceArg>,
 }
 
 /// Runs the daemon; returns when shut down by a signal.
 pub fn run(args: ServeArgs) -> Result<(), String> {
-    let cfg = super::load_config(args.config.as_deref(), args.models_dir.as_deref())?;
+    let mut cfg = super::load_config(args.config.as_deref(), args.models_dir.as_deref())?;
+    if let Some(device) = args.device {
+        for m in &mut cfg.models {
+            m.device = Some(device.into());
+        }
+    }
     let listen = args.listen.unwrap_or_else(|| cfg.listen.clone());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -9,6 +9,79 @@ use crate::error::Result;
 use crate::ir::{Graph, Tensor};
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+
+/// Where a model runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Device {
+    /// The CPU backend (runs anywhere).
+    #[default]
+    Cpu,
+    /// CUDA device 0; loading fails if it cannot be used.
+    Cuda,
+    /// CUDA when a usable GPU is present, else the CPU (with a log line saying why).
+    Auto,
+}
+
+/// Arithmetic precision a backend runs a model at.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Precision {
+    /// 32-bit float everywhere.
+    #[default]
+    Fp32,
+    /// 16-bit float weights and activations, FP32 accumulation where accuracy needs it.
+    Fp16,
+    /// 8-bit integer weights and activations from explicit Q/DQ nodes or calibration.
+    Int8,
+}
+
+/// Compiles `graph` on the backend `device` selects; `Auto` falls back to the CPU with a log line.
+pub fn compile_for(
+    device: Device,
+    precision: Precision,
+    threads: usize,
+    graph: Arc<Graph>,
+) -> Result<Arc<dyn Executable>> {
+    let cpu = cpu::CpuBackend { threads };
+    match device {
+        Device::Cpu => cpu.compile(graph),
+        #[cfg(feature = "cuda")]
+        Device::Cuda => cuda::CudaBackend {
+            ordinal: 0,
+            precision,
+        }
+        .compile(graph),
+        #[cfg(feature = "cuda")]
+        Device::Auto => match cuda::probe(0) {
+            Ok(()) => cuda::CudaBackend {
+                ordinal: 0,
+                precision,
+            }
+            .compile(graph),
+            Err(e) => {
+                tracing::info!("device auto: using the CPU backend because {e}");
+                cpu.compile(graph)
+            }
+        },
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda => {
+            let _ = precision;
+            Err(crate::error::Error::Unsupported(
+                "this build has no CUDA backend (built without the `cuda` feature)".into(),
+            ))
+        }
+        #[cfg(not(feature = "cuda"))]
+        Device::Auto => {
+            tracing::info!(
+                "device auto: using the CPU backend because this build has no CUDA backend"
+            );
+            cpu.compile(graph)
+        }
+    }
+}
 
 /// A compiled model on one backend. Shared by all its contexts (weights live here once).
 pub trait Executable: Send + Sync {
