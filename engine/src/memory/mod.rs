@@ -8,6 +8,8 @@
 //! ([`Block::record_use`]) waits until those streams pass the point recorded at free time.
 
 mod clock;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod pool;
 mod region;
 
@@ -15,5 +17,5 @@ mod region;
 mod tests;
 
 pub use clock::{EventId, StreamClock, StreamId, SyncClock};
-pub use pool::{Block, FixedPool, PoolStats, DEFAULT_ALIGN};
+pub use pool::{Block, FixedPool, PoolOptions, PoolStats, DEFAULT_ALIGN, MAX_STREAMS, SCAN_LIMIT};
 pub use region::{HostRegion, Region, HOST_REGION_ALIGN};

@@ -1,9 +1,14 @@
-//! The fixed pool: best fit over one region, immediate coalescing, stream-safe reuse.
+//! The fixed pool: two-level segregated free lists (TLSF) over one region, best fit, immediate
+//! coalescing, stream-safe reuse.
+//!
+//! Bookkeeping lives in a node slab on the host (never in the region), so the same pool serves
+//! device memory. Free spans sit in per-tag size-class lists found through two bitmaps: finding
+//! a span, splitting it, and merging a freed span with its physical neighbours are O(1); the
+//! only loop is the best-fit scan inside one size class, capped at [`SCAN_LIMIT`] spans.
 
 use super::clock::{EventId, StreamClock, StreamId};
 use super::region::Region;
 use crate::error::{Error, Result};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -11,13 +16,43 @@ use std::time::{Duration, Instant};
 /// Default block alignment in bytes.
 pub const DEFAULT_ALIGN: usize = 256;
 
+/// Most distinct streams one pool tracks (the default stream included).
+pub const MAX_STREAMS: usize = 63;
+
+/// Spans examined for the best fit inside one size class (classes span 1/32 of a power of two,
+/// so beyond this the fit is within about 3% of the best).
+pub const SCAN_LIMIT: usize = 32;
+
 /// Longest single wait in [`FixedPool::alloc_wait`] while memory is pending on a stream
 /// (completion of GPU work signals no condition variable, so it is polled).
 const PENDING_POLL: Duration = Duration::from_millis(1);
 
-/// Who may reuse a free span: `Some(s)` only stream `s` (it was freed there and work on `s`
-/// may still touch it), `None` any stream.
-type Tag = Option<StreamId>;
+const NIL: u32 = u32::MAX;
+const SL_BITS: u32 = 5;
+const SL: usize = 1 << SL_BITS;
+const FL: usize = usize::BITS as usize - SL_BITS as usize + 1;
+/// Tag of spans any stream may take; tag `i + 1` is the `i`-th registered stream's.
+const ANY: u8 = 0;
+
+/// How a pool is built.
+#[derive(Debug, Clone, Copy)]
+pub struct PoolOptions {
+    /// Block alignment (a power of two dividing the region's base address).
+    pub align: usize,
+    /// Track streams (the default). Off, every freed span is at once free for every stream and
+    /// [`Block::record_use`] is ignored: only for single-stream use and for measuring the cost
+    /// of the stream-safe layer.
+    pub stream_safe: bool,
+}
+
+impl Default for PoolOptions {
+    fn default() -> Self {
+        PoolOptions {
+            align: DEFAULT_ALIGN,
+            stream_safe: true,
+        }
+    }
+}
 
 /// A point-in-time snapshot of a pool's occupancy.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -28,6 +63,8 @@ pub struct PoolStats {
     pub in_use: usize,
     /// Highest `in_use` seen since the pool was built.
     pub peak_in_use: usize,
+    /// Highest end offset any block has reached: the part of the region ever touched.
+    pub high_water: usize,
     /// Number of live blocks.
     pub blocks: usize,
     /// Number of free spans (after coalescing).
@@ -42,94 +79,294 @@ pub struct PoolStats {
     pub fragmentation: f64,
 }
 
-/// A freed span waiting for streams to pass recorded points.
-#[derive(Debug)]
-struct Pending {
-    offset: usize,
-    size: usize,
-    /// Tag the span gets once every dependency is complete.
-    tag: Tag,
-    deps: Vec<(StreamId, EventId)>,
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Free,
+    Used,
+    Pending,
+    Unused,
 }
 
-/// Per-stream event cache: the last recorded epoch and whether a use was declared since.
+/// One span of the region, in units of the alignment.
 #[derive(Debug, Clone, Copy)]
-struct StreamState {
-    last: Option<EventId>,
-    dirty: bool,
+struct Node {
+    off: usize,
+    size: usize,
+    prev_phys: u32,
+    next_phys: u32,
+    prev_free: u32,
+    next_free: u32,
+    tag: u8,
+    state: State,
+}
+
+/// The size-class lists of one tag.
+struct FreeIndex {
+    fl_bitmap: u64,
+    sl_bitmap: [u32; FL],
+    heads: [[u32; SL]; FL],
+}
+
+impl FreeIndex {
+    fn new() -> Box<Self> {
+        Box::new(FreeIndex {
+            fl_bitmap: 0,
+            sl_bitmap: [0; FL],
+            heads: [[NIL; SL]; FL],
+        })
+    }
+
+    /// First non-empty class at or above `(fl, sl)`.
+    fn find_from(&self, fl: usize, sl: usize) -> Option<(usize, usize)> {
+        if fl >= FL {
+            return None;
+        }
+        let sl_map = if sl < SL {
+            self.sl_bitmap[fl] & (u32::MAX << sl)
+        } else {
+            0
+        };
+        if sl_map != 0 {
+            return Some((fl, sl_map.trailing_zeros() as usize));
+        }
+        let fl_map = if fl + 1 < 64 {
+            self.fl_bitmap & (u64::MAX << (fl + 1))
+        } else {
+            0
+        };
+        if fl_map == 0 {
+            return None;
+        }
+        let f = fl_map.trailing_zeros() as usize;
+        Some((f, self.sl_bitmap[f].trailing_zeros() as usize))
+    }
+}
+
+/// Size class of a span of `size` units: exact below 32 units, else 32 classes per power of two.
+fn mapping(size: usize) -> (usize, usize) {
+    if size < SL {
+        (0, size)
+    } else {
+        let msb = usize::BITS - 1 - size.leading_zeros();
+        let fl = (msb - SL_BITS + 1) as usize;
+        let sl = (size >> (msb - SL_BITS)) - SL;
+        (fl, sl)
+    }
+}
+
+/// The class after `(fl, sl)`.
+fn next_class(fl: usize, sl: usize) -> (usize, usize) {
+    if sl + 1 < SL {
+        (fl, sl + 1)
+    } else {
+        (fl + 1, 0)
+    }
 }
 
 /// Two spans may merge unless they are reserved for different streams; the merged span keeps
 /// the stricter tag (a span free for any stream may serve one stream only).
-fn compatible(a: Tag, b: Tag) -> bool {
-    a == b || a.is_none() || b.is_none()
+fn compatible(a: u8, b: u8) -> bool {
+    a == b || a == ANY || b == ANY
 }
 
-#[derive(Debug, Default)]
+fn stricter(a: u8, b: u8) -> u8 {
+    if a == ANY {
+        b
+    } else {
+        a
+    }
+}
+
+/// A freed span waiting for streams to pass recorded points.
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    node: u32,
+    /// Tag the span gets once every dependency is complete.
+    tag: u8,
+    /// Streams (bit `t - 1` for tag `t`) the span waits for, and the epoch on each.
+    mask: u64,
+    epochs: [EventId; MAX_STREAMS],
+}
+
 struct Inner {
-    /// Free spans per tag, ordered by (size, offset) for best fit.
-    by_size: HashMap<Tag, BTreeSet<(usize, usize)>>,
-    /// Free spans by offset: offset -> (size, tag), for coalescing.
-    by_off: BTreeMap<usize, (usize, Tag)>,
-    free_bytes: usize,
+    nodes: Vec<Node>,
+    spare: Vec<u32>,
+    /// Per tag: its free lists (index 0 = any stream).
+    index: Vec<Box<FreeIndex>>,
+    /// Registered streams; stream `streams[i]` has tag `i + 1`.
+    streams: Vec<StreamId>,
+    /// Per registered stream: the last recorded epoch, and whether a use was declared since.
+    last_epoch: Vec<Option<EventId>>,
+    dirty: Vec<bool>,
+    pending: Vec<Pending>,
+    free_units: usize,
+    free_spans: usize,
     in_use: usize,
     peak_in_use: usize,
+    high_water: usize,
     blocks: usize,
-    pending_bytes: usize,
-    pending: Vec<Pending>,
-    streams: HashMap<StreamId, StreamState>,
+    pending_units: usize,
 }
 
 impl Inner {
-    fn remove_span(&mut self, offset: usize, size: usize, tag: Tag) {
-        self.by_off.remove(&offset);
-        if let Some(set) = self.by_size.get_mut(&tag) {
-            set.remove(&(size, offset));
-        }
-        self.free_bytes -= size;
-    }
-
-    /// Adds a free span, merging it with free neighbours whose tags are compatible.
-    fn insert_free(&mut self, mut offset: usize, mut size: usize, mut tag: Tag) {
-        let left = self
-            .by_off
-            .range(..offset)
-            .next_back()
-            .map(|(&o, &(s, t))| (o, s, t));
-        if let Some((lo, ls, lt)) = left {
-            if lo + ls == offset && compatible(lt, tag) {
-                self.remove_span(lo, ls, lt);
-                offset = lo;
-                size += ls;
-                tag = tag.or(lt);
-            }
-        }
-        if let Some(&(rs, rt)) = self.by_off.get(&(offset + size)) {
-            if compatible(rt, tag) {
-                self.remove_span(offset + size, rs, rt);
-                size += rs;
-                tag = tag.or(rt);
-            }
-        }
-        self.by_off.insert(offset, (size, tag));
-        self.by_size.entry(tag).or_default().insert((size, offset));
-        self.free_bytes += size;
-    }
-
-    /// Best fit among spans usable by `stream`; removes it, returns its offset.
-    fn take_best(&mut self, size: usize, stream: StreamId) -> Option<usize> {
-        let fit = |tag: Tag, inner: &Inner| {
-            inner
-                .by_size
-                .get(&tag)
-                .and_then(|set| set.range((size, 0)..).next().copied())
-                .map(|(s, o)| (s, o, tag))
+    fn new(units: usize) -> Inner {
+        let mut inner = Inner {
+            nodes: Vec::with_capacity(1024),
+            spare: Vec::with_capacity(1024),
+            index: vec![FreeIndex::new()],
+            streams: Vec::with_capacity(MAX_STREAMS),
+            last_epoch: Vec::with_capacity(MAX_STREAMS),
+            dirty: Vec::with_capacity(MAX_STREAMS),
+            pending: Vec::with_capacity(64),
+            free_units: 0,
+            free_spans: 0,
+            in_use: 0,
+            peak_in_use: 0,
+            high_water: 0,
+            blocks: 0,
+            pending_units: 0,
         };
-        let own = fit(Some(stream), self);
-        let any = fit(None, self);
-        let (span, offset, tag) = match (own, any) {
+        // The default stream is always tag 1, so its lookup is the first comparison.
+        let _ = inner.tag_of(StreamId::DEFAULT);
+        if units > 0 {
+            let n = inner.new_node(Node {
+                off: 0,
+                size: units,
+                prev_phys: NIL,
+                next_phys: NIL,
+                prev_free: NIL,
+                next_free: NIL,
+                tag: ANY,
+                state: State::Free,
+            });
+            inner.link_free(n);
+        }
+        inner
+    }
+
+    /// The tag of `stream`, registering it on first sight.
+    fn tag_of(&mut self, stream: StreamId) -> Result<u8> {
+        if stream == StreamId::DEFAULT {
+            return Ok(1);
+        }
+        if let Some(i) = self.streams.iter().position(|&s| s == stream) {
+            return Ok(i as u8 + 1);
+        }
+        if self.streams.len() >= MAX_STREAMS {
+            return Err(Error::Unsupported(format!(
+                "a memory pool tracks at most {MAX_STREAMS} streams; stream {} is one too many",
+                stream.0
+            )));
+        }
+        self.streams.push(stream);
+        self.last_epoch.push(None);
+        self.dirty.push(true);
+        self.index.push(FreeIndex::new());
+        Ok(self.streams.len() as u8)
+    }
+
+    fn new_node(&mut self, node: Node) -> u32 {
+        match self.spare.pop() {
+            Some(i) => {
+                self.nodes[i as usize] = node;
+                i
+            }
+            None => {
+                self.nodes.push(node);
+                (self.nodes.len() - 1) as u32
+            }
+        }
+    }
+
+    fn drop_node(&mut self, i: u32) {
+        self.nodes[i as usize].state = State::Unused;
+        self.spare.push(i);
+    }
+
+    fn link_free(&mut self, i: u32) {
+        let n = self.nodes[i as usize];
+        let (fl, sl) = mapping(n.size);
+        let idx = &mut self.index[n.tag as usize];
+        let head = idx.heads[fl][sl];
+        idx.heads[fl][sl] = i;
+        idx.sl_bitmap[fl] |= 1 << sl;
+        idx.fl_bitmap |= 1 << fl;
+        {
+            let node = &mut self.nodes[i as usize];
+            node.prev_free = NIL;
+            node.next_free = head;
+            node.state = State::Free;
+        }
+        if head != NIL {
+            self.nodes[head as usize].prev_free = i;
+        }
+        self.free_units += n.size;
+        self.free_spans += 1;
+    }
+
+    fn unlink_free(&mut self, i: u32) {
+        let n = self.nodes[i as usize];
+        if n.prev_free != NIL {
+            self.nodes[n.prev_free as usize].next_free = n.next_free;
+        } else {
+            let (fl, sl) = mapping(n.size);
+            let idx = &mut self.index[n.tag as usize];
+            idx.heads[fl][sl] = n.next_free;
+            if n.next_free == NIL {
+                idx.sl_bitmap[fl] &= !(1 << sl);
+                if idx.sl_bitmap[fl] == 0 {
+                    idx.fl_bitmap &= !(1 << fl);
+                }
+            }
+        }
+        if n.next_free != NIL {
+            self.nodes[n.next_free as usize].prev_free = n.prev_free;
+        }
+        self.free_units -= n.size;
+        self.free_spans -= 1;
+    }
+
+    /// The smallest span in list `(fl, sl)` of `tag` holding `size` units (lowest offset on ties).
+    fn scan(&self, tag: u8, fl: usize, sl: usize, size: usize) -> Option<(usize, usize, u32)> {
+        let mut cur = self.index[tag as usize].heads[fl][sl];
+        let mut best: Option<(usize, usize, u32)> = None;
+        let mut seen = 0;
+        while cur != NIL && seen < SCAN_LIMIT {
+            let n = &self.nodes[cur as usize];
+            if n.size >= size && best.is_none_or(|b| (n.size, n.off) < (b.0, b.1)) {
+                best = Some((n.size, n.off, cur));
+            }
+            cur = n.next_free;
+            seen += 1;
+        }
+        best
+    }
+
+    /// Best fit for `size` units among the spans of `tag`: (span size, offset, node).
+    fn best_in(&self, tag: u8, size: usize) -> Option<(usize, usize, u32)> {
+        let idx = &self.index[tag as usize];
+        if idx.fl_bitmap == 0 {
+            return None;
+        }
+        let (fl, sl) = mapping(size);
+        if idx.heads[fl][sl] != NIL {
+            if let Some(b) = self.scan(tag, fl, sl, size) {
+                return Some(b);
+            }
+        }
+        let (nf, ns) = next_class(fl, sl);
+        let (f, s) = idx.find_from(nf, ns)?;
+        self.scan(tag, f, s, 0)
+    }
+
+    /// Takes the best span for `size` units usable by stream tag `own` (or any stream), splits
+    /// it, and returns the used node.
+    fn take(&mut self, size: usize, own: Option<u8>) -> Option<u32> {
+        let any = self.best_in(ANY, size);
+        let mine = own.and_then(|t| self.best_in(t, size));
+        let (_, _, i) = match (mine, any) {
             (Some(a), Some(b)) => {
-                if b.0 < a.0 {
+                if (b.0, b.1) < (a.0, a.1) {
                     b
                 } else {
                     a
@@ -139,34 +376,139 @@ impl Inner {
             (None, Some(b)) => b,
             (None, None) => return None,
         };
-        self.remove_span(offset, span, tag);
-        if span > size {
-            self.insert_free(offset + size, span - size, tag);
+        let n = self.nodes[i as usize];
+        if n.size == size {
+            self.unlink_free(i);
+            self.nodes[i as usize].state = State::Used;
+            return Some(i);
         }
-        Some(offset)
+        // Carve the block from the span's head: the span keeps its node and, while its size
+        // class does not change, its place in the lists.
+        let used = self.new_node(Node {
+            off: n.off,
+            size,
+            prev_phys: n.prev_phys,
+            next_phys: i,
+            prev_free: NIL,
+            next_free: NIL,
+            tag: n.tag,
+            state: State::Used,
+        });
+        if n.prev_phys != NIL {
+            self.nodes[n.prev_phys as usize].next_phys = used;
+        }
+        self.nodes[i as usize].prev_phys = used;
+        self.nodes[i as usize].off = n.off + size;
+        self.resize_free(i, n.size - size, n.tag);
+        Some(used)
+    }
+
+    /// Gives free node `i` a new size and tag, moving it between lists only when its size
+    /// class or tag changes.
+    fn resize_free(&mut self, i: u32, size: usize, tag: u8) {
+        let n = self.nodes[i as usize];
+        if n.tag == tag && mapping(size) == mapping(n.size) {
+            self.free_units = self.free_units + size - n.size;
+            self.nodes[i as usize].size = size;
+        } else {
+            self.unlink_free(i);
+            let node = &mut self.nodes[i as usize];
+            node.size = size;
+            node.tag = tag;
+            self.link_free(i);
+        }
+    }
+
+    /// Returns node `i` to the free lists under `tag`, merging compatible free neighbours.
+    /// A merge into one neighbour that keeps its size class and tag touches no list.
+    fn release(&mut self, i: u32, tag: u8) {
+        let n = self.nodes[i as usize];
+        let mut tag = tag;
+        let free_with = |inner: &Inner, j: u32, tag: u8| {
+            j != NIL && {
+                let m = &inner.nodes[j as usize];
+                m.state == State::Free && compatible(m.tag, tag)
+            }
+        };
+        let left = free_with(self, n.prev_phys, tag);
+        if left {
+            tag = stricter(tag, self.nodes[n.prev_phys as usize].tag);
+        }
+        let right = free_with(self, n.next_phys, tag);
+        if right {
+            tag = stricter(tag, self.nodes[n.next_phys as usize].tag);
+        }
+        match (left, right) {
+            (false, false) => {
+                let node = &mut self.nodes[i as usize];
+                node.tag = tag;
+                self.link_free(i);
+            }
+            (true, false) => {
+                let l = n.prev_phys;
+                let size = self.nodes[l as usize].size + n.size;
+                self.resize_free(l, size, tag);
+                self.nodes[l as usize].next_phys = n.next_phys;
+                if n.next_phys != NIL {
+                    self.nodes[n.next_phys as usize].prev_phys = l;
+                }
+                self.drop_node(i);
+            }
+            (false, true) => {
+                let r = n.next_phys;
+                let size = self.nodes[r as usize].size + n.size;
+                self.nodes[r as usize].off = n.off;
+                self.resize_free(r, size, tag);
+                self.nodes[r as usize].prev_phys = n.prev_phys;
+                if n.prev_phys != NIL {
+                    self.nodes[n.prev_phys as usize].next_phys = r;
+                }
+                self.drop_node(i);
+            }
+            (true, true) => {
+                let (l, r) = (n.prev_phys, n.next_phys);
+                let rn = self.nodes[r as usize];
+                self.unlink_free(r);
+                self.drop_node(r);
+                let size = self.nodes[l as usize].size + n.size + rn.size;
+                self.resize_free(l, size, tag);
+                self.nodes[l as usize].next_phys = rn.next_phys;
+                if rn.next_phys != NIL {
+                    self.nodes[rn.next_phys as usize].prev_phys = l;
+                }
+                self.drop_node(i);
+            }
+        }
     }
 
     fn largest_free(&self) -> usize {
-        self.by_size
-            .values()
-            .filter_map(|set| set.last().map(|&(s, _)| s))
-            .max()
-            .unwrap_or(0)
+        let mut best = 0;
+        for idx in &self.index {
+            if idx.fl_bitmap == 0 {
+                continue;
+            }
+            let f = 63 - idx.fl_bitmap.leading_zeros() as usize;
+            let s = 31 - idx.sl_bitmap[f].leading_zeros() as usize;
+            let mut cur = idx.heads[f][s];
+            while cur != NIL {
+                let n = &self.nodes[cur as usize];
+                best = best.max(n.size);
+                cur = n.next_free;
+            }
+        }
+        best
     }
 
-    /// Epoch covering every declared use of `stream`: the cached one unless a use was declared
-    /// since it was recorded.
-    fn epoch_for(&mut self, clock: &dyn StreamClock, stream: StreamId) -> EventId {
-        let state = self.streams.entry(stream).or_insert(StreamState {
-            last: None,
-            dirty: true,
-        });
-        match state.last {
-            Some(e) if !state.dirty => e,
+    /// Epoch covering every declared use of stream tag `t`: the cached one unless a use was
+    /// declared since it was recorded.
+    fn epoch_for(&mut self, clock: &dyn StreamClock, t: u8) -> EventId {
+        let k = t as usize - 1;
+        match self.last_epoch[k] {
+            Some(e) if !self.dirty[k] => e,
             _ => {
-                let e = clock.record(stream);
-                state.last = Some(e);
-                state.dirty = false;
+                let e = clock.record(self.streams[k]);
+                self.last_epoch[k] = Some(e);
+                self.dirty[k] = false;
                 e
             }
         }
@@ -183,6 +525,8 @@ pub struct FixedPool<R: Region> {
     region: R,
     clock: Arc<dyn StreamClock>,
     align: usize,
+    shift: u32,
+    stream_safe: bool,
     reserved: usize,
     inner: Mutex<Inner>,
     freed: Condvar,
@@ -195,24 +539,42 @@ impl<R: Region> std::fmt::Debug for FixedPool<R> {
         f.debug_struct("FixedPool")
             .field("base", &self.region.base())
             .field("align", &self.align)
+            .field("stream_safe", &self.stream_safe)
             .field("stats", &self.stats())
             .finish()
     }
 }
 
 impl<R: Region> FixedPool<R> {
-    /// Builds a pool over `region` with [`DEFAULT_ALIGN`] alignment.
+    /// Builds a stream-safe pool over `region` with [`DEFAULT_ALIGN`] alignment.
     pub fn new(region: R, clock: Arc<dyn StreamClock>) -> Result<Arc<Self>> {
-        Self::with_alignment(region, clock, DEFAULT_ALIGN)
+        Self::with_options(region, clock, PoolOptions::default())
     }
 
-    /// Builds a pool whose blocks start at multiples of `align` (a power of two dividing the
-    /// region's base address).
+    /// Builds a stream-safe pool whose blocks start at multiples of `align` (a power of two
+    /// dividing the region's base address).
     pub fn with_alignment(
         region: R,
         clock: Arc<dyn StreamClock>,
         align: usize,
     ) -> Result<Arc<Self>> {
+        Self::with_options(
+            region,
+            clock,
+            PoolOptions {
+                align,
+                ..PoolOptions::default()
+            },
+        )
+    }
+
+    /// Builds a pool with explicit options.
+    pub fn with_options(
+        region: R,
+        clock: Arc<dyn StreamClock>,
+        opts: PoolOptions,
+    ) -> Result<Arc<Self>> {
+        let align = opts.align;
         if !align.is_power_of_two() {
             return Err(Error::BadInput(format!(
                 "pool alignment {align} is not a power of two"
@@ -225,16 +587,14 @@ impl<R: Region> FixedPool<R> {
             )));
         }
         let reserved = region.len() / align * align;
-        let mut inner = Inner::default();
-        if reserved > 0 {
-            inner.insert_free(0, reserved, None);
-        }
         Ok(Arc::new(FixedPool {
+            inner: Mutex::new(Inner::new(reserved / align)),
             region,
             clock,
             align,
+            shift: align.trailing_zeros(),
+            stream_safe: opts.stream_safe,
             reserved,
-            inner: Mutex::new(inner),
             freed: Condvar::new(),
             waiters: AtomicUsize::new(0),
             pending_count: AtomicUsize::new(0),
@@ -251,15 +611,20 @@ impl<R: Region> FixedPool<R> {
         self.align
     }
 
+    /// Whether the pool tracks streams.
+    pub fn stream_safe(&self) -> bool {
+        self.stream_safe
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Allocates `size` bytes (rounded up to the alignment; 0 counts as one unit) for `stream`.
     pub fn alloc(self: &Arc<Self>, size: usize, stream: StreamId) -> Result<Block<R>> {
-        let rounded = self.round(size)?;
+        let units = self.units(size)?;
         let mut g = self.lock();
-        self.alloc_locked(&mut g, size, rounded, stream)
+        self.alloc_locked(&mut g, size, units, stream)
     }
 
     /// Like [`alloc`](Self::alloc), but waits up to `timeout` for frees (or streams) to make
@@ -270,15 +635,15 @@ impl<R: Region> FixedPool<R> {
         stream: StreamId,
         timeout: Duration,
     ) -> Result<Block<R>> {
-        let rounded = self.round(size)?;
+        let units = self.units(size)?;
         let deadline = Instant::now().checked_add(timeout);
         let mut g = self.lock();
         loop {
-            let err = match self.alloc_locked(&mut g, size, rounded, stream) {
+            let err = match self.alloc_locked(&mut g, size, units, stream) {
                 Ok(b) => return Ok(b),
                 Err(e) => e,
             };
-            if rounded > self.reserved {
+            if units << self.shift > self.reserved || matches!(err, Error::Unsupported(_)) {
                 return Err(err);
             }
             let now = Instant::now();
@@ -306,81 +671,95 @@ impl<R: Region> FixedPool<R> {
     /// A snapshot of the pool's occupancy.
     pub fn stats(&self) -> PoolStats {
         let g = self.lock();
-        let largest_free = g.largest_free();
+        let largest_free = g.largest_free() << self.shift;
+        let free_bytes = g.free_units << self.shift;
         PoolStats {
             reserved: self.reserved,
-            in_use: g.in_use,
-            peak_in_use: g.peak_in_use,
+            in_use: g.in_use << self.shift,
+            peak_in_use: g.peak_in_use << self.shift,
+            high_water: g.high_water << self.shift,
             blocks: g.blocks,
-            free_blocks: g.by_off.len(),
-            free_bytes: g.free_bytes,
-            pending_bytes: g.pending_bytes,
+            free_blocks: g.free_spans,
+            free_bytes,
+            pending_bytes: g.pending_units << self.shift,
             largest_free,
-            fragmentation: if g.free_bytes == 0 {
+            fragmentation: if free_bytes == 0 {
                 0.0
             } else {
-                1.0 - largest_free as f64 / g.free_bytes as f64
+                1.0 - largest_free as f64 / free_bytes as f64
             },
         }
     }
 
-    fn round(&self, size: usize) -> Result<usize> {
+    fn units(&self, size: usize) -> Result<usize> {
         let units = size.max(1).div_ceil(self.align);
-        units.checked_mul(self.align).ok_or_else(|| {
-            Error::OutOfMemory(format!(
+        if units.checked_mul(self.align).is_none() {
+            return Err(Error::OutOfMemory(format!(
                 "requested {size} B, more than the address space; pool reserved {} B",
                 self.reserved
-            ))
-        })
+            )));
+        }
+        Ok(units)
     }
 
     fn has_foreign(g: &Inner, stream: StreamId) -> bool {
-        g.by_size
+        g.streams
             .iter()
-            .any(|(t, set)| matches!(t, Some(s) if *s != stream) && !set.is_empty())
+            .enumerate()
+            .any(|(k, &s)| s != stream && g.index[k + 1].fl_bitmap != 0)
     }
 
     fn alloc_locked(
         self: &Arc<Self>,
         g: &mut Inner,
         requested: usize,
-        rounded: usize,
+        units: usize,
         stream: StreamId,
     ) -> Result<Block<R>> {
-        let mut found = g.take_best(rounded, stream);
+        let own = if self.stream_safe {
+            Some(g.tag_of(stream)?)
+        } else {
+            None
+        };
+        let mut found = g.take(units, own);
         if found.is_none() && self.pending_count.load(Ordering::Acquire) > 0 {
             self.reclaim(g);
-            found = g.take_best(rounded, stream);
+            found = g.take(units, own);
         }
-        if found.is_none() && self.promote_foreign(g, stream) {
+        if found.is_none() && self.promote_foreign(g, own) {
             self.reclaim(g);
-            found = g.take_best(rounded, stream);
+            found = g.take(units, own);
         }
         match found {
-            Some(offset) => {
-                g.in_use += rounded;
+            Some(node) => {
+                let n = g.nodes[node as usize];
+                g.in_use += units;
                 g.blocks += 1;
                 g.peak_in_use = g.peak_in_use.max(g.in_use);
+                g.high_water = g.high_water.max(n.off + n.size);
                 Ok(Block {
                     pool: Arc::clone(self),
-                    offset,
-                    size: rounded,
+                    node,
+                    tag: own.unwrap_or(ANY),
+                    offset: n.off << self.shift,
+                    size: units << self.shift,
                     requested,
                     stream,
-                    uses: Vec::new(),
+                    uses: 0,
                 })
             }
             None => Err(Error::OutOfMemory(format!(
-                "pool exhausted: requested {requested} B ({rounded} B aligned) on stream {}; \
+                "pool exhausted: requested {requested} B ({} B aligned) on stream {}; \
                  reserved {} B, in use {} B in {} blocks, free {} B, largest free block {} B, \
                  pending {} B",
+                units << self.shift,
                 stream.0,
                 self.reserved,
-                g.in_use,
+                g.in_use << self.shift,
                 g.blocks,
-                g.free_bytes,
-                g.largest_free(),
-                g.pending_bytes
+                g.free_units << self.shift,
+                g.largest_free() << self.shift,
+                g.pending_units << self.shift
             ))),
         }
     }
@@ -391,100 +770,126 @@ impl<R: Region> FixedPool<R> {
         if self.clock.capturing() {
             return;
         }
-        let mut known: Vec<((StreamId, EventId), bool)> = Vec::new();
-        let pending = std::mem::take(&mut g.pending);
-        let mut kept = Vec::with_capacity(pending.len());
-        for p in pending {
-            let done = p.deps.iter().all(|&dep| {
-                if let Some(&(_, c)) = known.iter().find(|(k, _)| *k == dep) {
-                    return c;
+        // Per stream tag: 0 unknown, 1 complete, 2 not complete (for the epoch asked first).
+        let mut known: [(EventId, u8); MAX_STREAMS] = [(EventId(0), 0); MAX_STREAMS];
+        let mut k = 0;
+        while k < g.pending.len() {
+            let p = g.pending[k];
+            let mut done = true;
+            let mut mask = p.mask;
+            while mask != 0 {
+                let b = mask.trailing_zeros() as usize;
+                mask &= mask - 1;
+                let epoch = p.epochs[b];
+                let c = match known[b] {
+                    (e, 1) if e >= epoch => true,
+                    (e, 2) if e <= epoch => false,
+                    _ => {
+                        let c = self.clock.is_complete(g.streams[b], epoch);
+                        known[b] = (epoch, if c { 1 } else { 2 });
+                        c
+                    }
+                };
+                if !c {
+                    done = false;
+                    break;
                 }
-                let c = self.clock.is_complete(dep.0, dep.1);
-                known.push((dep, c));
-                c
-            });
+            }
             if done {
-                g.pending_bytes -= p.size;
+                g.pending.swap_remove(k);
+                let size = g.nodes[p.node as usize].size;
+                g.pending_units -= size;
                 self.pending_count.fetch_sub(1, Ordering::AcqRel);
-                g.insert_free(p.offset, p.size, p.tag);
+                g.release(p.node, p.tag);
             } else {
-                kept.push(p);
+                k += 1;
             }
         }
-        g.pending = kept;
     }
 
     /// Makes spans reserved for other streams available to every stream once those streams
     /// pass a freshly recorded point (one event per stream). Returns whether any moved.
-    fn promote_foreign(&self, g: &mut Inner, stream: StreamId) -> bool {
-        if self.clock.capturing() {
+    fn promote_foreign(&self, g: &mut Inner, own: Option<u8>) -> bool {
+        if self.clock.capturing() || !self.stream_safe {
             return false;
         }
-        let foreign: Vec<(usize, usize, StreamId)> = g
-            .by_off
-            .iter()
-            .filter_map(|(&o, &(s, t))| match t {
-                Some(t) if t != stream => Some((o, s, t)),
-                _ => None,
-            })
-            .collect();
-        if foreign.is_empty() {
-            return false;
-        }
-        let mut epochs: Vec<(StreamId, EventId)> = Vec::new();
-        for (offset, size, t) in foreign {
-            let e = match epochs.iter().find(|(s, _)| *s == t) {
-                Some(&(_, e)) => e,
-                None => {
-                    let e = self.clock.record(t);
-                    epochs.push((t, e));
-                    e
+        let mut moved = false;
+        for t in 1..g.index.len() as u8 {
+            if Some(t) == own || g.index[t as usize].fl_bitmap == 0 {
+                continue;
+            }
+            let epoch = g.epoch_for_fresh(self.clock.as_ref(), t);
+            // Take every span of tag t out of its lists.
+            let mut spans = Vec::new();
+            for fl in 0..FL {
+                if g.index[t as usize].sl_bitmap[fl] == 0 {
+                    continue;
                 }
-            };
-            g.remove_span(offset, size, Some(t));
-            g.pending_bytes += size;
-            self.pending_count.fetch_add(1, Ordering::AcqRel);
-            g.pending.push(Pending {
-                offset,
-                size,
-                tag: None,
-                deps: vec![(t, e)],
-            });
+                for sl in 0..SL {
+                    let mut cur = g.index[t as usize].heads[fl][sl];
+                    while cur != NIL {
+                        spans.push(cur);
+                        cur = g.nodes[cur as usize].next_free;
+                    }
+                }
+            }
+            for i in spans {
+                g.unlink_free(i);
+                g.nodes[i as usize].state = State::Pending;
+                g.pending_units += g.nodes[i as usize].size;
+                self.pending_count.fetch_add(1, Ordering::AcqRel);
+                let mut epochs = [EventId(0); MAX_STREAMS];
+                epochs[t as usize - 1] = epoch;
+                g.pending.push(Pending {
+                    node: i,
+                    tag: ANY,
+                    mask: 1 << (t - 1),
+                    epochs,
+                });
+                moved = true;
+            }
         }
-        true
+        moved
     }
 
-    fn mark_use(&self, stream: StreamId) {
+    /// Registers a declared use on `stream` (its cached epoch no longer covers it); returns
+    /// the stream's tag.
+    fn mark_use(&self, stream: StreamId) -> Result<u8> {
         let mut g = self.lock();
-        g.streams
-            .entry(stream)
-            .and_modify(|s| s.dirty = true)
-            .or_insert(StreamState {
-                last: None,
-                dirty: true,
-            });
+        let t = g.tag_of(stream)?;
+        g.dirty[t as usize - 1] = true;
+        Ok(t)
     }
 
-    fn release(&self, offset: usize, size: usize, stream: StreamId, uses: &[StreamId]) {
+    fn release(&self, node: u32, tag: u8, uses: u64) {
         {
             let mut g = self.lock();
+            let size = g.nodes[node as usize].size;
             g.in_use -= size;
             g.blocks -= 1;
-            if uses.is_empty() {
-                g.insert_free(offset, size, Some(stream));
+            if !self.stream_safe {
+                g.release(node, ANY);
             } else {
-                let deps = uses
-                    .iter()
-                    .map(|&s| (s, g.epoch_for(self.clock.as_ref(), s)))
-                    .collect();
-                g.pending_bytes += size;
-                self.pending_count.fetch_add(1, Ordering::AcqRel);
-                g.pending.push(Pending {
-                    offset,
-                    size,
-                    tag: Some(stream),
-                    deps,
-                });
+                if uses == 0 {
+                    g.release(node, tag);
+                } else {
+                    let mut epochs = [EventId(0); MAX_STREAMS];
+                    let mut mask = uses;
+                    while mask != 0 {
+                        let b = mask.trailing_zeros() as usize;
+                        mask &= mask - 1;
+                        epochs[b] = g.epoch_for(self.clock.as_ref(), b as u8 + 1);
+                    }
+                    g.nodes[node as usize].state = State::Pending;
+                    g.pending_units += size;
+                    self.pending_count.fetch_add(1, Ordering::AcqRel);
+                    g.pending.push(Pending {
+                        node,
+                        tag,
+                        mask: uses,
+                        epochs,
+                    });
+                }
             }
         }
         if self.waiters.load(Ordering::Acquire) > 0 {
@@ -493,14 +898,29 @@ impl<R: Region> FixedPool<R> {
     }
 }
 
+impl Inner {
+    /// A freshly recorded epoch on stream tag `t` (used when promoting its free spans).
+    fn epoch_for_fresh(&mut self, clock: &dyn StreamClock, t: u8) -> EventId {
+        let k = t as usize - 1;
+        let e = clock.record(self.streams[k]);
+        self.last_epoch[k] = Some(e);
+        self.dirty[k] = false;
+        e
+    }
+}
+
 /// A live allocation in a [`FixedPool`]; it returns its bytes to the pool when dropped.
 pub struct Block<R: Region> {
     pool: Arc<FixedPool<R>>,
+    node: u32,
+    /// The owner stream's tag (`ANY` when the pool does not track streams).
+    tag: u8,
     offset: usize,
     size: usize,
     requested: usize,
     stream: StreamId,
-    uses: Vec<StreamId>,
+    /// Streams (bit `t - 1` for tag `t`) declared to use the block besides its own.
+    uses: u64,
 }
 
 impl<R: Region> Block<R> {
@@ -537,14 +957,14 @@ impl<R: Region> Block<R> {
     /// Declares that work already enqueued on `stream` uses the block, so it is not reused
     /// until `stream` passes the point recorded when the block is freed. Call it after
     /// enqueuing the work (again after each later use); the owner stream needs no call.
-    pub fn record_use(&mut self, stream: StreamId) {
-        if stream == self.stream {
-            return;
+    /// Fails only when the pool already tracks [`MAX_STREAMS`] other streams.
+    pub fn record_use(&mut self, stream: StreamId) -> Result<()> {
+        if stream == self.stream || !self.pool.stream_safe {
+            return Ok(());
         }
-        if !self.uses.contains(&stream) {
-            self.uses.push(stream);
-        }
-        self.pool.mark_use(stream);
+        let t = self.pool.mark_use(stream)?;
+        self.uses |= 1 << (t - 1);
+        Ok(())
     }
 }
 
@@ -554,15 +974,13 @@ impl<R: Region> std::fmt::Debug for Block<R> {
             .field("offset", &self.offset)
             .field("size", &self.size)
             .field("stream", &self.stream)
-            .field("uses", &self.uses)
+            .field("uses", &format_args!("{:#x}", self.uses))
             .finish()
     }
 }
 
 impl<R: Region> Drop for Block<R> {
     fn drop(&mut self) {
-        let uses = std::mem::take(&mut self.uses);
-        self.pool
-            .release(self.offset, self.size, self.stream, &uses);
+        self.pool.release(self.node, self.tag, self.uses);
     }
 }

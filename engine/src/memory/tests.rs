@@ -281,7 +281,7 @@ fn other_stream_waits_for_owner_stream() {
 fn record_use_blocks_reuse_until_epoch_completes() {
     let (pool, clock) = fake_pool(4);
     let mut a = pool.alloc(4 * U, S0).unwrap();
-    a.record_use(S1);
+    a.record_use(S1).unwrap();
     drop(a);
     let s = pool.stats();
     assert_eq!((s.in_use, s.pending_bytes, s.free_bytes), (0, 4 * U, 0));
@@ -298,15 +298,15 @@ fn one_event_per_stream_per_epoch() {
     let (pool, clock) = fake_pool(16);
     let mut a = pool.alloc(U, S0).unwrap();
     let mut b = pool.alloc(U, S0).unwrap();
-    a.record_use(S1);
-    b.record_use(S1);
-    b.record_use(S2);
+    a.record_use(S1).unwrap();
+    b.record_use(S1).unwrap();
+    b.record_use(S2).unwrap();
     drop(a);
     drop(b);
     // One event on S1 shared by both blocks, one on S2.
     assert_eq!(clock.records(), 2);
     let mut c = pool.alloc(U, S0).unwrap();
-    c.record_use(S1);
+    c.record_use(S1).unwrap();
     drop(c);
     assert_eq!(clock.records(), 3); // a new use on S1 since its last record
                                     // S1 done but S2 not: a waits on S1 only, b on S1 and S2, c on S1 only.
@@ -323,7 +323,7 @@ fn one_event_per_stream_per_epoch() {
 fn free_block_preferred_over_pending() {
     let (pool, clock) = fake_pool(8);
     let mut a = pool.alloc(4 * U, S0).unwrap();
-    a.record_use(S1);
+    a.record_use(S1).unwrap();
     drop(a);
     let q = clock.queries();
     let b = pool.alloc(4 * U, S0).unwrap();
@@ -335,7 +335,7 @@ fn free_block_preferred_over_pending() {
 fn no_event_queries_during_capture() {
     let (pool, clock) = fake_pool(4);
     let mut a = pool.alloc(2 * U, S0).unwrap();
-    a.record_use(S1);
+    a.record_use(S1).unwrap();
     drop(a);
     drop(pool.alloc(2 * U, S2).unwrap()); // free, but reserved for S2
     clock.complete(S1);
@@ -377,7 +377,7 @@ fn alloc_wait_wakes_on_free_and_times_out() {
 fn alloc_wait_polls_pending_streams() {
     let (pool, clock) = fake_pool(4);
     let mut a = pool.alloc(4 * U, S0).unwrap();
-    a.record_use(S1);
+    a.record_use(S1).unwrap();
     drop(a);
     let c2 = clock.clone();
     let t = std::thread::spawn(move || {
@@ -397,7 +397,7 @@ fn host_region_backs_the_pool() {
     let pool = FixedPool::new(region, Arc::new(SyncClock)).unwrap();
     assert_eq!(pool.stats().reserved, 9984); // rounded down to 256
     let mut a = pool.alloc(5000, S0).unwrap();
-    a.record_use(S1); // synchronous clock: complete at once
+    a.record_use(S1).unwrap(); // synchronous clock: complete at once
     let b = pool.alloc(4000, S1).unwrap();
     assert_eq!(b.addr(), pool.region().base() + b.offset());
     drop(a);
@@ -521,7 +521,7 @@ fn randomized_streams_keep_invariants() {
             live.swap_remove(k);
         } else if r < 85 && !live.is_empty() {
             let k = (x >> 16) as usize % live.len();
-            live[k].record_use(s);
+            live[k].record_use(s).unwrap();
         } else if r < 97 {
             clock.complete(s);
         } else {
