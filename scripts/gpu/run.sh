@@ -15,8 +15,8 @@ for l in cudnn cublas nvrtc; do ls /opt/torch/.venv/lib/python3*/site-packages/n
 PY=$(ls /opt/torch/.venv/bin/python 2>/dev/null || which python3)
 export VIGIL_MODELS=$PWD/models VIGIL_ONNX_NODE_TESTS=$PWD/$D/node
 chmod +x $D/cuda_backend
-timeout 300 $D/cuda_backend --test-threads=1 --nocapture 2>&1 | tee "$OUT/tests.txt" | grep -vE "rep [12] output" | tail -80
+[ -z "$BENCH_ONLY" ] && timeout 300 $D/cuda_backend --test-threads=1 --nocapture 2>&1 | tee "$OUT/tests.txt" | grep -vE "rep [12] output" | tail -80
 mkdir -p /tmp/onnx
-PYTHONUNBUFFERED=1 timeout 240 $PY $D/torch_bench.py /tmp/onnx 2>&1 | grep -v Warning | tee "$OUT/torch.txt"
-VIGIL_CUDA_BENCH="/tmp/onnx/resnet50.onnx:1,/tmp/onnx/resnet50.onnx:32,/tmp/onnx/mobilenetv3l.onnx:1,/tmp/onnx/mobilenetv3l.onnx:32,$PWD/models/efficientnet-lite0.onnx:1,$PWD/models/efficientnet-lite0.onnx:32,$PWD/models/nanodet-m-416.onnx:1,$PWD/models/nanodet-m-416.onnx:32" \
+PYTHONUNBUFFERED=1 timeout 420 $PY $D/torch_bench.py /tmp/onnx 2>&1 | grep -v Warning | tee "$OUT/torch.txt"
+VIGIL_CUDA_BENCH="/tmp/onnx/resnet50.onnx:1,/tmp/onnx/resnet50.onnx:32,/tmp/onnx/mobilenetv3l.onnx:1,/tmp/onnx/mobilenetv3l.onnx:32,$PWD/models/efficientnet-lite0.onnx:1,$PWD/models/nanodet-m-416.onnx:1,$PWD/models/nanodet-m-416.onnx:32" \
   timeout 120 $D/cuda_backend bench_listed_models --nocapture 2>&1 | tee "$OUT/vigil-bench.txt" | grep -E "BENCH|panicked|error"

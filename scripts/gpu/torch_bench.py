@@ -46,7 +46,7 @@ for name, m in models.items():
                     y = mm(static)
                 graph = bench(lambda _x: g.replay(), x)
                 try:
-                    cm = torch.compile(mm, mode="max-autotune-no-cudagraphs")
+                    cm = torch.compile(mm)
                     comp = bench(cm, x, 100)
                 except Exception as ex:  # report, do not hide
                     print(f"TORCH {name} compile failed: {ex}")

@@ -461,7 +461,11 @@ impl Gen {
                 format!("(v0 * p{}[c1] + p{}[c1])", k - 2, k - 1)
             }
             Op::Elementwise(steps) => {
-                let present: Vec<ValueId> = node.inputs.iter().map(|i| i.unwrap_or(usize::MAX)).collect();
+                let present: Vec<ValueId> = node
+                    .inputs
+                    .iter()
+                    .map(|i| i.unwrap_or(usize::MAX))
+                    .collect();
                 for (k, &v) in present.iter().enumerate() {
                     if v == usize::MAX {
                         return Err(unsupported(node, "omitted chain input"));
@@ -651,7 +655,11 @@ impl Gen {
       if (iy < 0 || iy >= {h}LL || ix < 0 || ix >= {w}LL) continue;
       float v = p0[{idx}]; {} ++cnt; }} }}",
             if is_max { "-3.402823466e38f" } else { "0.f" },
-            if is_max { "acc = fmaxf(acc, v);" } else { "acc += v;" }
+            if is_max {
+                "acc = fmaxf(acc, v);"
+            } else {
+                "acc += v;"
+            }
         );
         if is_max {
             body.push_str(" p1[i] = acc;");
@@ -686,7 +694,10 @@ impl Gen {
         };
         let hw: usize = xs.iter().product::<usize>() / (n * c).max(1);
         let (base, step) = if nhwc {
-            (format!("(i / {c}LL) * {hw}LL * {c}LL + i % {c}LL"), format!("{c}LL"))
+            (
+                format!("(i / {c}LL) * {hw}LL * {c}LL + i % {c}LL"),
+                format!("{c}LL"),
+            )
         } else {
             (format!("i * {hw}LL"), "1LL".to_string())
         };
@@ -772,7 +783,11 @@ impl Gen {
   float wy0 = __int_as_float(ty[2]), wy1 = __int_as_float(ty[3]), wx0 = __int_as_float(tx[2]), wx1 = __int_as_float(tx[3]);"
         );
         if nearest {
-            let _ = write!(body, " (void)y1; (void)x1; (void)wy0; (void)wy1; (void)wx0; (void)wx1; p1[i] = {};", at("y0", "x0"));
+            let _ = write!(
+                body,
+                " (void)y1; (void)x1; (void)wy0; (void)wy1; (void)wx0; (void)wx1; p1[i] = {};",
+                at("y0", "x0")
+            );
         } else {
             let _ = write!(
                 body,
@@ -902,7 +917,11 @@ impl Gen {
             if s < 0 {
                 s += d;
             }
-            s = if st > 0 { s.clamp(0, d) } else { s.clamp(0, d - 1) };
+            s = if st > 0 {
+                s.clamp(0, d)
+            } else {
+                s.clamp(0, d - 1)
+            };
             begin[a] = s;
             step[a] = st;
         }

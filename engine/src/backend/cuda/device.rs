@@ -33,6 +33,7 @@ pub struct DeviceBuffer {
     len: usize,
 }
 
+#[allow(clippy::len_without_is_empty)]
 impl DeviceBuffer {
     /// Allocates `len` bytes (at least 1) on the context's device.
     pub fn alloc(ctx: &Arc<CudaContext>, len: usize) -> Result<Self> {
@@ -67,11 +68,6 @@ impl DeviceBuffer {
     /// Size in bytes.
     pub fn len(&self) -> usize {
         self.len
-    }
-
-    /// True when the buffer holds no bytes.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 }
 

@@ -224,9 +224,7 @@ pub fn choose_algo(
     }
     let best = perf[..count.max(0) as usize]
         .iter()
-        .find(|p| {
-            p.status == dnn_sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS && p.memory <= ws_limit
-        })
+        .find(|p| p.status == dnn_sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS && p.memory <= ws_limit)
         .ok_or_else(|| {
             Error::Unsupported(format!("cuDNN has no algorithm for convolution {geom:?}"))
         })?;

@@ -12,7 +12,9 @@ use cudarc::driver::{result as drv, sys, CudaContext, CudaGraph, CudaStream};
 
 use super::codegen::{Arg, Gen, GenKernel};
 use super::device::{alloc_arena, drv_err, DeviceBuffer, Function, Module, PinnedBuffer};
-use super::dnn::{blas_err, choose_algo, dnn_err, AlgoChoice, BlasHandle, ConvDescs, ConvGeom, DnnHandle};
+use super::dnn::{
+    blas_err, choose_algo, dnn_err, AlgoChoice, BlasHandle, ConvDescs, ConvGeom, DnnHandle,
+};
 use crate::backend::{BackendContext, Executable};
 use crate::error::{Error, Result};
 use crate::ir::{Activation, Graph, Layout, Node, Op, Tensor, ValueId};
@@ -172,9 +174,7 @@ impl Builder<'_> {
                 });
                 Ok(())
             }
-            Op::Shape { .. } | Op::ConstantOfShape { .. } | Op::Range => {
-                self.host_eval(idx, node)
-            }
+            Op::Shape { .. } | Op::ConstantOfShape { .. } | Op::Range => self.host_eval(idx, node),
             _ if node.present_inputs().all(|v| g.constant(v).is_some())
                 && !node.inputs.is_empty() =>
             {
@@ -228,7 +228,9 @@ impl Builder<'_> {
             return Err(unsupported(node, "not a conv"));
         };
         let x = node.input(0).ok_or_else(|| unsupported(node, "no input"))?;
-        let wv = node.input(1).ok_or_else(|| unsupported(node, "no weights"))?;
+        let wv = node
+            .input(1)
+            .ok_or_else(|| unsupported(node, "no weights"))?;
         let y = node.outputs[0];
         let wt = g
             .constant(wv)
@@ -824,9 +826,8 @@ impl CudaRun {
         let sout = self.staging_out.bytes();
         for &(src, off, n) in self.outs.iter().flatten() {
             // SAFETY: as for the inputs; the staging buffer is pinned and outlives the work.
-            let dst = unsafe {
-                std::slice::from_raw_parts_mut(sout.as_ptr().add(off) as *mut u8, n)
-            };
+            let dst =
+                unsafe { std::slice::from_raw_parts_mut(sout.as_ptr().add(off) as *mut u8, n) };
             // SAFETY: the slot holds n bytes.
             unsafe { drv::memcpy_dtoh_async(dst, src, s) }.map_err(drv_err("output copy"))?;
         }

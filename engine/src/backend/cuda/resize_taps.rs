@@ -51,6 +51,7 @@ fn nearest_index(mode: NearestMode, x: f32, in_len: usize) -> usize {
 }
 
 /// Per output index along one axis: two input indices and their weights (nearest: w1 = 0).
+/// Two source indices and their weights for one output row or column.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Tap {
     pub i0: usize,
@@ -59,6 +60,7 @@ pub struct Tap {
     pub w1: f32,
 }
 
+/// The taps of every output position along one axis.
 pub fn taps(a: &ResizeAttrs, scale: f32, in_len: usize, out_len: usize) -> Vec<Tap> {
     (0..out_len)
         .map(|o| {
@@ -89,4 +91,3 @@ pub fn taps(a: &ResizeAttrs, scale: f32, in_len: usize, out_len: usize) -> Vec<T
         })
         .collect()
 }
-
