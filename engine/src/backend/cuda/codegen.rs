@@ -161,7 +161,7 @@ fn binary_expr(op: BinaryOp, a: &str, b: &str) -> String {
     }
 }
 
-fn shape_of<'g>(g: &'g Graph, v: ValueId) -> Result<&'g [usize]> {
+fn shape_of(g: &Graph, v: ValueId) -> Result<&[usize]> {
     g.shape(v)
 }
 
@@ -1022,8 +1022,8 @@ impl Gen {
             .collect();
         let mut xof: Vec<String> = (0..a).map(|k| format!("c{k}*{}LL", st[k])).collect();
         xof.push(format!("j*{}LL", st[a]));
-        for k in a + 1..xs.len() {
-            xof.push(format!("c{}*{}LL", k - 1 + ni, st[k]));
+        for (k, s) in st.iter().enumerate().skip(a + 1) {
+            xof.push(format!("c{}*{}LL", k - 1 + ni, s));
         }
         let body = format!(
             "{} i64 j = (i64)p1[{}]; if (j < 0) j += {}LL; if (j < 0 || j >= {}LL) {{ p2[i] = 0; return; }} p2[i] = p0[{}];",
