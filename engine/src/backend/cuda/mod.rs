@@ -3,6 +3,16 @@
 
 use std::sync::Arc;
 
+mod codegen;
+mod device;
+mod dnn;
+mod executable;
+mod resize_taps;
+
+pub use device::alloc_counts;
+pub use dnn::algo_cache_len;
+pub use executable::CudaExecutable;
+
 use crate::backend::{Backend, Executable, Precision};
 use crate::error::{Error, Result};
 use crate::ir::Graph;
@@ -23,6 +33,21 @@ pub fn probe(ordinal: usize) -> Result<()> {
             "CUDA device {ordinal} requested but {count} device(s) present"
         )));
     }
+    // SAFETY: each only checks whether a library can be loaded.
+    let libs = unsafe {
+        [
+            ("cuDNN", cudarc::cudnn::sys::is_culib_present()),
+            ("cuBLAS", cudarc::cublas::sys::is_culib_present()),
+            ("NVRTC", cudarc::nvrtc::sys::is_culib_present()),
+        ]
+    };
+    for (name, present) in libs {
+        if !present {
+            return Err(Error::Unsupported(format!(
+                "the {name} library is not installed (or not on the loader path)"
+            )));
+        }
+    }
     Ok(())
 }
 
@@ -36,10 +61,23 @@ pub struct CudaBackend {
 }
 
 impl Backend for CudaBackend {
-    fn compile(&self, _graph: Arc<Graph>) -> Result<Arc<dyn Executable>> {
+    fn compile(&self, graph: Arc<Graph>) -> Result<Arc<dyn Executable>> {
         probe(self.ordinal)?;
-        Err(Error::Unsupported(
-            "the CUDA backend cannot compile graphs yet".into(),
-        ))
+        if self.precision != Precision::Fp32 {
+            return Err(Error::Unsupported(format!(
+                "the CUDA backend runs fp32 only so far ({:?} requested)",
+                self.precision
+            )));
+        }
+        Ok(Arc::new(CudaExecutable::new(graph, self.ordinal)?))
     }
+}
+
+/// Free bytes of device memory on the current device (for steady-state allocation checks).
+pub fn free_device_memory() -> Result<usize> {
+    let ctx = cudarc::driver::CudaContext::new(0)
+        .map_err(|e| Error::Unsupported(format!("CUDA context: {e}")))?;
+    ctx.mem_get_info()
+        .map(|(free, _)| free)
+        .map_err(|e| Error::Unsupported(format!("CUDA memory query: {e}")))
 }

@@ -1,0 +1,1109 @@
+//! CUDA C source generation for every op that is not a convolution or a GEMM: one kernel per
+//! node with its shapes baked in (index arithmetic on constants), all compiled by NVRTC into one
+//! module per executable. Elementwise chains from the fusion pass become one kernel.
+
+use std::fmt::Write;
+
+use crate::error::{Error, Result};
+use crate::ir::{
+    Activation, BinaryOp, ChainStep, DataType, Graph, Layout, Node, Op, PadMode, ResizeMode,
+    UnaryOp, ValueId,
+};
+
+use super::resize_taps::{taps, Tap};
+
+/// Where a kernel argument points.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arg {
+    /// A graph value: its arena slot, or its uploaded constant.
+    Val(ValueId),
+    /// An extra constant table made by code generation (index into [`Gen::extras`]).
+    Extra(usize),
+    /// The node's scratch slot in the arena.
+    Scratch,
+}
+
+/// One generated kernel launch: a flat 1-D grid over `threads` threads.
+#[derive(Clone, Debug)]
+pub struct GenKernel {
+    pub name: String,
+    pub threads: usize,
+    pub args: Vec<Arg>,
+}
+
+/// Accumulates the module source and the constant tables it needs.
+pub struct Gen {
+    pub src: String,
+    pub extras: Vec<Vec<u8>>,
+    count: usize,
+}
+
+const PRELUDE: &str = r#"
+typedef long long i64;
+typedef unsigned char u8;
+__device__ __forceinline__ float v_sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
+"#;
+
+/// The CUDA C type of a data type.
+pub fn ctype(dt: DataType) -> &'static str {
+    match dt {
+        DataType::F32 => "float",
+        DataType::I64 => "i64",
+        DataType::I32 => "int",
+        DataType::I8 => "signed char",
+        DataType::U8 | DataType::Bool => "u8",
+    }
+}
+
+/// A float literal that NVRTC parses exactly (infinities and NaN as bit patterns).
+pub fn flit(x: f32) -> String {
+    if x.is_finite() {
+        format!("{:.9e}f", x)
+    } else {
+        format!("__int_as_float({})", x.to_bits() as i32)
+    }
+}
+
+fn strides(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1usize; shape.len()];
+    for k in (0..shape.len().saturating_sub(1)).rev() {
+        s[k] = s[k + 1] * shape[k + 1];
+    }
+    s
+}
+
+/// Code declaring `{p}0..{p}r-1` as the coordinates of linear index `i` in `shape`.
+fn decompose(shape: &[usize], p: &str) -> String {
+    let mut s = String::from("i64 r_ = i;");
+    for k in (0..shape.len()).rev() {
+        if k == 0 {
+            let _ = write!(s, " i64 {p}{k} = r_;");
+        } else {
+            let _ = write!(s, " i64 {p}{k} = r_ % {}; r_ /= {};", shape[k], shape[k]);
+        }
+    }
+    s.push_str(" (void)r_;");
+    s
+}
+
+/// The offset into an input of shape `ins` broadcast to `out` (coordinates `{p}k` of `out`).
+fn bcast_off(ins: &[usize], out: &[usize], p: &str) -> String {
+    let n: usize = ins.iter().product();
+    if n == 1 {
+        return "0".into();
+    }
+    if ins == out {
+        return "i".into();
+    }
+    let st = strides(ins);
+    let lead = out.len() - ins.len();
+    let mut terms = Vec::new();
+    for (k, (&d, &s)) in ins.iter().zip(&st).enumerate() {
+        if d != 1 {
+            terms.push(format!("{p}{}*{s}LL", k + lead));
+        }
+    }
+    if terms.is_empty() {
+        "0".into()
+    } else {
+        terms.join("+")
+    }
+}
+
+fn act_expr(a: Activation, x: &str) -> String {
+    match a {
+        Activation::Relu => format!("fmaxf({x}, 0.f)"),
+        Activation::Clip { min, max } => format!("fminf(fmaxf({x}, {}), {})", flit(min), flit(max)),
+        Activation::LeakyRelu { alpha } => format!("({x} >= 0.f ? {x} : {} * {x})", flit(alpha)),
+        Activation::Sigmoid => format!("v_sigmoid({x})"),
+        Activation::Silu => format!("({x} * v_sigmoid({x}))"),
+        Activation::HardSwish => format!("({x} * fminf(fmaxf({x} / 6.f + 0.5f, 0.f), 1.f))"),
+        Activation::HardSigmoid { alpha, beta } => format!(
+            "fminf(fmaxf({} * {x} + {}, 0.f), 1.f)",
+            flit(alpha),
+            flit(beta)
+        ),
+        Activation::Tanh => format!("tanhf({x})"),
+    }
+}
+
+fn unary_expr(u: UnaryOp, x: &str) -> String {
+    match u {
+        UnaryOp::Act(a) => act_expr(a, &format!("((float){x})")),
+        UnaryOp::Neg => format!("(-{x})"),
+        UnaryOp::Abs => format!("({x} < 0 ? -{x} : {x})"),
+        UnaryOp::Exp => format!("expf({x})"),
+        UnaryOp::Log => format!("logf({x})"),
+        UnaryOp::Sqrt => format!("sqrtf({x})"),
+        UnaryOp::Reciprocal => format!("(1.f / {x})"),
+        UnaryOp::Floor => format!("floorf({x})"),
+        UnaryOp::Ceil => format!("ceilf({x})"),
+        UnaryOp::Round => format!("rintf({x})"),
+        UnaryOp::Erf => format!("erff({x})"),
+        UnaryOp::Not => format!("(u8)(!{x})"),
+    }
+}
+
+fn binary_expr(op: BinaryOp, a: &str, b: &str) -> String {
+    match op {
+        BinaryOp::Add => format!("({a} + {b})"),
+        BinaryOp::Sub => format!("({a} - {b})"),
+        BinaryOp::Mul => format!("({a} * {b})"),
+        BinaryOp::Div => format!("({a} / {b})"),
+        BinaryOp::Pow => format!("powf((float){a}, (float){b})"),
+        BinaryOp::Max => format!("({a} > {b} || {a} != {a} ? {a} : {b})"),
+        BinaryOp::Min => format!("({a} < {b} || {a} != {a} ? {a} : {b})"),
+        BinaryOp::Equal => format!("(u8)({a} == {b})"),
+        BinaryOp::Less => format!("(u8)({a} < {b})"),
+        BinaryOp::Greater => format!("(u8)({a} > {b})"),
+        BinaryOp::And => format!("(u8)({a} && {b})"),
+        BinaryOp::Or => format!("(u8)({a} || {b})"),
+    }
+}
+
+fn shape_of(g: &Graph, v: ValueId) -> Result<&[usize]> {
+    g.shape(v)
+}
+
+fn input(node: &Node, i: usize) -> Result<ValueId> {
+    node.input(i).ok_or_else(|| {
+        Error::InvalidModel(format!(
+            "{} '{}' lacks input {i}",
+            node.op.name(),
+            node.name
+        ))
+    })
+}
+
+fn output(node: &Node, i: usize) -> Result<ValueId> {
+    node.outputs.get(i).copied().ok_or_else(|| {
+        Error::InvalidModel(format!(
+            "{} '{}' lacks output {i}",
+            node.op.name(),
+            node.name
+        ))
+    })
+}
+
+fn unsupported(node: &Node, why: &str) -> Error {
+    Error::Unsupported(format!(
+        "CUDA backend: {} '{}': {why}",
+        node.op.name(),
+        node.name
+    ))
+}
+
+fn norm_axis(axis: i64, rank: usize, node: &Node) -> Result<usize> {
+    let a = if axis < 0 { axis + rank as i64 } else { axis };
+    if a < 0 || a as usize >= rank.max(1) {
+        return Err(unsupported(node, &format!("axis {axis} out of range")));
+    }
+    Ok(a as usize)
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+impl Default for Gen {
+    fn default() -> Self {
+        Gen {
+            src: PRELUDE.to_string(),
+            extras: Vec::new(),
+            count: 0,
+        }
+    }
+}
+
+impl Gen {
+    /// Adds a constant table; returns its argument.
+    pub fn extra(&mut self, bytes: Vec<u8>) -> Arg {
+        self.extras.push(bytes);
+        Arg::Extra(self.extras.len() - 1)
+    }
+
+    /// Emits one kernel with parameters `(arg, C type)` named p0, p1, ... over `n` threads.
+    pub fn kernel(&mut self, params: &[(Arg, String)], n: usize, body: &str) -> GenKernel {
+        let name = format!("vk{}", self.count);
+        self.count += 1;
+        let plist: Vec<String> = params
+            .iter()
+            .enumerate()
+            .map(|(k, (_, t))| format!("{t}* __restrict__ p{k}"))
+            .collect();
+        let _ = write!(
+            self.src,
+            "\nextern \"C\" __global__ void {name}({}) {{\n  i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;\n  if (i >= {n}LL) return;\n  {body}\n}}\n",
+            plist.join(", ")
+        );
+        GenKernel {
+            name,
+            threads: n,
+            args: params.iter().map(|(a, _)| *a).collect(),
+        }
+    }
+
+    /// Bias + activation epilogue applied in place on `y` (channel `c` of each element from
+    /// the layout); `bias` may be absent.
+    pub fn epilogue(
+        &mut self,
+        y: ValueId,
+        shape: &[usize],
+        channel_axis: usize,
+        bias: Option<Arg>,
+        act: Option<Activation>,
+    ) -> GenKernel {
+        let n: usize = shape.iter().product();
+        let inner: usize = shape[channel_axis + 1..].iter().product();
+        let c = shape[channel_axis];
+        let mut params = vec![(Arg::Val(y), "float".to_string())];
+        let mut body = String::from("float v = p0[i];");
+        if let Some(b) = bias {
+            params.push((b, "const float".into()));
+            let _ = write!(body, " v += p1[(i / {inner}LL) % {c}LL];");
+        }
+        if let Some(a) = act {
+            let _ = write!(body, " v = {};", act_expr(a, "v"));
+        }
+        body.push_str(" p0[i] = v;");
+        self.kernel(&params, n, &body)
+    }
+
+    /// Gemm epilogue: `y = act(y + beta * C[broadcast])`.
+    pub fn gemm_epilogue(
+        &mut self,
+        y: ValueId,
+        yshape: &[usize],
+        c: Option<(Arg, Vec<usize>, f32)>,
+        act: Option<Activation>,
+    ) -> GenKernel {
+        let n: usize = yshape.iter().product();
+        let mut params = vec![(Arg::Val(y), "float".to_string())];
+        let mut body = decompose(yshape, "c");
+        body.push_str(" float v = p0[i];");
+        if let Some((arg, cs, beta)) = c {
+            params.push((arg, "const float".into()));
+            let _ = write!(
+                body,
+                " v += {} * p1[{}];",
+                flit(beta),
+                bcast_off(&cs, yshape, "c")
+            );
+        }
+        if let Some(a) = act {
+            let _ = write!(body, " v = {};", act_expr(a, "v"));
+        }
+        body.push_str(" p0[i] = v;");
+        self.kernel(&params, n, &body)
+    }
+
+    /// Zero-pads an NCHW/NHWC activation into the node's scratch slot (for asymmetric conv pads).
+    #[allow(clippy::too_many_arguments)]
+    pub fn pad_into_scratch(
+        &mut self,
+        x: ValueId,
+        nhwc: bool,
+        (n, c, h, w): (usize, usize, usize, usize),
+        (pt, pl): (usize, usize),
+        (ph, pw): (usize, usize),
+    ) -> GenKernel {
+        let total = n * c * ph * pw;
+        let (shape, hy, wx, cc) = if nhwc {
+            (vec![n, ph, pw, c], 1, 2, 3)
+        } else {
+            (vec![n, c, ph, pw], 2, 3, 1)
+        };
+        let src = if nhwc {
+            format!("((q0*{h}LL + y)*{w}LL + xx)*{c}LL + q{cc}")
+        } else {
+            format!("((q0*{c}LL + q{cc})*{h}LL + y)*{w}LL + xx")
+        };
+        let body = format!(
+            "{} i64 y = q{hy} - {pt}LL; i64 xx = q{wx} - {pl}LL; p1[i] = (y >= 0 && y < {h}LL && xx >= 0 && xx < {w}LL) ? p0[{src}] : 0.f;",
+            decompose(&shape, "q")
+        );
+        self.kernel(
+            &[
+                (Arg::Val(x), "const float".into()),
+                (Arg::Scratch, "float".into()),
+            ],
+            total,
+            &body,
+        )
+    }
+
+    /// Generates the kernels for one node that is not a Conv, Gemm, MatMul or plain copy.
+    pub fn node(&mut self, g: &Graph, node: &Node) -> Result<Vec<GenKernel>> {
+        match &node.op {
+            Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Elementwise(_)
+            | Op::Clip
+            | Op::Where
+            | Op::Cast { .. }
+            | Op::BatchNormalization { .. } => self.elementwise(g, node).map(|k| vec![k]),
+            Op::Softmax { axis } => self.softmax(g, node, *axis).map(|k| vec![k]),
+            Op::ReduceMean { axes, keepdims } => self
+                .reduce_mean(g, node, axes.as_deref(), *keepdims)
+                .map(|k| vec![k]),
+            Op::MaxPool(_) | Op::AveragePool(_) => self.pool(g, node).map(|k| vec![k]),
+            Op::GlobalAveragePool { layout } | Op::GlobalMaxPool { layout } => {
+                self.global_pool(g, node, *layout).map(|k| vec![k])
+            }
+            Op::Resize(_) => self.resize(g, node).map(|k| vec![k]),
+            Op::Concat { axis } => self.concat(g, node, *axis).map(|k| vec![k]),
+            Op::Split { axis, .. } => self.split(g, node, *axis).map(|k| vec![k]),
+            Op::Slice => self.slice(g, node).map(|k| vec![k]),
+            Op::Transpose { perm } => self.transpose(g, node, perm).map(|k| vec![k]),
+            Op::Expand => self.expand(g, node).map(|k| vec![k]),
+            Op::Gather { axis } => self.gather(g, node, *axis).map(|k| vec![k]),
+            Op::Pad { mode } => self.pad(g, node, *mode).map(|k| vec![k]),
+            _ => Err(unsupported(node, "no CUDA kernel for this op")),
+        }
+    }
+
+    fn elementwise(&mut self, g: &Graph, node: &Node) -> Result<GenKernel> {
+        let y = output(node, 0)?;
+        let ys = shape_of(g, y)?.to_vec();
+        let yt = ctype(g.values[y].dtype);
+        let n: usize = ys.iter().product();
+        let mut params = vec![(Arg::Val(y), yt.to_string())];
+        let mut body = decompose(&ys, "c");
+        // Loads each present input into v{k}.
+        let mut load = |this: &mut Self, k: usize, v: ValueId, body: &mut String| -> Result<()> {
+            let s = shape_of(g, v)?;
+            if s.len() > ys.len() {
+                return Err(unsupported(node, "input of higher rank than the output"));
+            }
+            params.push((Arg::Val(v), format!("const {}", ctype(g.values[v].dtype))));
+            let _ = write!(
+                body,
+                " {} v{k} = p{}[{}];",
+                ctype(g.values[v].dtype),
+                params.len() - 1,
+                bcast_off(s, &ys, "c")
+            );
+            let _ = this;
+            Ok(())
+        };
+        let result = match &node.op {
+            Op::Unary(u) => {
+                load(self, 0, input(node, 0)?, &mut body)?;
+                unary_expr(*u, "v0")
+            }
+            Op::Binary(b) => {
+                load(self, 0, input(node, 0)?, &mut body)?;
+                load(self, 1, input(node, 1)?, &mut body)?;
+                binary_expr(*b, "v0", "v1")
+            }
+            Op::Where => {
+                for k in 0..3 {
+                    load(self, k, input(node, k)?, &mut body)?;
+                }
+                "(v0 ? v1 : v2)".to_string()
+            }
+            Op::Cast { to } => {
+                load(self, 0, input(node, 0)?, &mut body)?;
+                if *to == DataType::Bool {
+                    "(u8)(v0 != 0)".into()
+                } else {
+                    "v0".into()
+                }
+            }
+            Op::Clip => {
+                load(self, 0, input(node, 0)?, &mut body)?;
+                let bound = |i: usize| -> Result<Option<f32>> {
+                    match node.input(i) {
+                        None => Ok(None),
+                        Some(v) => match g.constant(v) {
+                            Some(t) => Ok(t.to_f32_vec().first().copied()),
+                            None => Err(unsupported(node, "runtime Clip bounds")),
+                        },
+                    }
+                };
+                let mut e = "v0".to_string();
+                if let Some(lo) = bound(1)? {
+                    e = format!("({e} < ({yt}){} ? ({yt}){} : {e})", flit(lo), flit(lo));
+                }
+                if let Some(hi) = bound(2)? {
+                    e = format!("({e} > ({yt}){} ? ({yt}){} : {e})", flit(hi), flit(hi));
+                }
+                e
+            }
+            Op::BatchNormalization { epsilon } => {
+                load(self, 0, input(node, 0)?, &mut body)?;
+                let get = |i: usize| -> Result<Vec<f32>> {
+                    let v = input(node, i)?;
+                    g.constant(v)
+                        .map(|t| t.to_f32_vec())
+                        .ok_or_else(|| unsupported(node, "runtime BatchNormalization parameters"))
+                };
+                let (sc, b, m, var) = (get(1)?, get(2)?, get(3)?, get(4)?);
+                if ys.len() < 2 || sc.len() != ys[1] {
+                    return Err(unsupported(node, "parameters do not match the channels"));
+                }
+                let mul: Vec<f32> = sc
+                    .iter()
+                    .zip(&var)
+                    .map(|(s, v)| s / (v + epsilon).sqrt())
+                    .collect();
+                let add: Vec<f32> = b
+                    .iter()
+                    .zip(&m)
+                    .zip(&mul)
+                    .map(|((b, m), k)| b - m * k)
+                    .collect();
+                let a1 = self.extra(f32_bytes(&mul));
+                let a2 = self.extra(f32_bytes(&add));
+                params.push((a1, "const float".into()));
+                params.push((a2, "const float".into()));
+                let k = params.len();
+                format!("(v0 * p{}[c1] + p{}[c1])", k - 2, k - 1)
+            }
+            Op::Elementwise(steps) => {
+                let present: Vec<ValueId> = node
+                    .inputs
+                    .iter()
+                    .map(|i| i.unwrap_or(usize::MAX))
+                    .collect();
+                for (k, &v) in present.iter().enumerate() {
+                    if v == usize::MAX {
+                        return Err(unsupported(node, "omitted chain input"));
+                    }
+                    load(self, k, v, &mut body)?;
+                }
+                body.push_str(" auto a0 = v0;");
+                let mut cur = 0;
+                for st in steps {
+                    let e = match *st {
+                        ChainStep::Unary(u) => unary_expr(u, &format!("a{cur}")),
+                        ChainStep::Binary {
+                            op,
+                            operand,
+                            acc_on_right,
+                        } => {
+                            if operand >= present.len() {
+                                return Err(unsupported(node, "chain operand out of range"));
+                            }
+                            let (a, b) = if acc_on_right {
+                                (format!("v{operand}"), format!("a{cur}"))
+                            } else {
+                                (format!("a{cur}"), format!("v{operand}"))
+                            };
+                            binary_expr(op, &a, &b)
+                        }
+                    };
+                    let _ = write!(body, " auto a{} = {e};", cur + 1);
+                    cur += 1;
+                }
+                format!("a{cur}")
+            }
+            _ => return Err(unsupported(node, "not elementwise")),
+        };
+        let _ = write!(body, " p0[i] = ({yt})({result});");
+        Ok(self.kernel(&params, n, &body))
+    }
+
+    fn softmax(&mut self, g: &Graph, node: &Node, axis: i64) -> Result<GenKernel> {
+        let x = input(node, 0)?;
+        let y = output(node, 0)?;
+        let s = shape_of(g, x)?.to_vec();
+        if g.values[x].dtype != DataType::F32 {
+            return Err(unsupported(node, "non-f32 input"));
+        }
+        let (outer, len, inner) = if s.is_empty() {
+            (1, 1, 1)
+        } else {
+            let a = norm_axis(axis, s.len(), node)?;
+            let outer: usize = s[..a].iter().product();
+            if g.opset != 0 && g.opset < 13 {
+                (outer, s[a..].iter().product(), 1)
+            } else {
+                (outer, s[a], s[a + 1..].iter().product::<usize>())
+            }
+        };
+        let body = format!(
+            "i64 o = i / {inner}LL, in_ = i % {inner}LL; const float* x = p0 + o*{len}LL*{inner}LL + in_; float* y = p1 + o*{len}LL*{inner}LL + in_;
+  float m = x[0]; for (i64 j = 1; j < {len}LL; ++j) m = fmaxf(m, x[j*{inner}LL]);
+  float s = 0.f; for (i64 j = 0; j < {len}LL; ++j) {{ float e = expf(x[j*{inner}LL] - m); y[j*{inner}LL] = e; s += e; }}
+  float r = 1.f / s; for (i64 j = 0; j < {len}LL; ++j) y[j*{inner}LL] *= r;"
+        );
+        Ok(self.kernel(
+            &[
+                (Arg::Val(x), "const float".into()),
+                (Arg::Val(y), "float".into()),
+            ],
+            outer * inner,
+            &body,
+        ))
+    }
+
+    fn reduce_mean(
+        &mut self,
+        g: &Graph,
+        node: &Node,
+        axes: Option<&[i64]>,
+        keepdims: bool,
+    ) -> Result<GenKernel> {
+        let x = input(node, 0)?;
+        let y = output(node, 0)?;
+        let xs = shape_of(g, x)?.to_vec();
+        if g.values[x].dtype != DataType::F32 {
+            return Err(unsupported(node, "non-f32 input"));
+        }
+        let axes: Vec<i64> = match axes {
+            Some(a) => a.to_vec(),
+            None => match node.input(1).and_then(|v| g.constant(v)) {
+                Some(t) => t.to_i64_vec()?,
+                None => (0..xs.len() as i64).collect(),
+            },
+        };
+        let axes: Vec<i64> = if axes.is_empty() {
+            (0..xs.len() as i64).collect()
+        } else {
+            axes
+        };
+        let mut red = vec![false; xs.len()];
+        for &a in &axes {
+            red[norm_axis(a, xs.len(), node)?] = true;
+        }
+        let _ = keepdims;
+        let kept: Vec<usize> = (0..xs.len()).filter(|&k| !red[k]).collect();
+        let rdims: Vec<usize> = (0..xs.len()).filter(|&k| red[k]).collect();
+        let kshape: Vec<usize> = kept.iter().map(|&k| xs[k]).collect();
+        let rshape: Vec<usize> = rdims.iter().map(|&k| xs[k]).collect();
+        let st = strides(&xs);
+        let n_out: usize = kshape.iter().product();
+        let n_red: usize = rshape.iter().product();
+        let mut body = decompose(&kshape, "c");
+        let base: Vec<String> = kept
+            .iter()
+            .enumerate()
+            .map(|(j, &k)| format!("c{j}*{}LL", st[k]))
+            .chain(std::iter::once("0".to_string()))
+            .collect();
+        let _ = write!(
+            body,
+            " i64 base = {}; float s = 0.f; for (i64 j = 0; j < {n_red}LL; ++j) {{ i64 q = j; i64 off = 0;",
+            base.join("+")
+        );
+        for (j, &k) in rdims.iter().enumerate().rev() {
+            let _ = write!(
+                body,
+                " off += (q % {}LL) * {}LL; q /= {}LL;",
+                rshape[j], st[k], rshape[j]
+            );
+        }
+        let _ = write!(
+            body,
+            " s += p0[base + off]; }} p1[i] = s / {}.f;",
+            n_red.max(1)
+        );
+        Ok(self.kernel(
+            &[
+                (Arg::Val(x), "const float".into()),
+                (Arg::Val(y), "float".into()),
+            ],
+            n_out,
+            &body,
+        ))
+    }
+
+    fn pool(&mut self, g: &Graph, node: &Node) -> Result<GenKernel> {
+        let (a, is_max) = match &node.op {
+            Op::MaxPool(a) => (a, true),
+            Op::AveragePool(a) => (a, false),
+            _ => return Err(unsupported(node, "not a pool")),
+        };
+        if node.outputs.len() > 1 {
+            return Err(unsupported(node, "MaxPool indices output"));
+        }
+        let x = input(node, 0)?;
+        let y = output(node, 0)?;
+        let xs = shape_of(g, x)?.to_vec();
+        let ys = shape_of(g, y)?.to_vec();
+        if xs.len() != 4 || a.kernel_shape.len() != 2 {
+            return Err(unsupported(node, "only 2-D pooling"));
+        }
+        let nhwc = a.layout == Layout::Nhwc;
+        let (h, w) = if nhwc { (xs[1], xs[2]) } else { (xs[2], xs[3]) };
+        let c = if nhwc { xs[3] } else { xs[1] };
+        let (kh, kw) = (a.kernel_shape[0], a.kernel_shape[1]);
+        let (sh, sw) = (
+            a.strides.first().copied().unwrap_or(1),
+            a.strides.get(1).copied().unwrap_or(1),
+        );
+        let (dh, dw) = (
+            a.dilations.first().copied().unwrap_or(1),
+            a.dilations.get(1).copied().unwrap_or(1),
+        );
+        let p = |k: usize| a.pads.get(k).copied().unwrap_or(0);
+        let (pt, pl, pb, pr) = (p(0), p(1), p(2), p(3));
+        let (cn, cc, cy, cx) = if nhwc { (0, 3, 1, 2) } else { (0, 1, 2, 3) };
+        let idx = if nhwc {
+            format!("((q{cn}*{h}LL + iy)*{w}LL + ix)*{c}LL + q{cc}")
+        } else {
+            format!("((q{cn}*{c}LL + q{cc})*{h}LL + iy)*{w}LL + ix")
+        };
+        let mut body = decompose(&ys, "q");
+        let _ = write!(
+            body,
+            " float acc = {}; int cnt = 0, cntp = 0;
+  for (int ky = 0; ky < {kh}; ++ky) {{ i64 iy = q{cy}*{sh}LL - {pt}LL + ky*{dh}LL;
+    for (int kx = 0; kx < {kw}; ++kx) {{ i64 ix = q{cx}*{sw}LL - {pl}LL + kx*{dw}LL;
+      if (iy >= -{pt}LL && iy < {h}LL + {pb}LL && ix >= -{pl}LL && ix < {w}LL + {pr}LL) ++cntp;
+      if (iy < 0 || iy >= {h}LL || ix < 0 || ix >= {w}LL) continue;
+      float v = p0[{idx}]; {} ++cnt; }} }}",
+            if is_max { "-3.402823466e38f" } else { "0.f" },
+            if is_max {
+                "acc = fmaxf(acc, v);"
+            } else {
+                "acc += v;"
+            }
+        );
+        if is_max {
+            body.push_str(" p1[i] = acc;");
+        } else if a.count_include_pad {
+            body.push_str(" p1[i] = cntp > 0 ? acc / (float)cntp : 0.f;");
+        } else {
+            body.push_str(" p1[i] = cnt > 0 ? acc / (float)cnt : 0.f;");
+        }
+        Ok(self.kernel(
+            &[
+                (Arg::Val(x), "const float".into()),
+                (Arg::Val(y), "float".into()),
+            ],
+            ys.iter().product(),
+            &body,
+        ))
+    }
+
+    fn global_pool(&mut self, g: &Graph, node: &Node, layout: Layout) -> Result<GenKernel> {
+        let x = input(node, 0)?;
+        let y = output(node, 0)?;
+        let xs = shape_of(g, x)?.to_vec();
+        if xs.len() < 3 {
+            return Err(unsupported(node, "rank below 3"));
+        }
+        let is_max = matches!(node.op, Op::GlobalMaxPool { .. });
+        let nhwc = layout == Layout::Nhwc;
+        let (n, c) = if nhwc {
+            (xs[0], xs[xs.len() - 1])
+        } else {
+            (xs[0], xs[1])
+        };
+        let hw: usize = xs.iter().product::<usize>() / (n * c).max(1);
+        let (base, step) = if nhwc {
+            (
+                format!("(i / {c}LL) * {hw}LL * {c}LL + i % {c}LL"),
+                format!("{c}LL"),
+            )
+        } else {
+            (format!("i * {hw}LL"), "1LL".to_string())
+        };
+        let body = format!(
+            "const float* x = p0 + {base}; float acc = {}; for (i64 j = 0; j < {hw}LL; ++j) {{ float v = x[j*{step}]; {} }} p1[i] = {};",
+            if is_max { "-3.402823466e38f" } else { "0.f" },
+            if is_max { "acc = fmaxf(acc, v);" } else { "acc += v;" },
+            if is_max { "acc".to_string() } else { format!("acc / {}.f", hw.max(1)) }
+        );
+        Ok(self.kernel(
+            &[
+                (Arg::Val(x), "const float".into()),
+                (Arg::Val(y), "float".into()),
+            ],
+            n * c,
+            &body,
+        ))
+    }
+
+    fn resize(&mut self, g: &Graph, node: &Node) -> Result<GenKernel> {
+        let Op::Resize(a) = &node.op else {
+            return Err(unsupported(node, "not a resize"));
+        };
+        let x = input(node, 0)?;
+        let y = output(node, 0)?;
+        let xs = shape_of(g, x)?.to_vec();
+        let os = shape_of(g, y)?.to_vec();
+        if xs.len() != 4 || os.len() != 4 {
+            return Err(unsupported(node, "only 4-D inputs"));
+        }
+        let pos = if a.layout == Layout::Nhwc {
+            [0, 3, 1, 2]
+        } else {
+            [0, 1, 2, 3]
+        };
+        let (n, c, h, w) = (xs[pos[0]], xs[pos[1]], xs[pos[2]], xs[pos[3]]);
+        let (on, oc, oh, ow) = (os[pos[0]], os[pos[1]], os[pos[2]], os[pos[3]]);
+        if on != n || oc != c || h == 0 || w == 0 {
+            return Err(unsupported(node, "resizing batch or channels"));
+        }
+        let scales: Vec<f32> = g
+            .const_input(node, 2)
+            .map(|t| t.to_f32_vec())
+            .unwrap_or_default();
+        let pick = |inp: usize, out: usize, cands: &[usize]| -> f32 {
+            for &i in cands {
+                if let Some(&s) = scales.get(i) {
+                    if s > 0.0 && ((inp as f32 * s).floor() as usize == out) {
+                        return s;
+                    }
+                }
+            }
+            out as f32 / inp as f32
+        };
+        let ty = taps(a, pick(h, oh, &[2, pos[2]]), h, oh);
+        let tx = taps(a, pick(w, ow, &[3, pos[3]]), w, ow);
+        let table = |t: &[Tap]| -> Vec<u8> {
+            let mut b = Vec::with_capacity(t.len() * 16);
+            for tap in t {
+                b.extend_from_slice(&(tap.i0 as i32).to_le_bytes());
+                b.extend_from_slice(&(tap.i1 as i32).to_le_bytes());
+                b.extend_from_slice(&tap.w0.to_le_bytes());
+                b.extend_from_slice(&tap.w1.to_le_bytes());
+            }
+            b
+        };
+        let ay = self.extra(table(&ty));
+        let ax = self.extra(table(&tx));
+        let nearest = a.mode == ResizeMode::Nearest;
+        let (cn, cc, cy, cx) = (pos[0], pos[1], pos[2], pos[3]);
+        let at = |yy: &str, xx: &str| -> String {
+            if a.layout == Layout::Nhwc {
+                format!("p0[((q{cn}*{h}LL + {yy})*{w}LL + {xx})*{c}LL + q{cc}]")
+            } else {
+                format!("p0[((q{cn}*{c}LL + q{cc})*{h}LL + {yy})*{w}LL + {xx}]")
+            }
+        };
+        let mut body = decompose(&os, "q");
+        let _ = write!(
+            body,
+            " const int* ty = (const int*)p2 + 4*q{cy}; const int* tx = (const int*)p3 + 4*q{cx};
+  int y0 = ty[0], y1 = ty[1], x0 = tx[0], x1 = tx[1];
+  float wy0 = __int_as_float(ty[2]), wy1 = __int_as_float(ty[3]), wx0 = __int_as_float(tx[2]), wx1 = __int_as_float(tx[3]);"
+        );
+        if nearest {
+            let _ = write!(
+                body,
+                " (void)y1; (void)x1; (void)wy0; (void)wy1; (void)wx0; (void)wx1; p1[i] = {};",
+                at("y0", "x0")
+            );
+        } else {
+            let _ = write!(
+                body,
+                " p1[i] = wy0 * (wx0 * {} + wx1 * {}) + wy1 * (wx0 * {} + wx1 * {});",
+                at("y0", "x0"),
+                at("y0", "x1"),
+                at("y1", "x0"),
+                at("y1", "x1")
+            );
+        }
+        Ok(self.kernel(
+            &[
+                (Arg::Val(x), "const float".into()),
+                (Arg::Val(y), "float".into()),
+                (ay, "const float".into()),
+                (ax, "const float".into()),
+            ],
+            os.iter().product(),
+            &body,
+        ))
+    }
+
+    fn concat(&mut self, g: &Graph, node: &Node, axis: i64) -> Result<GenKernel> {
+        let y = output(node, 0)?;
+        let ys = shape_of(g, y)?.to_vec();
+        let a = norm_axis(axis, ys.len(), node)?;
+        let t = ctype(g.values[y].dtype);
+        let mut params = vec![(Arg::Val(y), t.to_string())];
+        let mut body = decompose(&ys, "c");
+        let mut start = 0usize;
+        for v in node.present_inputs() {
+            let s = shape_of(g, v)?.to_vec();
+            if s.len() != ys.len() {
+                return Err(unsupported(node, "inputs of different rank"));
+            }
+            let len = s[a];
+            if len == 0 {
+                continue;
+            }
+            params.push((Arg::Val(v), format!("const {t}")));
+            let k = params.len() - 1;
+            let st = strides(&s);
+            let off: Vec<String> = (0..s.len())
+                .map(|d| {
+                    if d == a {
+                        format!("(c{d}-{start}LL)*{}LL", st[d])
+                    } else {
+                        format!("c{d}*{}LL", st[d])
+                    }
+                })
+                .collect();
+            let _ = write!(
+                body,
+                " if (c{a} < {}LL) {{ p0[i] = p{k}[{}]; return; }}",
+                start + len,
+                off.join("+")
+            );
+            start += len;
+        }
+        Ok(self.kernel(&params, ys.iter().product(), &body))
+    }
+
+    fn split(&mut self, g: &Graph, node: &Node, axis: i64) -> Result<GenKernel> {
+        let x = input(node, 0)?;
+        let xs = shape_of(g, x)?.to_vec();
+        let a = norm_axis(axis, xs.len(), node)?;
+        let t = ctype(g.values[x].dtype);
+        let mut params = vec![(Arg::Val(x), format!("const {t}"))];
+        let mut body = decompose(&xs, "c");
+        let mut start = 0usize;
+        for &o in &node.outputs {
+            let s = shape_of(g, o)?.to_vec();
+            let len = s.get(a).copied().unwrap_or(0);
+            if len == 0 {
+                continue;
+            }
+            params.push((Arg::Val(o), t.to_string()));
+            let k = params.len() - 1;
+            let st = strides(&s);
+            let off: Vec<String> = (0..s.len())
+                .map(|d| {
+                    if d == a {
+                        format!("(c{d}-{start}LL)*{}LL", st[d])
+                    } else {
+                        format!("c{d}*{}LL", st[d])
+                    }
+                })
+                .collect();
+            let _ = write!(
+                body,
+                " if (c{a} < {}LL) {{ p{k}[{}] = p0[i]; return; }}",
+                start + len,
+                off.join("+")
+            );
+            start += len;
+        }
+        Ok(self.kernel(&params, xs.iter().product(), &body))
+    }
+
+    fn slice(&mut self, g: &Graph, node: &Node) -> Result<GenKernel> {
+        let x = input(node, 0)?;
+        let y = output(node, 0)?;
+        let xs = shape_of(g, x)?.to_vec();
+        let ys = shape_of(g, y)?.to_vec();
+        let get = |i: usize| -> Result<Option<Vec<i64>>> {
+            match node.input(i) {
+                None => Ok(None),
+                Some(v) => g
+                    .constant(v)
+                    .map(|t| t.to_i64_vec().map(Some))
+                    .unwrap_or_else(|| Err(unsupported(node, "runtime slice bounds"))),
+            }
+        };
+        let starts = get(1)?.unwrap_or_default();
+        let axes: Vec<i64> = get(3)?.unwrap_or_else(|| (0..starts.len() as i64).collect());
+        let steps: Vec<i64> = get(4)?.unwrap_or_else(|| vec![1; starts.len()]);
+        let mut begin = vec![0i64; xs.len()];
+        let mut step = vec![1i64; xs.len()];
+        for (j, &ax) in axes.iter().enumerate() {
+            let a = norm_axis(ax, xs.len(), node)?;
+            let d = xs[a] as i64;
+            let st = steps.get(j).copied().unwrap_or(1);
+            if st == 0 {
+                return Err(unsupported(node, "zero step"));
+            }
+            let mut s = starts.get(j).copied().unwrap_or(0);
+            if s < 0 {
+                s += d;
+            }
+            s = if st > 0 {
+                s.clamp(0, d)
+            } else {
+                s.clamp(0, d - 1)
+            };
+            begin[a] = s;
+            step[a] = st;
+        }
+        let t = ctype(g.values[x].dtype);
+        let st = strides(&xs);
+        let off: Vec<String> = (0..xs.len())
+            .map(|d| format!("({}LL + c{d}*{}LL)*{}LL", begin[d], step[d], st[d]))
+            .chain(std::iter::once("0".into()))
+            .collect();
+        let body = format!("{} p1[i] = p0[{}];", decompose(&ys, "c"), off.join("+"));
+        Ok(self.kernel(
+            &[
+                (Arg::Val(x), format!("const {t}")),
+                (Arg::Val(y), t.to_string()),
+            ],
+            ys.iter().product(),
+            &body,
+        ))
+    }
+
+    fn transpose(&mut self, g: &Graph, node: &Node, perm: &[usize]) -> Result<GenKernel> {
+        let x = input(node, 0)?;
+        let y = output(node, 0)?;
+        let xs = shape_of(g, x)?.to_vec();
+        let ys = shape_of(g, y)?.to_vec();
+        let perm: Vec<usize> = if perm.is_empty() {
+            (0..xs.len()).rev().collect()
+        } else {
+            perm.to_vec()
+        };
+        if perm.len() != xs.len() || perm.iter().any(|&p| p >= xs.len()) {
+            return Err(unsupported(node, "bad permutation"));
+        }
+        let st = strides(&xs);
+        let off: Vec<String> = perm
+            .iter()
+            .enumerate()
+            .map(|(k, &p)| format!("c{k}*{}LL", st[p]))
+            .chain(std::iter::once("0".into()))
+            .collect();
+        let t = ctype(g.values[x].dtype);
+        let body = format!("{} p1[i] = p0[{}];", decompose(&ys, "c"), off.join("+"));
+        Ok(self.kernel(
+            &[
+                (Arg::Val(x), format!("const {t}")),
+                (Arg::Val(y), t.to_string()),
+            ],
+            ys.iter().product(),
+            &body,
+        ))
+    }
+
+    fn expand(&mut self, g: &Graph, node: &Node) -> Result<GenKernel> {
+        let x = input(node, 0)?;
+        let y = output(node, 0)?;
+        let xs = shape_of(g, x)?.to_vec();
+        let ys = shape_of(g, y)?.to_vec();
+        if xs.len() > ys.len() {
+            return Err(unsupported(node, "input rank above output rank"));
+        }
+        let t = ctype(g.values[x].dtype);
+        let body = format!(
+            "{} p1[i] = p0[{}];",
+            decompose(&ys, "c"),
+            bcast_off(&xs, &ys, "c")
+        );
+        Ok(self.kernel(
+            &[
+                (Arg::Val(x), format!("const {t}")),
+                (Arg::Val(y), t.to_string()),
+            ],
+            ys.iter().product(),
+            &body,
+        ))
+    }
+
+    fn gather(&mut self, g: &Graph, node: &Node, axis: i64) -> Result<GenKernel> {
+        let x = input(node, 0)?;
+        let idx = input(node, 1)?;
+        let y = output(node, 0)?;
+        let xs = shape_of(g, x)?.to_vec();
+        let is = shape_of(g, idx)?.to_vec();
+        let ys = shape_of(g, y)?.to_vec();
+        let a = norm_axis(axis, xs.len(), node)?;
+        let it = match g.values[idx].dtype {
+            DataType::I64 => "const i64",
+            DataType::I32 => "const int",
+            _ => return Err(unsupported(node, "indices must be int32 or int64")),
+        };
+        let t = ctype(g.values[x].dtype);
+        let st = strides(&xs);
+        let ist = strides(&is);
+        let ni = is.len();
+        // Output coords: x[..a], idx[..], x[a+1..].
+        let iof: Vec<String> = (0..ni)
+            .map(|k| format!("c{}*{}LL", a + k, ist[k]))
+            .chain(std::iter::once("0".into()))
+            .collect();
+        let mut xof: Vec<String> = (0..a).map(|k| format!("c{k}*{}LL", st[k])).collect();
+        xof.push(format!("j*{}LL", st[a]));
+        for (k, s) in st.iter().enumerate().skip(a + 1) {
+            xof.push(format!("c{}*{}LL", k - 1 + ni, s));
+        }
+        let body = format!(
+            "{} i64 j = (i64)p1[{}]; if (j < 0) j += {}LL; if (j < 0 || j >= {}LL) {{ p2[i] = 0; return; }} p2[i] = p0[{}];",
+            decompose(&ys, "c"),
+            iof.join("+"),
+            xs[a],
+            xs[a],
+            xof.join("+")
+        );
+        Ok(self.kernel(
+            &[
+                (Arg::Val(x), format!("const {t}")),
+                (Arg::Val(idx), it.into()),
+                (Arg::Val(y), t.to_string()),
+            ],
+            ys.iter().product(),
+            &body,
+        ))
+    }
+
+    fn pad(&mut self, g: &Graph, node: &Node, mode: PadMode) -> Result<GenKernel> {
+        let x = input(node, 0)?;
+        let y = output(node, 0)?;
+        let xs = shape_of(g, x)?.to_vec();
+        let ys = shape_of(g, y)?.to_vec();
+        let r = xs.len();
+        let pads = g
+            .const_input(node, 1)
+            .ok_or_else(|| unsupported(node, "runtime pads"))?
+            .to_i64_vec()?;
+        let value = g
+            .const_input(node, 2)
+            .and_then(|t| t.to_f32_vec().first().copied())
+            .unwrap_or(0.0);
+        let axes: Vec<usize> = match g.const_input(node, 3) {
+            Some(t) => t
+                .to_i64_vec()?
+                .iter()
+                .map(|&a| norm_axis(a, r, node))
+                .collect::<Result<_>>()?,
+            None => (0..r).collect(),
+        };
+        if pads.len() != 2 * axes.len() {
+            return Err(unsupported(node, "pads do not match the axes"));
+        }
+        let mut begin = vec![0i64; r];
+        for (j, &a) in axes.iter().enumerate() {
+            begin[a] = pads[j];
+        }
+        let t = ctype(g.values[x].dtype);
+        let st = strides(&xs);
+        let mut body = decompose(&ys, "c");
+        body.push_str(" i64 off = 0; bool out = false;");
+        for d in 0..r {
+            let n = xs[d] as i64;
+            let _ = write!(body, " {{ i64 s = c{d} - {}LL;", begin[d]);
+            match mode {
+                PadMode::Constant => {
+                    let _ = write!(body, " if (s < 0 || s >= {n}LL) out = true;");
+                }
+                PadMode::Edge => {
+                    let _ = write!(body, " s = s < 0 ? 0 : (s >= {n}LL ? {n}LL - 1 : s);");
+                }
+                PadMode::Reflect => {
+                    let _ = write!(
+                        body,
+                        " if ({n}LL > 1) {{ i64 p = 2*({n}LL-1); s = s % p; if (s < 0) s += p; if (s >= {n}LL) s = p - s; }} else s = 0;"
+                    );
+                }
+            }
+            let _ = write!(body, " off += s*{}LL; }}", st[d]);
+        }
+        let _ = write!(body, " p1[i] = out ? ({t})({}) : p0[off];", flit(value));
+        Ok(self.kernel(
+            &[
+                (Arg::Val(x), format!("const {t}")),
+                (Arg::Val(y), t.to_string()),
+            ],
+            ys.iter().product(),
+            &body,
+        ))
+    }
+}

@@ -1,0 +1,239 @@
+//! cuDNN and cuBLAS handles and descriptors as RAII wrappers, and the per-shape convolution
+//! algorithm cache.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
+use cudarc::cublas::{result as blas, sys as blas_sys};
+use cudarc::cudnn::{result as dnn, sys as dnn_sys};
+
+use crate::error::{Error, Result};
+
+/// Maps a cuDNN error.
+pub fn dnn_err(what: &str) -> impl Fn(dnn::CudnnError) -> Error + '_ {
+    move |e| Error::Unsupported(format!("cuDNN {what} failed: {e:?}"))
+}
+
+/// Maps a cuBLAS error.
+pub fn blas_err(what: &str) -> impl Fn(blas::CublasError) -> Error + '_ {
+    move |e| Error::Unsupported(format!("cuBLAS {what} failed: {e:?}"))
+}
+
+/// A cuDNN handle bound to one stream.
+pub struct DnnHandle(pub dnn_sys::cudnnHandle_t);
+// SAFETY: the handle is used by one context (one thread at a time, `&mut` access).
+unsafe impl Send for DnnHandle {}
+
+impl DnnHandle {
+    /// Creates a handle issuing work on `stream`.
+    pub fn new(stream: cudarc::driver::sys::CUstream) -> Result<Self> {
+        let h = dnn::create_handle().map_err(dnn_err("handle creation"))?;
+        // SAFETY: fresh handle, live stream.
+        unsafe { dnn::set_stream(h, stream as *mut _) }.map_err(dnn_err("set stream"))?;
+        Ok(DnnHandle(h))
+    }
+}
+
+impl Drop for DnnHandle {
+    fn drop(&mut self) {
+        // SAFETY: created by create_handle, destroyed once.
+        let _ = unsafe { dnn::destroy_handle(self.0) };
+    }
+}
+
+/// A cuBLAS handle bound to one stream, with a caller-provided workspace.
+pub struct BlasHandle(pub blas_sys::cublasHandle_t);
+// SAFETY: as for DnnHandle.
+unsafe impl Send for BlasHandle {}
+
+impl BlasHandle {
+    /// Creates a handle on `stream` using `ws` (device bytes) as its workspace.
+    pub fn new(stream: cudarc::driver::sys::CUstream, ws: u64, ws_bytes: usize) -> Result<Self> {
+        let h = blas::create_handle().map_err(blas_err("handle creation"))?;
+        // SAFETY: fresh handle, live stream and workspace owned by the caller's arena.
+        unsafe {
+            blas::set_stream(h, stream as *mut _).map_err(blas_err("set stream"))?;
+            blas_sys::cublasSetWorkspace_v2(h, ws as *mut _, ws_bytes)
+                .result()
+                .map_err(blas_err("set workspace"))?;
+        }
+        Ok(BlasHandle(h))
+    }
+}
+
+impl Drop for BlasHandle {
+    fn drop(&mut self) {
+        // SAFETY: created by create_handle, destroyed once.
+        let _ = unsafe { blas::destroy_handle(self.0) };
+    }
+}
+
+/// The immutable cuDNN descriptors of one convolution (shared by all contexts).
+pub struct ConvDescs {
+    pub x: dnn_sys::cudnnTensorDescriptor_t,
+    pub y: dnn_sys::cudnnTensorDescriptor_t,
+    pub bias: dnn_sys::cudnnTensorDescriptor_t,
+    pub w: dnn_sys::cudnnFilterDescriptor_t,
+    pub conv: dnn_sys::cudnnConvolutionDescriptor_t,
+    pub act: dnn_sys::cudnnActivationDescriptor_t,
+}
+// SAFETY: descriptors are written once at compile time and only read afterwards.
+unsafe impl Send for ConvDescs {}
+// SAFETY: as above.
+unsafe impl Sync for ConvDescs {}
+
+/// Convolution geometry in cuDNN's terms (logical NCHW dims, symmetric pads).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ConvGeom {
+    pub nhwc: bool,
+    pub x: [i32; 4],
+    pub w: [i32; 4],
+    pub y: [i32; 4],
+    pub pad: [i32; 2],
+    pub stride: [i32; 2],
+    pub dilation: [i32; 2],
+    pub group: i32,
+}
+
+impl ConvDescs {
+    /// Builds the descriptors for `geom` (fp32 data, FMA math so results match the CPU).
+    pub fn new(geom: &ConvGeom) -> Result<Self> {
+        let fmt = if geom.nhwc {
+            dnn_sys::cudnnTensorFormat_t::CUDNN_TENSOR_NHWC
+        } else {
+            dnn_sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW
+        };
+        let f32t = dnn_sys::cudnnDataType_t::CUDNN_DATA_FLOAT;
+        let d = ConvDescs {
+            x: dnn::create_tensor_descriptor().map_err(dnn_err("descriptor"))?,
+            y: dnn::create_tensor_descriptor().map_err(dnn_err("descriptor"))?,
+            bias: dnn::create_tensor_descriptor().map_err(dnn_err("descriptor"))?,
+            w: dnn::create_filter_descriptor().map_err(dnn_err("descriptor"))?,
+            conv: dnn::create_convolution_descriptor().map_err(dnn_err("descriptor"))?,
+            act: dnn::create_activation_descriptor().map_err(dnn_err("descriptor"))?,
+        };
+        // SAFETY: freshly created descriptors.
+        unsafe {
+            dnn::set_tensor4d_descriptor(d.x, fmt, f32t, geom.x).map_err(dnn_err("x desc"))?;
+            dnn::set_tensor4d_descriptor(d.y, fmt, f32t, geom.y).map_err(dnn_err("y desc"))?;
+            dnn::set_tensor4d_descriptor(
+                d.bias,
+                dnn_sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW,
+                f32t,
+                [1, geom.y[1], 1, 1],
+            )
+            .map_err(dnn_err("bias desc"))?;
+            dnn::set_filter4d_descriptor(d.w, f32t, fmt, geom.w).map_err(dnn_err("w desc"))?;
+            dnn::set_convolution2d_descriptor(
+                d.conv,
+                geom.pad[0],
+                geom.pad[1],
+                geom.stride[0],
+                geom.stride[1],
+                geom.dilation[0],
+                geom.dilation[1],
+                dnn_sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
+                f32t,
+            )
+            .map_err(dnn_err("conv desc"))?;
+            dnn::set_convolution_group_count(d.conv, geom.group).map_err(dnn_err("groups"))?;
+            dnn::set_convolution_math_type(d.conv, dnn_sys::cudnnMathType_t::CUDNN_FMA_MATH)
+                .map_err(dnn_err("math type"))?;
+            dnn::set_activation_descriptor(
+                d.act,
+                dnn_sys::cudnnActivationMode_t::CUDNN_ACTIVATION_RELU,
+                dnn_sys::cudnnNanPropagation_t::CUDNN_NOT_PROPAGATE_NAN,
+                0.0,
+            )
+            .map_err(dnn_err("activation desc"))?;
+        }
+        Ok(d)
+    }
+}
+
+impl Drop for ConvDescs {
+    fn drop(&mut self) {
+        // SAFETY: each descriptor was created in `new` and is destroyed once.
+        unsafe {
+            let _ = dnn::destroy_tensor_descriptor(self.x);
+            let _ = dnn::destroy_tensor_descriptor(self.y);
+            let _ = dnn::destroy_tensor_descriptor(self.bias);
+            let _ = dnn::destroy_filter_descriptor(self.w);
+            let _ = dnn::destroy_convolution_descriptor(self.conv);
+            let _ = dnn_sys::cudnnDestroyActivationDescriptor(self.act);
+        }
+    }
+}
+
+/// A chosen algorithm and its workspace size.
+#[derive(Clone, Copy, Debug)]
+pub struct AlgoChoice {
+    pub algo: dnn_sys::cudnnConvolutionFwdAlgo_t,
+    pub workspace: usize,
+}
+
+fn cache() -> &'static Mutex<HashMap<ConvGeom, AlgoChoice>> {
+    static C: OnceLock<Mutex<HashMap<ConvGeom, AlgoChoice>>> = OnceLock::new();
+    C.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Number of convolution shapes whose algorithm has been chosen (benchmarked) in this process.
+pub fn algo_cache_len() -> usize {
+    cache().lock().map(|c| c.len()).unwrap_or(0)
+}
+
+/// Picks (once per shape, process-wide) the fastest algorithm by running the candidates on
+/// the given buffers (cudnnFindConvolutionForwardAlgorithmEx).
+#[allow(clippy::too_many_arguments)]
+pub fn choose_algo(
+    h: &DnnHandle,
+    geom: &ConvGeom,
+    d: &ConvDescs,
+    x: u64,
+    w: u64,
+    y: u64,
+    ws: u64,
+    ws_limit: usize,
+) -> Result<AlgoChoice> {
+    if let Some(c) = cache().lock().ok().and_then(|c| c.get(geom).copied()) {
+        return Ok(c);
+    }
+    const N: usize = 8;
+    let mut count = 0i32;
+    // SAFETY: zeroed plain-old-data result structs.
+    let mut perf: [dnn_sys::cudnnConvolutionFwdAlgoPerf_t; N] = unsafe { std::mem::zeroed() };
+    // SAFETY: descriptors and buffers are valid and sized for this convolution.
+    unsafe {
+        dnn_sys::cudnnFindConvolutionForwardAlgorithmEx(
+            h.0,
+            d.x,
+            x as *const _,
+            d.w,
+            w as *const _,
+            d.conv,
+            d.y,
+            y as *mut _,
+            N as i32,
+            &mut count,
+            perf.as_mut_ptr(),
+            ws as *mut _,
+            ws_limit,
+        )
+        .result()
+        .map_err(dnn_err("algorithm search"))?;
+    }
+    let best = perf[..count.max(0) as usize]
+        .iter()
+        .find(|p| p.status == dnn_sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS && p.memory <= ws_limit)
+        .ok_or_else(|| {
+            Error::Unsupported(format!("cuDNN has no algorithm for convolution {geom:?}"))
+        })?;
+    let c = AlgoChoice {
+        algo: best.algo,
+        workspace: best.memory,
+    };
+    if let Ok(mut m) = cache().lock() {
+        m.insert(geom.clone(), c);
+    }
+    Ok(c)
+}

@@ -1,0 +1,918 @@
+//! Compiles a graph for one CUDA device (weights uploaded once, kernels generated and compiled
+//! once, convolution algorithms chosen once per shape) and runs it in contexts that each own a
+//! stream, one planned activation arena, pinned staging buffers and a captured CUDA graph.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cudarc::cublas::{result as blas, sys as blas_sys};
+use cudarc::cudnn::result as dnn;
+use cudarc::driver::{result as drv, sys, CudaContext, CudaGraph, CudaStream};
+
+use super::codegen::{Arg, Gen, GenKernel};
+use super::device::{alloc_arena, drv_err, DeviceBuffer, Function, Module, PinnedBuffer};
+use super::dnn::{
+    blas_err, choose_algo, dnn_err, AlgoChoice, BlasHandle, ConvDescs, ConvGeom, DnnHandle,
+};
+use crate::backend::{BackendContext, Executable};
+use crate::error::{Error, Result};
+use crate::ir::{Activation, Graph, Layout, Node, Op, Tensor, ValueId};
+use crate::plan::{self, MemoryPlan, ALIGNMENT};
+
+/// Bytes of the arena's tail reserved for cuBLAS's workspace.
+const BLAS_WS: usize = 32 << 20;
+/// Largest cuDNN workspace an algorithm may use.
+const DNN_WS_LIMIT: usize = 256 << 20;
+const BLOCK: u32 = 256;
+
+struct ConvStep {
+    node: usize,
+    x: Arg,
+    y: ValueId,
+    w: DeviceBuffer,
+    bias: Option<Arg>,
+    fused_relu: bool,
+    descs: ConvDescs,
+    algo: AlgoChoice,
+    /// Byte offset of the workspace inside the node's scratch slot.
+    ws_offset: usize,
+}
+
+struct GemmStep {
+    a: Arg,
+    b: Arg,
+    y: ValueId,
+    ta: bool,
+    tb: bool,
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    batch: usize,
+    stride: [i64; 3],
+}
+
+enum Step {
+    Launch {
+        node: usize,
+        f: usize,
+        threads: usize,
+        args: Vec<Arg>,
+    },
+    Conv(Box<ConvStep>),
+    Gemm(GemmStep),
+    Copy {
+        dst: ValueId,
+        src: Arg,
+        bytes: usize,
+    },
+}
+
+/// A graph compiled for one CUDA device. Shared (weights included) by all its contexts.
+pub struct CudaExecutable {
+    ctx: Arc<CudaContext>,
+    graph: Arc<Graph>,
+    plan: MemoryPlan,
+    _module: Module,
+    functions: Vec<Function>,
+    consts: HashMap<ValueId, DeviceBuffer>,
+    extras: Vec<DeviceBuffer>,
+    steps: Vec<Step>,
+}
+
+fn value_bytes(g: &Graph, v: ValueId) -> Result<usize> {
+    Ok(g.shape(v)?.iter().product::<usize>() * g.values[v].dtype.size())
+}
+
+fn unsupported(node: &Node, why: &str) -> Error {
+    Error::Unsupported(format!(
+        "CUDA backend: {} '{}': {why}",
+        node.op.name(),
+        node.name
+    ))
+}
+
+fn alit(n: usize) -> usize {
+    n.div_ceil(ALIGNMENT) * ALIGNMENT
+}
+
+/// Permutes OIHW conv weights to OHWI (cuDNN's NHWC filter layout).
+fn ohwi(w: &[f32], s: &[usize]) -> Vec<f32> {
+    let (o, i, h, ww) = (s[0], s[1], s[2], s[3]);
+    let mut out = vec![0f32; w.len()];
+    for a in 0..o {
+        for b in 0..i {
+            for c in 0..h {
+                for d in 0..ww {
+                    out[((a * h + c) * ww + d) * i + b] = w[((a * i + b) * h + c) * ww + d];
+                }
+            }
+        }
+    }
+    out
+}
+
+struct Builder<'a> {
+    ctx: &'a Arc<CudaContext>,
+    g: &'a Graph,
+    gen: Gen,
+    kernels: Vec<GenKernel>,
+    steps: Vec<Step>,
+    scratch: Vec<usize>,
+    consts: HashMap<ValueId, DeviceBuffer>,
+    dnn: DnnHandle,
+    tmp: Option<DeviceBuffer>,
+}
+
+impl Builder<'_> {
+    fn launch(&mut self, node: usize, k: GenKernel) {
+        self.steps.push(Step::Launch {
+            node,
+            f: self.kernels.len(),
+            threads: k.threads,
+            args: k.args.clone(),
+        });
+        self.kernels.push(k);
+    }
+
+    fn const_ptr(&self, v: ValueId) -> Option<u64> {
+        self.consts.get(&v).map(|b| b.ptr())
+    }
+
+    /// A scratch device buffer of at least `n` bytes for algorithm search (compile time only).
+    fn tmp(&mut self, n: usize) -> Result<u64> {
+        if self.tmp.as_ref().is_none_or(|t| t.len() < n) {
+            self.tmp = None;
+            self.tmp = Some(DeviceBuffer::alloc(self.ctx, n)?);
+        }
+        self.tmp
+            .as_ref()
+            .map(|t| t.ptr())
+            .ok_or_else(|| Error::Unsupported("temporary buffer missing".into()))
+    }
+
+    fn node(&mut self, idx: usize, node: &Node) -> Result<()> {
+        let g = self.g;
+        match &node.op {
+            Op::Conv(_) => self.conv(idx, node),
+            Op::Gemm { .. } | Op::MatMul => self.gemm(idx, node),
+            Op::Reshape { .. }
+            | Op::Flatten { .. }
+            | Op::Squeeze { .. }
+            | Op::Unsqueeze { .. }
+            | Op::Identity => {
+                let x = node
+                    .input(0)
+                    .ok_or_else(|| unsupported(node, "missing input"))?;
+                let y = node.outputs[0];
+                let bytes = value_bytes(g, y)?;
+                self.steps.push(Step::Copy {
+                    dst: y,
+                    src: Arg::Val(x),
+                    bytes,
+                });
+                Ok(())
+            }
+            Op::Shape { .. } | Op::ConstantOfShape { .. } | Op::Range => self.host_eval(idx, node),
+            _ if node.present_inputs().all(|v| g.constant(v).is_some())
+                && !node.inputs.is_empty() =>
+            {
+                self.host_eval(idx, node)
+            }
+            Op::ConvTranspose(_) | Op::ScatterND => {
+                Err(unsupported(node, "no CUDA kernel for this op yet"))
+            }
+            _ => {
+                let ks = self.gen.node(g, node)?;
+                for k in ks {
+                    self.launch(idx, k);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Nodes whose outputs depend only on constants and static shapes: computed once here (this
+    /// is constant folding, not a CPU fallback: nothing runs on the CPU per inference).
+    fn host_eval(&mut self, _idx: usize, node: &Node) -> Result<()> {
+        let g = self.g;
+        let outs: Vec<Tensor> = match &node.op {
+            Op::Shape { .. } | Op::ConstantOfShape { .. } => {
+                let mut tmp = g.clone();
+                for v in tmp.values.iter_mut() {
+                    if v.constant.is_none() {
+                        if let Some(s) = &v.shape {
+                            v.constant = Some(Arc::new(Tensor::zeros(v.dtype, s.clone())));
+                        }
+                    }
+                }
+                crate::backend::cpu::eval_node(&tmp, node)?
+            }
+            _ => crate::backend::cpu::eval_node(g, node)?,
+        };
+        for (&o, t) in node.outputs.iter().zip(outs) {
+            let a = self.gen.extra(t.as_bytes().to_vec());
+            self.steps.push(Step::Copy {
+                dst: o,
+                src: a,
+                bytes: t.as_bytes().len(),
+            });
+        }
+        Ok(())
+    }
+
+    fn conv(&mut self, idx: usize, node: &Node) -> Result<()> {
+        let g = self.g;
+        let Op::Conv(a) = &node.op else {
+            return Err(unsupported(node, "not a conv"));
+        };
+        let x = node.input(0).ok_or_else(|| unsupported(node, "no input"))?;
+        let wv = node
+            .input(1)
+            .ok_or_else(|| unsupported(node, "no weights"))?;
+        let y = node.outputs[0];
+        let wt = g
+            .constant(wv)
+            .ok_or_else(|| unsupported(node, "runtime weights"))?;
+        let xs = g.shape(x)?.to_vec();
+        let ys = g.shape(y)?.to_vec();
+        let ws = wt.shape.clone();
+        let nhwc = a.layout == Layout::Nhwc;
+        // Logical (n, c, h, w) of x and y; 1-D convs run as H = 1.
+        let dims = |s: &[usize]| -> Result<[usize; 4]> {
+            Ok(match (s.len(), nhwc) {
+                (4, false) => [s[0], s[1], s[2], s[3]],
+                (4, true) => [s[0], s[3], s[1], s[2]],
+                (3, false) => [s[0], s[1], 1, s[2]],
+                (3, true) => [s[0], s[2], 1, s[1]],
+                _ => return Err(unsupported(node, "only 1-D and 2-D convolutions")),
+            })
+        };
+        let xd = dims(&xs)?;
+        let yd = dims(&ys)?;
+        let w4 = match ws.len() {
+            4 => [ws[0], ws[1], ws[2], ws[3]],
+            3 => [ws[0], ws[1], 1, ws[2]],
+            _ => return Err(unsupported(node, "weights of unexpected rank")),
+        };
+        let two = |v: &[usize], d: usize| -> [usize; 2] {
+            if v.len() == 1 {
+                [d, v[0]]
+            } else {
+                [
+                    v.first().copied().unwrap_or(d),
+                    v.get(1).copied().unwrap_or(d),
+                ]
+            }
+        };
+        let stride = two(&a.strides, 1);
+        let dil = two(&a.dilations, 1);
+        let (pt, pl, pb, pr) = if a.pads.len() == 2 {
+            (0, a.pads[0], 0, a.pads[1])
+        } else {
+            let p = |k: usize| a.pads.get(k).copied().unwrap_or(0);
+            (p(0), p(1), p(2), p(3))
+        };
+        let symmetric = pt == pb && pl == pr;
+        let mut scratch = 0usize;
+        let (xarg, xdims, pad) = if symmetric {
+            (Arg::Val(x), xd, [pt, pl])
+        } else {
+            let (ph, pw) = (xd[2] + pt + pb, xd[3] + pl + pr);
+            let k = self.gen.pad_into_scratch(
+                x,
+                nhwc,
+                (xd[0], xd[1], xd[2], xd[3]),
+                (pt, pl),
+                (ph, pw),
+            );
+            self.launch(idx, k);
+            scratch = alit(xd[0] * xd[1] * ph * pw * 4);
+            (Arg::Scratch, [xd[0], xd[1], ph, pw], [0, 0])
+        };
+        let i32s = |v: [usize; 4]| v.map(|d| d as i32);
+        let geom = ConvGeom {
+            nhwc,
+            x: i32s(xdims),
+            w: i32s(w4),
+            y: i32s(yd),
+            pad: pad.map(|d| d as i32),
+            stride: stride.map(|d| d as i32),
+            dilation: dil.map(|d| d as i32),
+            group: a.group as i32,
+        };
+        let descs = ConvDescs::new(&geom)?;
+        let wf = wt.as_f32()?;
+        let wdata = if nhwc { ohwi(wf, &w4) } else { wf.to_vec() };
+        let wbytes: Vec<u8> = wdata.iter().flat_map(|f| f.to_le_bytes()).collect();
+        let wbuf = DeviceBuffer::upload(self.ctx, &wbytes)?;
+        // Algorithm search on temporary buffers.
+        let xb = alit(xdims.iter().product::<usize>() * 4);
+        let yb = alit(yd.iter().product::<usize>() * 4);
+        let t = self.tmp(xb + yb + DNN_WS_LIMIT)?;
+        let algo = choose_algo(
+            &self.dnn,
+            &geom,
+            &descs,
+            t,
+            wbuf.ptr(),
+            t + xb as u64,
+            t + (xb + yb) as u64,
+            DNN_WS_LIMIT,
+        )?;
+        let bias = node.input(2).map(|b| {
+            self.const_ptr(b)
+                .map(|_| Arg::Val(b))
+                .unwrap_or(Arg::Val(b))
+        });
+        let fused_relu = bias.is_some() && a.activation == Some(Activation::Relu);
+        let ws_offset = scratch;
+        scratch += alit(algo.workspace);
+        self.scratch[idx] = scratch;
+        self.steps.push(Step::Conv(Box::new(ConvStep {
+            node: idx,
+            x: xarg,
+            y,
+            w: wbuf,
+            bias,
+            fused_relu,
+            descs,
+            algo,
+            ws_offset,
+        })));
+        if !fused_relu && (bias.is_some() || a.activation.is_some()) {
+            let caxis = if nhwc { ys.len() - 1 } else { 1 };
+            let k = self.gen.epilogue(y, &ys, caxis, bias, a.activation);
+            self.launch(idx, k);
+        }
+        Ok(())
+    }
+
+    fn gemm(&mut self, idx: usize, node: &Node) -> Result<()> {
+        let g = self.g;
+        let a = node.input(0).ok_or_else(|| unsupported(node, "no A"))?;
+        let b = node.input(1).ok_or_else(|| unsupported(node, "no B"))?;
+        let y = node.outputs[0];
+        let as_ = g.shape(a)?.to_vec();
+        let bs = g.shape(b)?.to_vec();
+        let ys = g.shape(y)?.to_vec();
+        for v in [a, b] {
+            if g.values[v].dtype != crate::ir::DataType::F32 {
+                return Err(unsupported(node, "non-f32 operands"));
+            }
+        }
+        match &node.op {
+            Op::Gemm {
+                alpha,
+                beta,
+                trans_a,
+                trans_b,
+                activation,
+            } => {
+                if as_.len() != 2 || bs.len() != 2 {
+                    return Err(unsupported(node, "Gemm operands must be 2-D"));
+                }
+                let (m, k) = if *trans_a {
+                    (as_[1], as_[0])
+                } else {
+                    (as_[0], as_[1])
+                };
+                let n = if *trans_b { bs[0] } else { bs[1] };
+                self.steps.push(Step::Gemm(GemmStep {
+                    a: Arg::Val(a),
+                    b: Arg::Val(b),
+                    y,
+                    ta: *trans_a,
+                    tb: *trans_b,
+                    m,
+                    n,
+                    k,
+                    alpha: *alpha,
+                    batch: 1,
+                    stride: [0; 3],
+                }));
+                let c = node
+                    .input(2)
+                    .map(|cv| g.shape(cv).map(|s| (Arg::Val(cv), s.to_vec(), *beta)))
+                    .transpose()?;
+                if c.is_some() || activation.is_some() {
+                    let k = self.gen.gemm_epilogue(y, &ys, c, *activation);
+                    self.launch(idx, k);
+                }
+                Ok(())
+            }
+            _ => {
+                if as_.len() < 2 || bs.len() < 2 {
+                    return Err(unsupported(node, "1-D MatMul operands"));
+                }
+                let (m, k) = (as_[as_.len() - 2], as_[as_.len() - 1]);
+                let n = bs[bs.len() - 1];
+                if bs[bs.len() - 2] != k {
+                    return Err(unsupported(node, "inner dimensions differ"));
+                }
+                let ab: usize = as_[..as_.len() - 2].iter().product();
+                let bb: usize = bs[..bs.len() - 2].iter().product();
+                let (mm, batch, stride) = if bb == 1 {
+                    (ab * m, 1, [0, 0, 0])
+                } else if ab == bb && as_[..as_.len() - 2] == bs[..bs.len() - 2] {
+                    (m, ab, [(m * k) as i64, (k * n) as i64, (m * n) as i64])
+                } else if ab == 1 {
+                    (m, bb, [0, (k * n) as i64, (m * n) as i64])
+                } else {
+                    return Err(unsupported(node, "broadcast batch dimensions"));
+                };
+                self.steps.push(Step::Gemm(GemmStep {
+                    a: Arg::Val(a),
+                    b: Arg::Val(b),
+                    y,
+                    ta: false,
+                    tb: false,
+                    m: mm,
+                    n,
+                    k,
+                    alpha: 1.0,
+                    batch,
+                    stride,
+                }));
+                Ok(())
+            }
+        }
+    }
+}
+
+impl CudaExecutable {
+    /// Compiles `graph` for device `ordinal` (fp32).
+    pub fn new(graph: Arc<Graph>, ordinal: usize) -> Result<Self> {
+        let ctx = CudaContext::new(ordinal).map_err(drv_err("context creation"))?;
+        let g: &Graph = &graph;
+        let stream = ctx.default_stream();
+        let mut consts = HashMap::new();
+        for n in &g.nodes {
+            for v in n.present_inputs() {
+                if let (Some(c), false) = (g.constant(v), consts.contains_key(&v)) {
+                    consts.insert(v, DeviceBuffer::upload(&ctx, c.as_bytes())?);
+                }
+            }
+        }
+        let mut b = Builder {
+            ctx: &ctx,
+            g,
+            gen: Gen::default(),
+            kernels: Vec::new(),
+            steps: Vec::new(),
+            scratch: vec![0; g.nodes.len()],
+            consts,
+            dnn: DnnHandle::new(stream.cu_stream())?,
+            tmp: None,
+        };
+        for (i, n) in g.nodes.iter().enumerate() {
+            b.node(i, n)?;
+        }
+        b.tmp = None;
+        let plan = plan::plan(g, &b.scratch)?;
+        let module = Module::compile(&ctx, &b.gen.src)?;
+        let functions = b
+            .kernels
+            .iter()
+            .map(|k| module.function(&k.name))
+            .collect::<Result<Vec<_>>>()?;
+        let extras = b
+            .gen
+            .extras
+            .iter()
+            .map(|e| DeviceBuffer::upload(&ctx, e))
+            .collect::<Result<Vec<_>>>()?;
+        let Builder { steps, consts, .. } = b;
+        Ok(CudaExecutable {
+            ctx,
+            graph,
+            plan,
+            _module: module,
+            functions,
+            consts,
+            extras,
+            steps,
+        })
+    }
+
+    /// Generated CUDA kernels in this executable (for reports).
+    pub fn kernel_count(&self) -> usize {
+        self.functions.len()
+    }
+}
+
+impl Executable for CudaExecutable {
+    fn backend(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn new_context(self: Arc<Self>) -> Result<Box<dyn BackendContext>> {
+        Ok(Box::new(CudaRun::new(self)?))
+    }
+
+    fn arena_bytes(&self) -> usize {
+        self.plan.arena_bytes
+    }
+
+    fn arena_lower_bound(&self) -> usize {
+        self.plan.lower_bound
+    }
+}
+
+/// A step with every pointer resolved against this context's arena.
+enum Resolved {
+    Launch {
+        f: Function,
+        grid: u32,
+        args: Vec<u64>,
+    },
+    Conv {
+        step: usize,
+        x: u64,
+        y: u64,
+        bias: u64,
+        ws: u64,
+    },
+    Gemm {
+        step: usize,
+        a: u64,
+        b: u64,
+        y: u64,
+    },
+    Copy {
+        dst: u64,
+        src: u64,
+        bytes: usize,
+    },
+}
+
+/// One execution context: its own stream, arena, handles, staging and captured graph.
+struct CudaRun {
+    exe: Arc<CudaExecutable>,
+    stream: Arc<CudaStream>,
+    arena: DeviceBuffer,
+    dnn: DnnHandle,
+    blas: BlasHandle,
+    staging_in: PinnedBuffer,
+    staging_out: PinnedBuffer,
+    /// (arena address, staging offset, bytes) per graph input / output.
+    ins: Vec<(u64, usize, usize)>,
+    outs: Vec<Option<(u64, usize, usize)>>,
+    resolved: Vec<Resolved>,
+    graph: Option<CudaGraph>,
+    runs: usize,
+    use_graph: bool,
+}
+
+// SAFETY: every handle inside is used only through `&mut self` (one thread at a time), with
+// the context bound to the calling thread first.
+unsafe impl Send for CudaRun {}
+
+impl CudaRun {
+    fn new(exe: Arc<CudaExecutable>) -> Result<Self> {
+        let ctx = &exe.ctx;
+        ctx.bind_to_thread().map_err(drv_err("bind context"))?;
+        let stream = ctx.new_stream().map_err(drv_err("stream creation"))?;
+        let arena_bytes = alit(exe.plan.arena_bytes) + BLAS_WS;
+        let arena = alloc_arena(ctx, arena_bytes)?;
+        let base = arena.ptr();
+        let blas = BlasHandle::new(
+            stream.cu_stream(),
+            base + alit(exe.plan.arena_bytes) as u64,
+            BLAS_WS,
+        )?;
+        let dnn = DnnHandle::new(stream.cu_stream())?;
+        let g = &exe.graph;
+        let slot = |v: ValueId| -> Result<u64> {
+            exe.plan.values[v]
+                .map(|s| base + s.offset as u64)
+                .ok_or_else(|| {
+                    Error::InvalidModel(format!("value '{}' has no arena slot", g.values[v].name))
+                })
+        };
+        let mut ins = Vec::new();
+        let mut off = 0;
+        for &v in &g.inputs {
+            let n = value_bytes(g, v)?;
+            ins.push((slot(v)?, off, n));
+            off += alit(n);
+        }
+        let staging_in = PinnedBuffer::alloc(ctx, off)?;
+        let mut outs = Vec::new();
+        let mut off = 0;
+        for &v in &g.outputs {
+            if g.values[v].constant.is_some() {
+                outs.push(None);
+                continue;
+            }
+            let n = value_bytes(g, v)?;
+            outs.push(Some((slot(v)?, off, n)));
+            off += alit(n);
+        }
+        let staging_out = PinnedBuffer::alloc(ctx, off)?;
+        let resolve = |a: Arg, node: usize| -> Result<u64> {
+            match a {
+                Arg::Val(v) => match exe.consts.get(&v) {
+                    Some(b) => Ok(b.ptr()),
+                    None => slot(v),
+                },
+                Arg::Extra(k) => exe
+                    .extras
+                    .get(k)
+                    .map(|b| b.ptr())
+                    .ok_or_else(|| Error::InvalidModel("missing constant table".into())),
+                Arg::Scratch => exe.plan.scratch[node]
+                    .map(|s| base + s.offset as u64)
+                    .ok_or_else(|| Error::InvalidModel("missing scratch slot".into())),
+            }
+        };
+        let mut resolved = Vec::with_capacity(exe.steps.len());
+        for (i, s) in exe.steps.iter().enumerate() {
+            resolved.push(match s {
+                Step::Launch {
+                    node,
+                    f,
+                    threads,
+                    args,
+                } => Resolved::Launch {
+                    f: exe.functions[*f],
+                    grid: (*threads as u64).div_ceil(BLOCK as u64) as u32,
+                    args: args
+                        .iter()
+                        .map(|&a| resolve(a, *node))
+                        .collect::<Result<_>>()?,
+                },
+                Step::Conv(c) => Resolved::Conv {
+                    step: i,
+                    x: resolve(c.x, c.node)?,
+                    y: slot(c.y)?,
+                    bias: c.bias.map(|b| resolve(b, c.node)).transpose()?.unwrap_or(0),
+                    ws: exe.plan.scratch[c.node]
+                        .map(|s| base + (s.offset + c.ws_offset) as u64)
+                        .unwrap_or(0),
+                },
+                Step::Gemm(gm) => Resolved::Gemm {
+                    step: i,
+                    a: resolve(gm.a, 0)?,
+                    b: resolve(gm.b, 0)?,
+                    y: slot(gm.y)?,
+                },
+                Step::Copy { dst, src, bytes } => Resolved::Copy {
+                    dst: slot(*dst)?,
+                    src: resolve(*src, 0)?,
+                    bytes: *bytes,
+                },
+            });
+        }
+        let use_graph = std::env::var("VIGIL_CUDA_GRAPH").map_or(true, |v| v != "0");
+        Ok(CudaRun {
+            exe,
+            stream,
+            arena,
+            dnn,
+            blas,
+            staging_in,
+            staging_out,
+            ins,
+            outs,
+            resolved,
+            graph: None,
+            runs: 0,
+            use_graph,
+        })
+    }
+
+    /// Enqueues one whole inference on the stream (what a CUDA graph captures).
+    fn enqueue(&self) -> Result<()> {
+        let s = self.stream.cu_stream();
+        let sin = self.staging_in.bytes();
+        for &(dst, off, n) in &self.ins {
+            // SAFETY: the slot holds n bytes; the pinned staging buffer outlives the stream work.
+            unsafe { drv::memcpy_htod_async(dst, &sin[off..off + n], s) }
+                .map_err(drv_err("input copy"))?;
+        }
+        for r in &self.resolved {
+            match r {
+                Resolved::Launch { f, grid, args } => {
+                    if *grid == 0 {
+                        continue;
+                    }
+                    let mut ptrs = [std::ptr::null_mut::<c_void>(); 64];
+                    if args.len() > ptrs.len() {
+                        return Err(Error::Unsupported("kernel with over 64 arguments".into()));
+                    }
+                    for (p, a) in ptrs.iter_mut().zip(args) {
+                        *p = a as *const u64 as *mut c_void;
+                    }
+                    // SAFETY: the generated kernel takes exactly these pointer arguments, each
+                    // into a live buffer sized by the plan.
+                    unsafe {
+                        drv::launch_kernel(
+                            f.0,
+                            (*grid, 1, 1),
+                            (BLOCK, 1, 1),
+                            0,
+                            s,
+                            &mut ptrs[..args.len()],
+                        )
+                    }
+                    .map_err(drv_err("kernel launch"))?;
+                }
+                Resolved::Conv {
+                    step,
+                    x,
+                    y,
+                    bias,
+                    ws,
+                } => {
+                    let Step::Conv(c) = &self.exe.steps[*step] else {
+                        continue;
+                    };
+                    let (one, zero) = (1f32, 0f32);
+                    let d = &c.descs;
+                    // SAFETY: descriptors match the buffers, which the plan sized.
+                    unsafe {
+                        if c.fused_relu {
+                            dnn::convolution_bias_activation_forward(
+                                self.dnn.0,
+                                &one as *const f32 as *const c_void,
+                                d.x,
+                                *x as *const c_void,
+                                d.w,
+                                c.w.ptr() as *const c_void,
+                                d.conv,
+                                c.algo.algo,
+                                *ws as *mut c_void,
+                                c.algo.workspace,
+                                &zero as *const f32 as *const c_void,
+                                d.y,
+                                *y as *const c_void,
+                                d.bias,
+                                *bias as *const c_void,
+                                d.act,
+                                d.y,
+                                *y as *mut c_void,
+                            )
+                        } else {
+                            dnn::convolution_forward(
+                                self.dnn.0,
+                                &one as *const f32 as *const c_void,
+                                d.x,
+                                *x as *const c_void,
+                                d.w,
+                                c.w.ptr() as *const c_void,
+                                d.conv,
+                                c.algo.algo,
+                                *ws as *mut c_void,
+                                c.algo.workspace,
+                                &zero as *const f32 as *const c_void,
+                                d.y,
+                                *y as *mut c_void,
+                            )
+                        }
+                    }
+                    .map_err(dnn_err("convolution"))?;
+                }
+                Resolved::Gemm { step, a, b, y } => {
+                    let Step::Gemm(gm) = &self.exe.steps[*step] else {
+                        continue;
+                    };
+                    let op = |t: bool| {
+                        if t {
+                            blas_sys::cublasOperation_t::CUBLAS_OP_T
+                        } else {
+                            blas_sys::cublasOperation_t::CUBLAS_OP_N
+                        }
+                    };
+                    let lda = if gm.ta { gm.m } else { gm.k } as i32;
+                    let ldb = if gm.tb { gm.k } else { gm.n } as i32;
+                    let zero = 0f32;
+                    // Row-major Y = A·B is column-major Yᵀ = Bᵀ·Aᵀ.
+                    // SAFETY: operand sizes follow from the inferred shapes.
+                    unsafe {
+                        blas::sgemm_strided_batched(
+                            self.blas.0,
+                            op(gm.tb),
+                            op(gm.ta),
+                            gm.n as i32,
+                            gm.m as i32,
+                            gm.k as i32,
+                            &gm.alpha,
+                            *b as *const f32,
+                            ldb,
+                            gm.stride[1],
+                            *a as *const f32,
+                            lda,
+                            gm.stride[0],
+                            &zero,
+                            *y as *mut f32,
+                            gm.n as i32,
+                            gm.stride[2],
+                            gm.batch as i32,
+                        )
+                    }
+                    .map_err(blas_err("gemm"))?;
+                }
+                Resolved::Copy { dst, src, bytes } => {
+                    if *bytes > 0 {
+                        // SAFETY: both ranges hold `bytes` bytes.
+                        unsafe { drv::memcpy_dtod_async(*dst, *src, *bytes, s) }
+                            .map_err(drv_err("device copy"))?;
+                    }
+                }
+            }
+        }
+        let sout = self.staging_out.bytes();
+        for &(src, off, n) in self.outs.iter().flatten() {
+            // SAFETY: as for the inputs; the staging buffer is pinned and outlives the work.
+            let dst =
+                unsafe { std::slice::from_raw_parts_mut(sout.as_ptr().add(off) as *mut u8, n) };
+            // SAFETY: the slot holds n bytes.
+            unsafe { drv::memcpy_dtoh_async(dst, src, s) }.map_err(drv_err("output copy"))?;
+        }
+        Ok(())
+    }
+}
+
+impl BackendContext for CudaRun {
+    fn run(&mut self, inputs: &[&Tensor], outputs: &mut [Tensor]) -> Result<()> {
+        let exe = Arc::clone(&self.exe);
+        let g = &exe.graph;
+        if inputs.len() != g.inputs.len() || outputs.len() != g.outputs.len() {
+            return Err(Error::BadInput(format!(
+                "model takes {} inputs and gives {} outputs, got {} and {}",
+                g.inputs.len(),
+                g.outputs.len(),
+                inputs.len(),
+                outputs.len()
+            )));
+        }
+        exe.ctx.bind_to_thread().map_err(drv_err("bind context"))?;
+        for ((&v, t), &(_, off, n)) in g.inputs.iter().zip(inputs).zip(&self.ins) {
+            let value = &g.values[v];
+            if t.dtype() != value.dtype || Some(t.shape.as_slice()) != value.shape.as_deref() {
+                return Err(Error::BadInput(format!(
+                    "input '{}' must be {:?} {:?}, got {:?} {:?}",
+                    value.name,
+                    value.dtype,
+                    value.shape.as_deref().unwrap_or(&[]),
+                    t.dtype(),
+                    t.shape
+                )));
+            }
+            self.staging_in.bytes_mut()[off..off + n].copy_from_slice(t.as_bytes());
+        }
+        if let Some(graph) = &self.graph {
+            graph.launch().map_err(drv_err("graph launch"))?;
+        } else if self.use_graph && self.runs > 0 {
+            self.stream
+                .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                .map_err(drv_err("begin capture"))?;
+            let r = self.enqueue();
+            let captured = self
+                .stream
+                .end_capture(sys::CUgraphInstantiate_flags(0))
+                .map_err(drv_err("end capture"));
+            r?;
+            let graph = captured?
+                .ok_or_else(|| Error::Unsupported("CUDA graph capture produced nothing".into()))?;
+            graph.launch().map_err(drv_err("graph launch"))?;
+            self.graph = Some(graph);
+        } else {
+            self.enqueue()?;
+        }
+        self.stream
+            .synchronize()
+            .map_err(drv_err("inference (stream synchronize)"))?;
+        self.runs += 1;
+        for ((&v, t), o) in g.outputs.iter().zip(outputs.iter_mut()).zip(&self.outs) {
+            let value = &g.values[v];
+            let shape = g.shape(v)?;
+            if t.dtype() != value.dtype || t.shape != shape {
+                *t = Tensor::zeros(value.dtype, shape.to_vec());
+            }
+            match (o, &value.constant) {
+                (Some((_, off, n)), _) => t
+                    .as_bytes_mut()
+                    .copy_from_slice(&self.staging_out.bytes()[*off..off + n]),
+                (None, Some(c)) => t.as_bytes_mut().copy_from_slice(c.as_bytes()),
+                (None, None) => {
+                    return Err(Error::InvalidModel(format!(
+                        "output '{}' has no source",
+                        value.name
+                    )))
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for CudaRun {
+    fn drop(&mut self) {
+        let _ = self.exe.ctx.bind_to_thread();
+        let _ = self.stream.synchronize();
+        let _ = &self.arena;
+    }
+}

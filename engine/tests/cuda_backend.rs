@@ -1,0 +1,304 @@
+//! The CUDA backend against the CPU backend: both shared models, per-op ONNX conformance cases,
+//! and zero device allocations in the steady state. Every test skips (with a visible message)
+//! on machines without a usable CUDA device.
+
+use std::path::{Path, PathBuf};
+
+use prost::Message;
+use vigil_engine::onnx::proto::TensorProto;
+use vigil_engine::{Device, Model, ModelOptions, Tensor, TensorData};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The models directory (`VIGIL_MODELS` overrides, for runs from a copied binary).
+fn models() -> PathBuf {
+    std::env::var_os("VIGIL_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join("models"))
+}
+
+fn gpu() -> bool {
+    match vigil_engine::backend::cuda::probe(0) {
+        Ok(()) => true,
+        Err(e) => {
+            println!("SKIP: no CUDA device: {e}");
+            false
+        }
+    }
+}
+
+/// Deterministic pseudo-random input in [-1, 1).
+fn input(shape: &[usize], seed: u64) -> Tensor {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let n: usize = shape.iter().product();
+    let data = (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect();
+    Tensor::from_f32(shape.to_vec(), data).expect("tensor")
+}
+
+fn load(file: &str, device: Device, batch: usize) -> Model {
+    Model::load(
+        &models().join(file),
+        &ModelOptions {
+            device,
+            batch,
+            ..ModelOptions::default()
+        },
+    )
+    .unwrap_or_else(|e| panic!("{file} on {device:?}: {e}"))
+}
+
+/// Largest |a-b| over max |b| (b = CPU reference).
+fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let scale = b.iter().fold(1e-6f32, |m, x| m.max(x.abs()));
+    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+}
+
+fn compare_model(file: &str, batch: usize) {
+    let cpu = load(file, Device::Cpu, batch);
+    let gpu = load(file, Device::Cuda, batch);
+    assert_eq!(gpu.backend(), "cuda");
+    let mut cc = cpu.new_context().expect("cpu ctx");
+    let mut gc = gpu.new_context().expect("gpu ctx");
+    for seed in 0..3u64 {
+        let x = input(&cpu.inputs()[0].shape, seed + 1);
+        let want = cc.run(std::slice::from_ref(&x)).expect("cpu run");
+        // Several runs: the first is eager, the second captures the CUDA graph, later ones replay.
+        for rep in 0..3 {
+            let got = gc.run(std::slice::from_ref(&x)).expect("gpu run");
+            for (o, (g, w)) in got.iter().zip(&want).enumerate() {
+                let d = rel_diff(g.as_f32().expect("f32"), w.as_f32().expect("f32"));
+                println!("{file} batch {batch} seed {seed} rep {rep} output {o}: rel diff {d:.2e}");
+                assert!(d <= 1e-3, "{file}: output {o} differs from the CPU by {d}");
+            }
+        }
+    }
+}
+
+#[test]
+fn efficientnet_gpu_matches_cpu() {
+    if gpu() {
+        compare_model("efficientnet-lite0.onnx", 1);
+    }
+}
+
+#[test]
+fn nanodet_gpu_matches_cpu() {
+    if gpu() {
+        compare_model("nanodet-m-416.onnx", 1);
+        compare_model("nanodet-m-416.onnx", 2);
+    }
+}
+
+#[test]
+fn steady_state_makes_no_device_allocations() {
+    if !gpu() {
+        return;
+    }
+    let m = load("efficientnet-lite0.onnx", Device::Cuda, 1);
+    let mut ctx = m.new_context().expect("ctx");
+    let x = input(&m.inputs()[0].shape, 7);
+    // Warm up: eager run, then graph capture.
+    let first = ctx.run(std::slice::from_ref(&x)).expect("run")[0].clone();
+    ctx.run(std::slice::from_ref(&x)).expect("run");
+    let before = vigil_engine::backend::cuda::alloc_counts();
+    let free_before = vigil_engine::backend::cuda::free_device_memory().expect("mem info");
+    for _ in 0..20 {
+        let out = ctx.run(std::slice::from_ref(&x)).expect("run");
+        assert_eq!(out[0], first, "replayed graph must give identical results");
+    }
+    let after = vigil_engine::backend::cuda::alloc_counts();
+    let free_after = vigil_engine::backend::cuda::free_device_memory().expect("mem info");
+    println!("device allocs/frees before {before:?} after {after:?}; free bytes {free_before} -> {free_after}");
+    assert_eq!(before, after, "device allocations in the steady state");
+    assert_eq!(
+        free_before, free_after,
+        "device memory use changed in the steady state"
+    );
+}
+
+#[test]
+fn contexts_share_weights_and_run_concurrently() {
+    if !gpu() {
+        return;
+    }
+    let m = std::sync::Arc::new(load("efficientnet-lite0.onnx", Device::Cuda, 1));
+    let x = input(&m.inputs()[0].shape, 11);
+    let want = m
+        .new_context()
+        .expect("ctx")
+        .run(std::slice::from_ref(&x))
+        .expect("run");
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            let (m, x) = (m.clone(), x.clone());
+            std::thread::spawn(move || {
+                let mut c = m.new_context().expect("ctx");
+                (0..5)
+                    .map(|_| c.run(std::slice::from_ref(&x)).expect("run"))
+                    .last()
+                    .expect("ran")
+            })
+        })
+        .collect();
+    for h in handles {
+        let got = h.join().expect("thread");
+        assert_eq!(got, want, "contexts on separate streams must agree");
+    }
+}
+
+fn read_tensor(path: &Path) -> Result<Tensor, String> {
+    let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
+    let proto = TensorProto::decode(bytes.as_slice()).map_err(|e| e.to_string())?;
+    vigil_engine::onnx::tensor_from_proto(&proto).map_err(|e| e.to_string())
+}
+
+fn close(got: &Tensor, want: &Tensor) -> Result<(), String> {
+    if got.shape != want.shape {
+        return Err(format!("shape {:?} != {:?}", got.shape, want.shape));
+    }
+    match (&got.data, &want.data) {
+        (TensorData::F32(a), TensorData::F32(b)) => {
+            for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                let ok =
+                    (x.is_nan() && y.is_nan()) || x == y || (x - y).abs() <= 1e-4 + 1e-3 * y.abs();
+                if !ok {
+                    return Err(format!("element {i}: {x} != expected {y}"));
+                }
+            }
+            Ok(())
+        }
+        (a, b) if a == b => Ok(()),
+        _ => Err("values differ".into()),
+    }
+}
+
+/// The ONNX node cases the CPU backend passes, run on the GPU. A case the CUDA backend rejects at
+/// compile time (Unsupported, naming the op) is listed; any case that compiles must match.
+#[test]
+fn onnx_conformance_cases_on_gpu() {
+    if !gpu() {
+        return;
+    }
+    let Some(root) = std::env::var_os("VIGIL_ONNX_NODE_TESTS").map(PathBuf::from) else {
+        println!("SKIP: VIGIL_ONNX_NODE_TESTS is not set");
+        return;
+    };
+    let list = std::fs::read_to_string(repo().join("engine/tests/conformance-passing.txt"))
+        .or_else(|_| std::fs::read_to_string(root.join("conformance-passing.txt")))
+        .expect("passing list");
+    let (mut pass, mut unsupported, mut fails) = (0, Vec::new(), Vec::new());
+    for name in list.lines().filter(|l| !l.trim().is_empty()) {
+        let dir = root.join(name.trim());
+        let bytes = std::fs::read(dir.join("model.onnx")).expect("model");
+        let graph = vigil_engine::onnx::load_model(&bytes).expect("import");
+        let model = match Model::from_graph(
+            graph,
+            &ModelOptions {
+                device: Device::Cuda,
+                ..ModelOptions::default()
+            },
+        ) {
+            Ok(m) => m,
+            Err(vigil_engine::Error::Unsupported(why)) => {
+                unsupported.push(format!("{name}: {why}"));
+                continue;
+            }
+            Err(e) => {
+                fails.push(format!("{name}: compile: {e}"));
+                continue;
+            }
+        };
+        let data = dir.join("test_data_set_0");
+        let inputs: Vec<Tensor> = (0..model.inputs().len())
+            .map(|i| read_tensor(&data.join(format!("input_{i}.pb"))).expect("input"))
+            .collect();
+        match model.new_context().and_then(|mut c| c.run(&inputs)) {
+            Ok(outs) => {
+                let bad = outs.iter().enumerate().find_map(|(i, got)| {
+                    let want = read_tensor(&data.join(format!("output_{i}.pb"))).ok()?;
+                    close(got, &want).err().map(|e| format!("output {i}: {e}"))
+                });
+                match bad {
+                    None => pass += 1,
+                    Some(e) => fails.push(format!("{name}: {e}")),
+                }
+            }
+            Err(e) => fails.push(format!("{name}: run: {e}")),
+        }
+    }
+    for u in &unsupported {
+        println!("gpu conformance UNSUPPORTED {u}");
+    }
+    for f in &fails {
+        println!("gpu conformance FAIL {f}");
+    }
+    println!(
+        "gpu conformance: {pass} passed, {} unsupported on CUDA, {} failed",
+        unsupported.len(),
+        fails.len()
+    );
+    assert!(fails.is_empty(), "{} GPU conformance failures", fails.len());
+}
+
+/// Latency of the ONNX files listed in `VIGIL_CUDA_BENCH` (`path:batch,...`), printed as a
+/// table for scripts/gpu/run.sh; checks only that every output is finite. Skips when unset.
+#[test]
+fn bench_listed_models() {
+    let Ok(list) = std::env::var("VIGIL_CUDA_BENCH") else {
+        println!("SKIP: VIGIL_CUDA_BENCH is not set");
+        return;
+    };
+    if !gpu() {
+        return;
+    }
+    for item in list.split(',').filter(|s| !s.is_empty()) {
+        let (path, batch) = item.rsplit_once(':').expect("path:batch");
+        let batch: usize = batch.parse().expect("batch");
+        let m = match Model::load(
+            Path::new(path),
+            &ModelOptions {
+                device: Device::Cuda,
+                batch,
+                ..ModelOptions::default()
+            },
+        ) {
+            Ok(m) => m,
+            Err(e) => {
+                println!("BENCH {path} batch {batch}: load failed: {e}");
+                continue;
+            }
+        };
+        let mut c = m.new_context().expect("ctx");
+        let x = input(&m.inputs()[0].shape, 3);
+        for _ in 0..10 {
+            c.run_ref(&[&x]).expect("warm-up");
+        }
+        let mut times = Vec::new();
+        for _ in 0..100 {
+            let t = std::time::Instant::now();
+            let out = c.run_ref(&[&x]).expect("run");
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+            assert!(out[0].as_f32().expect("f32").iter().all(|v| v.is_finite()));
+        }
+        times.sort_by(f64::total_cmp);
+        println!(
+            "BENCH vigil-cuda-fp32 {} batch {batch}: median {:.3} ms (min {:.3})",
+            Path::new(path)
+                .file_name()
+                .and_then(|f| f.to_str())
+                .unwrap_or(path),
+            times[times.len() / 2],
+            times[0]
+        );
+    }
+}
