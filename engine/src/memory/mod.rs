@@ -17,5 +17,7 @@ mod region;
 mod tests;
 
 pub use clock::{EventId, StreamClock, StreamId, SyncClock};
-pub use pool::{Block, FixedPool, PoolOptions, PoolStats, DEFAULT_ALIGN, MAX_STREAMS, SCAN_LIMIT};
+pub use pool::{
+    Block, FixedPool, PoolOptions, PoolStats, DEFAULT_ALIGN, MAX_STREAMS, SCAN_LIMIT, SMALL_BLOCK,
+};
 pub use region::{HostRegion, Region, HOST_REGION_ALIGN};

@@ -43,13 +43,32 @@ pub struct PoolOptions {
     /// [`Block::record_use`] is ignored: only for single-stream use and for measuring the cost
     /// of the stream-safe layer.
     pub stream_safe: bool,
+    /// Blocks smaller than this many bytes are carved from the top of their span and larger
+    /// ones from the bottom, so small long-lived blocks do not split the holes large ones need
+    /// (`None`: every block from the bottom).
+    pub small_from_top: Option<usize>,
 }
+
+/// The size under which [`PoolOptions::serving`] places blocks from the top.
+pub const SMALL_BLOCK: usize = 1 << 20;
 
 impl Default for PoolOptions {
     fn default() -> Self {
         PoolOptions {
             align: DEFAULT_ALIGN,
             stream_safe: true,
+            small_from_top: None,
+        }
+    }
+}
+
+impl PoolOptions {
+    /// The options the backends use: stream-safe, 256 B alignment, blocks under
+    /// [`SMALL_BLOCK`] from the top.
+    pub fn serving() -> Self {
+        PoolOptions {
+            small_from_top: Some(SMALL_BLOCK),
+            ..PoolOptions::default()
         }
     }
 }
@@ -63,8 +82,12 @@ pub struct PoolStats {
     pub in_use: usize,
     /// Highest `in_use` seen since the pool was built.
     pub peak_in_use: usize,
-    /// Highest end offset any block has reached: the part of the region ever touched.
+    /// Highest end offset any block carved from the bottom of a span has reached.
     pub high_water: usize,
+    /// Bytes of the region blocks have ever reached from either end: `high_water` plus the
+    /// distance from the lowest top-carved block to the end. A region this size would have
+    /// served the same allocations.
+    pub footprint: usize,
     /// Number of live blocks.
     pub blocks: usize,
     /// Number of free spans (after coalescing).
@@ -204,12 +227,16 @@ struct Inner {
     in_use: usize,
     peak_in_use: usize,
     high_water: usize,
+    low_water: usize,
+    units: usize,
+    /// Blocks under this many units come from the top of their span (0: none).
+    small_units: usize,
     blocks: usize,
     pending_units: usize,
 }
 
 impl Inner {
-    fn new(units: usize) -> Inner {
+    fn new(units: usize, small_units: usize) -> Inner {
         let mut inner = Inner {
             nodes: Vec::with_capacity(1024),
             spare: Vec::with_capacity(1024),
@@ -223,11 +250,17 @@ impl Inner {
             in_use: 0,
             peak_in_use: 0,
             high_water: 0,
+            low_water: units,
+            units,
+            small_units,
             blocks: 0,
             pending_units: 0,
         };
-        // The default stream is always tag 1, so its lookup is the first comparison.
-        let _ = inner.tag_of(StreamId::DEFAULT);
+        // The default stream is always tag 1 (its lookup short-cuts to that).
+        inner.streams.push(StreamId::DEFAULT);
+        inner.last_epoch.push(None);
+        inner.dirty.push(true);
+        inner.index.push(FreeIndex::new());
         if units > 0 {
             let n = inner.new_node(Node {
                 off: 0,
@@ -380,10 +413,32 @@ impl Inner {
         if n.size == size {
             self.unlink_free(i);
             self.nodes[i as usize].state = State::Used;
+            self.note_extent(n.off, size);
             return Some(i);
+        }
+        if size < self.small_units {
+            // Carve a small block from the span's top: the span keeps its node and offset.
+            let used = self.new_node(Node {
+                off: n.off + n.size - size,
+                size,
+                prev_phys: i,
+                next_phys: n.next_phys,
+                prev_free: NIL,
+                next_free: NIL,
+                tag: n.tag,
+                state: State::Used,
+            });
+            if n.next_phys != NIL {
+                self.nodes[n.next_phys as usize].prev_phys = used;
+            }
+            self.nodes[i as usize].next_phys = used;
+            self.resize_free(i, n.size - size, n.tag);
+            self.note_extent(n.off + n.size - size, size);
+            return Some(used);
         }
         // Carve the block from the span's head: the span keeps its node and, while its size
         // class does not change, its place in the lists.
+        self.note_extent(n.off, size);
         let used = self.new_node(Node {
             off: n.off,
             size,
@@ -401,6 +456,18 @@ impl Inner {
         self.nodes[i as usize].off = n.off + size;
         self.resize_free(i, n.size - size, n.tag);
         Some(used)
+    }
+
+    /// Records how far blocks reach from each end: a block wholly above the bottom zone lowers
+    /// the top zone's floor, one wholly below the top zone raises the bottom zone's ceiling.
+    fn note_extent(&mut self, off: usize, size: usize) {
+        if size < self.small_units {
+            if off >= self.high_water {
+                self.low_water = self.low_water.min(off);
+            }
+        } else if off + size <= self.low_water {
+            self.high_water = self.high_water.max(off + size);
+        }
     }
 
     /// Gives free node `i` a new size and tag, moving it between lists only when its size
@@ -588,7 +655,10 @@ impl<R: Region> FixedPool<R> {
         }
         let reserved = region.len() / align * align;
         Ok(Arc::new(FixedPool {
-            inner: Mutex::new(Inner::new(reserved / align)),
+            inner: Mutex::new(Inner::new(
+                reserved / align,
+                opts.small_from_top.map_or(0, |b| b.div_ceil(align)),
+            )),
             region,
             clock,
             align,
@@ -678,6 +748,7 @@ impl<R: Region> FixedPool<R> {
             in_use: g.in_use << self.shift,
             peak_in_use: g.peak_in_use << self.shift,
             high_water: g.high_water << self.shift,
+            footprint: (g.high_water + (g.units - g.low_water)).min(g.units) << self.shift,
             blocks: g.blocks,
             free_blocks: g.free_spans,
             free_bytes,
@@ -736,7 +807,6 @@ impl<R: Region> FixedPool<R> {
                 g.in_use += units;
                 g.blocks += 1;
                 g.peak_in_use = g.peak_in_use.max(g.in_use);
-                g.high_water = g.high_water.max(n.off + n.size);
                 Ok(Block {
                     pool: Arc::clone(self),
                     node,

@@ -1,0 +1,425 @@
+//! Allocator benchmark: Vigil's fixed pool against cudaMallocAsync/cudaFreeAsync (the CUDA
+//! driver's stream-ordered allocator, cuMemAllocAsync/cuMemFreeAsync) in one binary.
+//!
+//! Workloads (the seed's loops):
+//! - pair: allocate then free, size uniform in [1 B, 10 MB];
+//! - window: 64 live blocks, sizes log-uniform in [256 B, 64 MB], a random victim freed and
+//!   replaced each step;
+//! - the same two on two streams (allocations alternate between them).
+//!
+//! Reports ns per alloc+free pair and, for the window, peak reserved / peak live bytes.
+//! `cargo bench -p vigil-engine --bench pool [-- ITERS]`; with no CUDA device it runs the
+//! host-only rows (a fake device region) and says so.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use vigil_engine::memory::{
+    FixedPool, PoolOptions, Region, StreamClock, StreamId, SyncClock, DEFAULT_ALIGN,
+};
+
+/// Fixed seed xorshift, so every allocator sees the same sequence.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+const WINDOW: usize = 64;
+/// Region of the pools in the first run of each row.
+const FULL_REGION: usize = 8 << 30;
+const TABLE: usize = 1 << 16;
+
+/// Pre-drawn sizes and victims (drawing them is not what we time).
+struct Workload {
+    pair_sizes: Vec<usize>,
+    window_sizes: Vec<usize>,
+    victims: Vec<usize>,
+}
+
+impl Workload {
+    fn new() -> Self {
+        let mut r = Rng(0x9e37_79b9_7f4a_7c15);
+        let pair_sizes = (0..TABLE)
+            .map(|_| 1 + (r.next() % 10_000_000) as usize)
+            .collect();
+        let window_sizes = (0..TABLE)
+            .map(|_| {
+                let u = (r.next() % 1_000_000) as f64 / 1e6;
+                (256.0 * (262_144f64).powf(u)) as usize
+            })
+            .collect();
+        let victims = (0..TABLE)
+            .map(|_| (r.next() % WINDOW as u64) as usize)
+            .collect();
+        Workload {
+            pair_sizes,
+            window_sizes,
+            victims,
+        }
+    }
+}
+
+/// One result row.
+struct Row {
+    allocator: String,
+    workload: &'static str,
+    ns_per_pair: f64,
+    reserved_over_live: Option<f64>,
+}
+
+/// An allocator under test: `alloc` returns a handle, `free` takes it back.
+trait Alloc {
+    type H;
+    fn alloc(&mut self, size: usize, stream: usize) -> Self::H;
+    fn free(&mut self, h: Self::H, stream: usize);
+    /// Bytes reserved from the device at peak (for the window ratio).
+    fn peak_reserved(&mut self) -> usize;
+    fn reset_peak(&mut self);
+}
+
+fn run_pair<A: Alloc>(a: &mut A, w: &Workload, iters: usize, streams: usize) -> f64 {
+    let t = Instant::now();
+    for i in 0..iters {
+        let s = i % streams;
+        let h = a.alloc(w.pair_sizes[i % TABLE], s);
+        a.free(h, s);
+    }
+    t.elapsed().as_nanos() as f64 / iters as f64
+}
+
+fn run_window<A: Alloc>(a: &mut A, w: &Workload, iters: usize, streams: usize) -> (f64, f64) {
+    a.reset_peak();
+    let mut live: Vec<Option<(A::H, usize, usize)>> = Vec::with_capacity(WINDOW);
+    let mut live_bytes = 0usize;
+    let mut peak_live = 0usize;
+    for i in 0..WINDOW {
+        let size = w.window_sizes[i];
+        let s = i % streams;
+        live.push(Some((a.alloc(size, s), size, s)));
+        live_bytes += size;
+    }
+    peak_live = peak_live.max(live_bytes);
+    let t = Instant::now();
+    for i in 0..iters {
+        let v = w.victims[i % TABLE];
+        if let Some((h, size, s)) = live[v].take() {
+            a.free(h, s);
+            live_bytes -= size;
+        }
+        let size = w.window_sizes[(i + WINDOW) % TABLE];
+        let s = i % streams;
+        live[v] = Some((a.alloc(size, s), size, s));
+        live_bytes += size;
+        peak_live = peak_live.max(live_bytes);
+    }
+    let ns = t.elapsed().as_nanos() as f64 / iters as f64;
+    for (h, _, s) in live.into_iter().flatten() {
+        a.free(h, s);
+    }
+    (ns, a.peak_reserved() as f64 / peak_live as f64)
+}
+
+/// The fixed pool over any region and clock.
+struct Pool<R: Region> {
+    pool: Arc<FixedPool<R>>,
+}
+
+impl<R: Region> Alloc for Pool<R> {
+    type H = vigil_engine::memory::Block<R>;
+    fn alloc(&mut self, size: usize, stream: usize) -> Self::H {
+        match self.pool.alloc(size, StreamId(stream as u64)) {
+            Ok(b) => b,
+            Err(e) => panic!("pool: {e}"),
+        }
+    }
+    fn free(&mut self, h: Self::H, _stream: usize) {
+        drop(h);
+    }
+    fn peak_reserved(&mut self) -> usize {
+        // A fixed pool reserves its region up front; the part blocks ever reached (from both
+        // ends) is what a pool sized for this workload needs (checked by a rerun at that size).
+        self.pool.stats().footprint
+    }
+    fn reset_peak(&mut self) {}
+}
+
+/// A region at a fake address, for the host-only rows (never dereferenced).
+struct FakeRegion(usize);
+
+impl Region for FakeRegion {
+    fn base(&self) -> usize {
+        1 << 40
+    }
+    fn len(&self) -> usize {
+        self.0
+    }
+}
+
+fn pool_rows<R: Region>(
+    label: &str,
+    make: &mut dyn FnMut(bool, usize) -> Arc<FixedPool<R>>,
+    w: &Workload,
+    iters: usize,
+    rows: &mut Vec<Row>,
+) {
+    for (safe, streams, tag) in [
+        (false, 1, "stream safety off, 1 stream"),
+        (true, 1, "stream-safe, default stream"),
+        (true, 2, "stream-safe, 2 streams"),
+    ] {
+        let mut p = Pool {
+            pool: make(safe, FULL_REGION),
+        };
+        let ns = run_pair(&mut p, w, iters, streams);
+        rows.push(Row {
+            allocator: format!("{label} ({tag})"),
+            workload: if streams == 1 {
+                "pair"
+            } else {
+                "pair, 2 streams"
+            },
+            ns_per_pair: ns,
+            reserved_over_live: None,
+        });
+        let mut p = Pool {
+            pool: make(safe, FULL_REGION),
+        };
+        let (ns, ratio) = run_window(&mut p, w, iters, streams);
+        // Rerun the window in a region exactly the footprint (plus one alignment unit per
+        // block) to show that a pool of that size serves it without running out.
+        let footprint = p.pool.stats().footprint + WINDOW * DEFAULT_ALIGN;
+        drop(p);
+        let mut tight = Pool {
+            pool: make(safe, footprint),
+        };
+        let _ = run_window(&mut tight, w, iters, streams);
+        rows.push(Row {
+            allocator: format!("{label} ({tag})"),
+            workload: if streams == 1 {
+                "window"
+            } else {
+                "window, 2 streams"
+            },
+            ns_per_pair: ns,
+            reserved_over_live: Some(ratio),
+        });
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod device {
+    //! cuMemAllocAsync/cuMemFreeAsync on the device's default memory pool, and the fixed pool
+    //! over a cudaMalloc'd region with a CUDA-event clock.
+    use super::*;
+    use cudarc::driver::{result, sys, CudaContext, CudaStream};
+    use vigil_engine::memory::cuda::{CudaClock, DeviceRegion};
+
+    pub struct MallocAsync {
+        pub streams: Vec<Arc<CudaStream>>,
+        pub pool: sys::CUmemoryPool,
+    }
+
+    impl MallocAsync {
+        pub fn new(ctx: &Arc<CudaContext>) -> Self {
+            let streams = (0..2).map(|_| ctx.new_stream().expect("stream")).collect();
+            let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+            unsafe {
+                sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device())
+                    .result()
+                    .expect("default mem pool");
+                // Keep freed memory cached (what a serving process would configure).
+                let mut threshold: u64 = u64::MAX;
+                sys::cuMemPoolSetAttribute(
+                    pool,
+                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                    (&mut threshold as *mut u64).cast(),
+                )
+                .result()
+                .expect("release threshold");
+            }
+            MallocAsync { streams, pool }
+        }
+
+        fn attr(&self, a: sys::CUmemPool_attribute) -> u64 {
+            let mut v: u64 = 0;
+            unsafe {
+                let _ = sys::cuMemPoolGetAttribute(self.pool, a, (&mut v as *mut u64).cast());
+            }
+            v
+        }
+    }
+
+    impl Alloc for MallocAsync {
+        type H = sys::CUdeviceptr;
+        fn alloc(&mut self, size: usize, stream: usize) -> Self::H {
+            unsafe { result::malloc_async(self.streams[stream].cu_stream(), size) }
+                .expect("cuMemAllocAsync")
+        }
+        fn free(&mut self, h: Self::H, stream: usize) {
+            unsafe { result::free_async(h, self.streams[stream].cu_stream()) }
+                .expect("cuMemFreeAsync");
+        }
+        fn peak_reserved(&mut self) -> usize {
+            let reserved =
+                self.attr(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH) as usize;
+            reserved
+        }
+        fn reset_peak(&mut self) {
+            for s in &self.streams {
+                let _ = s.synchronize();
+            }
+            unsafe {
+                let _ = sys::cuMemPoolTrimTo(self.pool, 0);
+                let mut zero: u64 = 0;
+                let _ = sys::cuMemPoolSetAttribute(
+                    self.pool,
+                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
+                    (&mut zero as *mut u64).cast(),
+                );
+                let _ = sys::cuMemPoolSetAttribute(
+                    self.pool,
+                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+                    (&mut zero as *mut u64).cast(),
+                );
+            }
+        }
+    }
+
+    pub fn rows(w: &Workload, iters: usize, rows: &mut Vec<Row>) -> Result<(), String> {
+        vigil_engine::backend::cuda::probe(0).map_err(|e| e.to_string())?;
+        let ctx = CudaContext::new(0).map_err(|e| e.to_string())?;
+        let streams: Vec<Arc<CudaStream>> = (0..2)
+            .map(|_| ctx.new_stream().map_err(|e| e.to_string()))
+            .collect::<Result<_, _>>()?;
+        let mut make = |safe: bool, region_bytes: usize| {
+            let clock = CudaClock::new(&ctx);
+            for (i, s) in streams.iter().enumerate() {
+                clock.add_stream(StreamId(i as u64), Arc::clone(s));
+            }
+            let clock: Arc<dyn StreamClock> = clock;
+            let region = DeviceRegion::new(&ctx, region_bytes).expect("device region");
+            FixedPool::with_options(
+                region,
+                clock,
+                PoolOptions {
+                    stream_safe: safe,
+                    ..PoolOptions::serving()
+                },
+            )
+            .expect("pool")
+        };
+        pool_rows(
+            "Vigil FixedPool, cudaMalloc'd region",
+            &mut make,
+            w,
+            iters,
+            rows,
+        );
+        let mut m = MallocAsync::new(&ctx);
+        for streams in [1, 2] {
+            let ns = run_pair(&mut m, w, iters, streams);
+            rows.push(Row {
+                allocator: "cudaMallocAsync/cudaFreeAsync".into(),
+                workload: if streams == 1 {
+                    "pair"
+                } else {
+                    "pair, 2 streams"
+                },
+                ns_per_pair: ns,
+                reserved_over_live: None,
+            });
+            let (ns, ratio) = run_window(&mut m, w, iters, streams);
+            rows.push(Row {
+                allocator: "cudaMallocAsync/cudaFreeAsync".into(),
+                workload: if streams == 1 {
+                    "window"
+                } else {
+                    "window, 2 streams"
+                },
+                ns_per_pair: ns,
+                reserved_over_live: Some(ratio),
+            });
+        }
+        for s in &m.streams {
+            let _ = s.synchronize();
+        }
+        Ok(())
+    }
+}
+
+fn main() {
+    let iters: usize = std::env::args()
+        .skip(1)
+        .find_map(|a| a.parse().ok())
+        .unwrap_or(10_000_000);
+    let w = Workload::new();
+    let mut rows = Vec::new();
+    #[cfg(feature = "cuda")]
+    let device = device::rows(&w, iters, &mut rows);
+    #[cfg(not(feature = "cuda"))]
+    let device: Result<(), String> = Err("built without the cuda feature".into());
+    if let Err(e) = &device {
+        println!("no CUDA device ({e}): host-only rows over a fake 8 GiB region");
+        let mut make = |safe: bool, bytes: usize| {
+            let clock: Arc<dyn StreamClock> = Arc::new(SyncClock);
+            FixedPool::with_options(
+                FakeRegion(bytes),
+                clock,
+                PoolOptions {
+                    stream_safe: safe,
+                    ..PoolOptions::serving()
+                },
+            )
+            .expect("pool")
+        };
+        pool_rows(
+            "Vigil FixedPool, fake region",
+            &mut make,
+            &w,
+            iters,
+            &mut rows,
+        );
+    }
+    println!("iterations per row: {iters}");
+    println!("| allocator | workload | ns per alloc+free | peak reserved / peak live |");
+    println!("| --- | --- | --- | --- |");
+    for r in &rows {
+        println!(
+            "| {} | {} | {:.1} | {} |",
+            r.allocator,
+            r.workload,
+            r.ns_per_pair,
+            r.reserved_over_live
+                .map(|x| format!("{x:.3}"))
+                .unwrap_or_else(|| "-".into())
+        );
+    }
+    let find = |a: &str, wl: &str| {
+        rows.iter()
+            .find(|r| r.allocator.contains(a) && r.workload == wl)
+            .map(|r| r.ns_per_pair)
+    };
+    for wl in ["pair", "window"] {
+        if let (Some(on), Some(off)) = (
+            find("stream-safe, default stream", wl),
+            find("stream safety off", wl),
+        ) {
+            println!(
+                "stream-safe layer on the default stream, {wl}: {:+.1}% ({on:.1} vs {off:.1} ns)",
+                (on / off - 1.0) * 100.0
+            );
+        }
+        if let (Some(ours), Some(peer)) = (
+            find("stream-safe, default stream", wl),
+            find("cudaMallocAsync", wl),
+        ) {
+            println!("{wl}: cudaMallocAsync / Vigil = {:.1}x", peer / ours);
+        }
+    }
+}
