@@ -384,7 +384,7 @@ fn efficientnet_lite0_int8_agrees_with_fp32() {
     let spec = VisionSpec::efficientnet_lite0(Vec::new());
     let (cal, report, qdq) = calibrate("efficientnet-lite0.onnx", &spec, Method::MinMax);
     let Agreement::Classification {
-        images,
+        images: n_eval,
         top1_agree,
         mean_cosine,
         ..
@@ -392,8 +392,8 @@ fn efficientnet_lite0_int8_agrees_with_fp32() {
     else {
         panic!("expected a classification report");
     };
-    println!("efficientnet-lite0 int8 agreement: top-1 {top1_agree}/{images}, mean cosine {mean_cosine:.5}");
-    assert_eq!(images, 16);
+    println!("efficientnet-lite0 int8 agreement: top-1 {top1_agree}/{n_eval}, mean cosine {mean_cosine:.5}");
+    assert_eq!(n_eval, 16);
     assert!(top1_agree >= 15, "top-1 agreement {top1_agree}/16");
     assert!(mean_cosine >= 0.99, "mean cosine {mean_cosine}");
     // INT8 is not FP32: the quantization noise is real but bounded.

@@ -24,7 +24,7 @@ pub struct Histogram {
 impl Histogram {
     /// An empty histogram of `bins` bins; `bins` must be even and at least 2.
     pub fn new(bins: usize) -> Result<Histogram> {
-        if bins < 2 || bins % 2 != 0 {
+        if bins < 2 || !bins.is_multiple_of(2) {
             return Err(Error::BadInput(format!(
                 "histogram bin count must be even and at least 2, got {bins}"
             )));
