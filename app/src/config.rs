@@ -158,6 +158,9 @@ pub struct ModelConfig {
     pub device: Option<vigil_engine::Device>,
     /// Precision: `fp32`, `fp16` or `int8`.
     pub precision: Option<vigil_engine::Precision>,
+    /// Mixed precision for `precision = "int8"`: layers (node, output or input tensor names, as
+    /// listed in the calibration report) kept in floating point.
+    pub int8_exclude: Option<Vec<String>>,
 }
 
 /// Which built-in preset a model file name suggests.

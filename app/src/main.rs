@@ -27,6 +27,8 @@ enum Command {
     Bench(cli::bench::BenchArgs),
     /// Print a model's graph as loaded and after optimization (ops, parameters, FLOPs).
     Inspect(cli::inspect::InspectArgs),
+    /// Calibrate a model for INT8: QDQ ONNX model, TensorRT calibration cache and report.
+    Calibrate(cli::calibrate::CalibrateArgs),
 }
 
 fn main() {
@@ -41,6 +43,7 @@ fn main() {
         Command::Infer(a) => cli::infer::run(a),
         Command::Bench(a) => cli::bench::run(a),
         Command::Inspect(a) => cli::inspect::run(a),
+        Command::Calibrate(a) => cli::calibrate::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");

@@ -12,6 +12,7 @@ pub mod model;
 pub mod onnx;
 pub mod passes;
 pub mod plan;
+pub mod quant;
 pub mod vision;
 
 pub use backend::{Device, Precision};
