@@ -27,6 +27,10 @@ enum Command {
     Bench(cli::bench::BenchArgs),
     /// Print a model's graph as loaded and after optimization (ops, parameters, FLOPs).
     Inspect(cli::inspect::InspectArgs),
+    /// List V4L2 capture devices with their formats, sizes and frame rates.
+    Cameras(cli::cameras::CamerasArgs),
+    /// Measure the camera pipeline on an MJPEG recording (stage overhead, sustained fps).
+    CameraBench(cli::cameras::CameraBenchArgs),
 }
 
 fn main() {
@@ -41,6 +45,8 @@ fn main() {
         Command::Infer(a) => cli::infer::run(a),
         Command::Bench(a) => cli::bench::run(a),
         Command::Inspect(a) => cli::inspect::run(a),
+        Command::Cameras(a) => cli::cameras::run(a),
+        Command::CameraBench(a) => cli::cameras::bench(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");

@@ -2,6 +2,7 @@
 //! a model, `bench` times raw inference.; `inspect` prints the graph before and after optimization.
 
 pub mod bench;
+pub mod cameras;
 pub mod infer;
 pub mod inspect;
 pub mod serve;
