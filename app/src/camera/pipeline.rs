@@ -222,6 +222,10 @@ impl LatestSlot {
     /// Stores a frame; returns true when it replaced one that was never taken (a drop).
     pub fn put(&self, f: RawFrame) -> bool {
         let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if g.1 {
+            // Closed (shutting down): nobody will take it, so it counts as dropped.
+            return true;
+        }
         let replaced = g.0.replace(f).is_some();
         self.ready.notify_one();
         replaced
