@@ -401,7 +401,10 @@ impl Config {
         for c in &self.cameras {
             c.validate().map_err(ConfigError::Invalid)?;
             if !camera_ids.insert(c.id.as_str()) {
-                return Err(ConfigError::Invalid(format!("camera id '{}' appears twice", c.id)));
+                return Err(ConfigError::Invalid(format!(
+                    "camera id '{}' appears twice",
+                    c.id
+                )));
             }
         }
         let mut names = std::collections::HashSet::new();

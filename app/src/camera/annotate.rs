@@ -66,14 +66,31 @@ pub fn class_color(class_id: usize) -> [u8; 3] {
 }
 
 fn put(img: &mut RgbImage, x: i64, y: i64, c: [u8; 3]) {
-    if x >= 0 && y >= 0 && (x as u64) < u64::from(img.width()) && (y as u64) < u64::from(img.height()) {
+    if x >= 0
+        && y >= 0
+        && (x as u64) < u64::from(img.width())
+        && (y as u64) < u64::from(img.height())
+    {
         img.put_pixel(x as u32, y as u32, image::Rgb(c));
     }
 }
 
 /// Draws a rectangle outline `thickness` pixels wide (clipped to the image).
-pub fn draw_rect(img: &mut RgbImage, x1: f32, y1: f32, x2: f32, y2: f32, thickness: i64, c: [u8; 3]) {
-    let (x1, y1, x2, y2) = (x1.round() as i64, y1.round() as i64, x2.round() as i64 - 1, y2.round() as i64 - 1);
+pub fn draw_rect(
+    img: &mut RgbImage,
+    x1: f32,
+    y1: f32,
+    x2: f32,
+    y2: f32,
+    thickness: i64,
+    c: [u8; 3],
+) {
+    let (x1, y1, x2, y2) = (
+        x1.round() as i64,
+        y1.round() as i64,
+        x2.round() as i64 - 1,
+        y2.round() as i64 - 1,
+    );
     for t in 0..thickness {
         for x in x1..=x2 {
             put(img, x, y1 + t, c);
@@ -87,7 +104,15 @@ pub fn draw_rect(img: &mut RgbImage, x1: f32, y1: f32, x2: f32, y2: f32, thickne
 }
 
 /// Draws `text` with its top-left corner at (x, y) on a filled background, scaled by `scale`.
-pub fn draw_text(img: &mut RgbImage, x: i64, y: i64, text: &str, scale: i64, fg: [u8; 3], bg: [u8; 3]) {
+pub fn draw_text(
+    img: &mut RgbImage,
+    x: i64,
+    y: i64,
+    text: &str,
+    scale: i64,
+    fg: [u8; 3],
+    bg: [u8; 3],
+) {
     let n = text.chars().count() as i64;
     for yy in y..y + 9 * scale {
         for xx in x..x + (n * 6 + 1) * scale {
@@ -101,7 +126,12 @@ pub fn draw_text(img: &mut RgbImage, x: i64, y: i64, text: &str, scale: i64, fg:
                 if bits >> row & 1 == 1 {
                     for dy in 0..scale {
                         for dx in 0..scale {
-                            put(img, x + (1 + i as i64 * 6 + col as i64) * scale + dx, y + (1 + row) * scale + dy, fg);
+                            put(
+                                img,
+                                x + (1 + i as i64 * 6 + col as i64) * scale + dx,
+                                y + (1 + row) * scale + dy,
+                                fg,
+                            );
                         }
                     }
                 }
@@ -117,10 +147,26 @@ pub fn draw_results(img: &mut RgbImage, results: &Results) {
         Results::Detections(dets) => {
             for d in dets {
                 let c = class_color(d.class_id);
-                draw_rect(img, d.bbox.x1, d.bbox.y1, d.bbox.x2, d.bbox.y2, 2 * scale, c);
+                draw_rect(
+                    img,
+                    d.bbox.x1,
+                    d.bbox.y1,
+                    d.bbox.x2,
+                    d.bbox.y2,
+                    2 * scale,
+                    c,
+                );
                 let text = format!("{} {:.0}%", d.label, d.score * 100.0);
                 let ty = (d.bbox.y1.round() as i64 - 9 * scale).max(0);
-                draw_text(img, d.bbox.x1.round() as i64, ty, &text, scale, [0, 0, 0], c);
+                draw_text(
+                    img,
+                    d.bbox.x1.round() as i64,
+                    ty,
+                    &text,
+                    scale,
+                    [0, 0, 0],
+                    c,
+                );
             }
         }
         Results::Classes(classes) => {
@@ -153,7 +199,12 @@ mod tests {
             class_id: 0,
             label: "person".into(),
             score: 0.9,
-            bbox: BBox { x1: 20.0, y1: 30.0, x2: 60.0, y2: 70.0 },
+            bbox: BBox {
+                x1: 20.0,
+                y1: 30.0,
+                x2: 60.0,
+                y2: 70.0,
+            },
         };
         draw_results(&mut img, &Results::Detections(vec![det]));
         let c = class_color(0);
@@ -162,8 +213,11 @@ mod tests {
         assert_eq!(img.get_pixel(40, 69).0, c); // bottom edge
         assert_eq!(img.get_pixel(40, 50).0, [0, 0, 0]); // inside untouched
         assert_eq!(img.get_pixel(80, 50).0, [0, 0, 0]); // outside untouched
-        // The label strip sits above the box (y 21..30) with black text pixels on it.
-        let strip: Vec<[u8; 3]> = (21..30).flat_map(|y| (20..60).map(move |x| (x, y))).map(|(x, y)| img.get_pixel(x, y).0).collect();
+                                                        // The label strip sits above the box (y 21..30) with black text pixels on it.
+        let strip: Vec<[u8; 3]> = (21..30)
+            .flat_map(|y| (20..60).map(move |x| (x, y)))
+            .map(|(x, y)| img.get_pixel(x, y).0)
+            .collect();
         assert!(strip.iter().any(|p| *p == c) && strip.iter().any(|p| *p == [0, 0, 0]));
     }
 
@@ -174,6 +228,9 @@ mod tests {
         let back = image::load_from_memory(&j).unwrap().to_rgb8();
         assert_eq!(back.dimensions(), (32, 16));
         let p = back.get_pixel(16, 8).0;
-        assert!((i32::from(p[0]) - 128).abs() <= 6 && (i32::from(p[1]) - 100).abs() <= 6, "{p:?}");
+        assert!(
+            (i32::from(p[0]) - 128).abs() <= 6 && (i32::from(p[1]) - 100).abs() <= 6,
+            "{p:?}"
+        );
     }
 }

@@ -186,9 +186,7 @@ impl CameraConfig {
             _ => {}
         }
         if self.width == 0 || self.height == 0 || self.width > 16384 || self.height > 16384 {
-            return Err(format!(
-                "camera '{id}': width and height must be 1..=16384"
-            ));
+            return Err(format!("camera '{id}': width and height must be 1..=16384"));
         }
         if !(self.fps > 0.0 && self.fps <= 1000.0) || !(self.stream_fps > 0.0) {
             return Err(format!(

@@ -108,7 +108,11 @@ pub fn yuyv_to_rgb(
             "YUYV needs an even width and stride >= 2*width (width {width}, stride {stride})"
         ));
     }
-    check_len("YUYV", src.len(), stride * height.saturating_sub(1) + width * 2)?;
+    check_len(
+        "YUYV",
+        src.len(),
+        stride * height.saturating_sub(1) + width * 2,
+    )?;
     check_len("RGB output", out.len(), width * height * 3)?;
     for row in 0..height {
         let s = &src[row * stride..row * stride + width * 2];
@@ -138,7 +142,11 @@ pub fn nv12_to_rgb(
         ));
     }
     let uv_base = stride * height;
-    check_len("NV12", src.len(), uv_base + stride * (height / 2 - 1) + width)?;
+    check_len(
+        "NV12",
+        src.len(),
+        uv_base + stride * (height / 2 - 1) + width,
+    )?;
     check_len("RGB output", out.len(), width * height * 3)?;
     for row in 0..height {
         let ys = &src[row * stride..row * stride + width];
@@ -238,9 +246,8 @@ impl Converter {
             return Err(format!("JPEG frame size {w}x{h} is out of range"));
         }
         let mut buf = self.take_buffer(w * h * 3);
-        let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            dec.decode_into(&mut buf)
-        }));
+        let decoded =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| dec.decode_into(&mut buf)));
         match decoded {
             Ok(Ok(())) => Ok((w, h, buf)),
             Ok(Err(e)) => Err(format!("corrupt JPEG frame: {e:?}")),

@@ -19,7 +19,7 @@ pub mod supervisor;
 pub mod webhook;
 
 pub use config::{CameraConfig, SourceKind};
-pub use pipeline::{CameraHub, CameraHandle, FrameInfer, FrameResult, Published};
+pub use pipeline::{CameraHandle, CameraHub, FrameInfer, FrameResult, Published};
 pub use source::{FrameSource, PixelFormat, RawFrame, SourceError, SourceErrorKind};
 
 /// Registers the camera metrics' descriptions with the installed recorder.
@@ -28,14 +28,26 @@ pub fn describe_metrics() {
         "vigil_camera_frames_total",
         "Camera frames by outcome: captured, inferred, dropped (replaced before inference), failed."
     );
-    metrics::describe_gauge!("vigil_camera_fps", "Camera frame rate in (captured) and out (inferred).");
-    metrics::describe_gauge!("vigil_camera_up", "1 while the camera's source delivers frames.");
-    metrics::describe_counter!("vigil_camera_reconnects_total", "Camera source failures followed by a reopen.");
+    metrics::describe_gauge!(
+        "vigil_camera_fps",
+        "Camera frame rate in (captured) and out (inferred)."
+    );
+    metrics::describe_gauge!(
+        "vigil_camera_up",
+        "1 while the camera's source delivers frames."
+    );
+    metrics::describe_counter!(
+        "vigil_camera_reconnects_total",
+        "Camera source failures followed by a reopen."
+    );
     metrics::describe_histogram!(
         "vigil_camera_stage_seconds",
         metrics::Unit::Seconds,
         "Per-frame camera stage times: convert, preprocess, inference, postprocess, latency."
     );
-    metrics::describe_gauge!("vigil_camera_stream_clients", "Connected stream.mjpeg clients.");
+    metrics::describe_gauge!(
+        "vigil_camera_stream_clients",
+        "Connected stream.mjpeg clients."
+    );
     metrics::describe_counter!("vigil_camera_webhooks_total", "Webhook calls by outcome.");
 }

@@ -199,10 +199,17 @@ mod tests {
     /// A typical UVC webcam: MJPEG up to 1080p at 30, YUYV 640x480 at 30 and 1280x720 at 10.
     fn webcam() -> Vec<OfferedFormat> {
         vec![
-            discrete("YUYV", &[(640, 480, &[30.0, 15.0]), (1280, 720, &[10.0, 5.0])]),
+            discrete(
+                "YUYV",
+                &[(640, 480, &[30.0, 15.0]), (1280, 720, &[10.0, 5.0])],
+            ),
             discrete(
                 "MJPG",
-                &[(640, 480, &[30.0]), (1280, 720, &[30.0]), (1920, 1080, &[30.0])],
+                &[
+                    (640, 480, &[30.0]),
+                    (1280, 720, &[30.0]),
+                    (1920, 1080, &[30.0]),
+                ],
             ),
             discrete("H264", &[(1920, 1080, &[30.0])]),
         ]
@@ -213,7 +220,10 @@ mod tests {
     #[test]
     fn exact_match_in_preference_order() {
         let c = negotiate(&webcam(), &req(&[Mjpeg, Yuyv], 1280, 720, 30.0)).unwrap();
-        assert_eq!((c.format, c.width, c.height, c.fps, c.exact), (Mjpeg, 1280, 720, 30.0, true));
+        assert_eq!(
+            (c.format, c.width, c.height, c.fps, c.exact),
+            (Mjpeg, 1280, 720, 30.0, true)
+        );
         let c = negotiate(&webcam(), &req(&[Yuyv, Mjpeg], 1280, 720, 30.0)).unwrap();
         assert_eq!((c.format, c.fps, c.exact), (Yuyv, 10.0, false));
     }
@@ -228,7 +238,10 @@ mod tests {
     fn nearest_size_and_fallback_format() {
         let c = negotiate(&webcam(), &req(&[Nv12], 800, 600, 25.0)).unwrap();
         // NV12 is not offered: falls back to MJPEG (first convertible), nearest size 640x480.
-        assert_eq!((c.format, c.width, c.height, c.fps), (Mjpeg, 640, 480, 30.0));
+        assert_eq!(
+            (c.format, c.width, c.height, c.fps),
+            (Mjpeg, 640, 480, 30.0)
+        );
         assert!(!c.exact);
     }
 
@@ -249,13 +262,19 @@ mod tests {
             },
         }];
         let c = negotiate(&offered, &req(&[Mjpeg, Nv12], 641, 2000, 29.0)).unwrap();
-        assert_eq!((c.format, c.width, c.height, c.fps), (Nv12, 640, 1080, 30.0));
+        assert_eq!(
+            (c.format, c.width, c.height, c.fps),
+            (Nv12, 640, 1080, 30.0)
+        );
     }
 
     #[test]
     fn nothing_convertible_is_an_error() {
-        let e = negotiate(&[discrete("H264", &[(640, 480, &[30.0])])], &req(&[Mjpeg], 640, 480, 30.0))
-            .unwrap_err();
+        let e = negotiate(
+            &[discrete("H264", &[(640, 480, &[30.0])])],
+            &req(&[Mjpeg], 640, 480, 30.0),
+        )
+        .unwrap_err();
         assert!(e.contains("H264"), "{e}");
         assert!(negotiate(&[], &req(&[Mjpeg], 640, 480, 30.0)).is_err());
     }

@@ -328,8 +328,13 @@ impl CameraHandle {
         let before = s.state;
         f(&mut s);
         if s.state != before {
-            metrics::gauge!("vigil_camera_up", "camera" => self.config.id.clone())
-                .set(if s.state == CameraState::Running { 1.0 } else { 0.0 });
+            metrics::gauge!("vigil_camera_up", "camera" => self.config.id.clone()).set(
+                if s.state == CameraState::Running {
+                    1.0
+                } else {
+                    0.0
+                },
+            );
         }
     }
 
@@ -374,7 +379,8 @@ impl CameraHandle {
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Relaxed);
         self.slot.close();
-        let threads: Vec<_> = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()));
+        let threads: Vec<_> =
+            std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()));
         for t in threads {
             let _ = t.join();
         }
@@ -390,7 +396,8 @@ impl CameraHandle {
         }
         if self.slot.put(frame) {
             self.counters.dropped.fetch_add(1, Ordering::Relaxed);
-            metrics::counter!("vigil_camera_frames_total", "camera" => id, "outcome" => "dropped").increment(1);
+            metrics::counter!("vigil_camera_frames_total", "camera" => id, "outcome" => "dropped")
+                .increment(1);
         }
     }
 }
@@ -505,7 +512,12 @@ pub fn start_camera(
     transform: Transform,
 ) -> Result<Arc<CameraHandle>, String> {
     config.validate()?;
-    let webhook = config.webhook.as_ref().map(|w| Webhook::start(&config.id, w));
+    // Install the metrics recorder before the first camera metric is recorded.
+    let _ = crate::http::metrics::handle();
+    let webhook = config
+        .webhook
+        .as_ref()
+        .map(|w| Webhook::start(&config.id, w));
     let cam = Arc::new(CameraHandle::new(config));
     metrics::gauge!("vigil_camera_up", "camera" => cam.config.id.clone()).set(0.0);
     let c1 = cam.clone();
@@ -576,7 +588,10 @@ impl CameraHub {
                 .get(&cfg.model)
                 .ok_or_else(|| format!("camera '{}': unknown model '{}'", cfg.id, cfg.model))?;
             let model = m.model.as_ref().ok_or_else(|| {
-                format!("camera '{}': model '{}' has no engine model", cfg.id, cfg.model)
+                format!(
+                    "camera '{}': model '{}' has no engine model",
+                    cfg.id, cfg.model
+                )
             })?;
             let ctx = model
                 .new_context()

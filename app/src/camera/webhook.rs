@@ -43,7 +43,10 @@ pub fn parse_http_url(url: &str) -> Result<HttpUrl, String> {
         _ => (authority, 80),
     };
     Ok(HttpUrl {
-        host: host.trim_start_matches('[').trim_end_matches(']').to_string(),
+        host: host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string(),
         port,
         path: path.to_string(),
     })

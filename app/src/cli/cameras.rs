@@ -44,10 +44,17 @@ pub fn run(args: CamerasArgs) -> Result<(), String> {
             continue;
         }
         if let Some(c) = &d.caps {
-            println!("  {} (driver {}, bus {}), capture: {}, streaming: {}", c.card, c.driver, c.bus_info, c.capture, c.streaming);
+            println!(
+                "  {} (driver {}, bus {}), capture: {}, streaming: {}",
+                c.card, c.driver, c.bus_info, c.capture, c.streaming
+            );
         }
         for f in &d.formats {
-            let usable = if f.format.is_some() { "" } else { " (not convertible)" };
+            let usable = if f.format.is_some() {
+                ""
+            } else {
+                " (not convertible)"
+            };
             println!("  {} {}{}", f.fourcc, f.description, usable);
             match &f.sizes {
                 FrameSizes::Discrete(sizes) => {
@@ -56,7 +63,15 @@ pub fn run(args: CamerasArgs) -> Result<(), String> {
                         println!("    {}x{} @ {} fps", s.width, s.height, rates.join(", "));
                     }
                 }
-                FrameSizes::Stepwise { min_width, max_width, step_width, min_height, max_height, step_height, fps } => {
+                FrameSizes::Stepwise {
+                    min_width,
+                    max_width,
+                    step_width,
+                    min_height,
+                    max_height,
+                    step_height,
+                    fps,
+                } => {
                     println!("    {min_width}..{max_width} step {step_width} x {min_height}..{max_height} step {step_height}, fps {fps:?}");
                 }
             }
@@ -104,7 +119,11 @@ fn mean(v: &[f64]) -> f64 {
 
 /// Stage-by-stage timing on the recording, then the real pipeline at full speed.
 pub fn bench(args: CameraBenchArgs) -> Result<(), String> {
-    let mut cfg = super::resolve_model(&args.model, args.config.as_deref(), args.models_dir.as_deref())?;
+    let mut cfg = super::resolve_model(
+        &args.model,
+        args.config.as_deref(),
+        args.models_dir.as_deref(),
+    )?;
     if let Some(t) = args.threads {
         cfg.threads = Some(t);
     }
@@ -132,16 +151,26 @@ pub fn bench(args: CameraBenchArgs) -> Result<(), String> {
         let img = conv.to_rgb(&f)?;
         convert.push(s.elapsed().as_secs_f64() * 1e3);
         let mut t = FrameTimings::default();
-        ctx.infer_rgb(&img, &spec, &overrides, &mut t).map_err(|e| e.to_string())?;
+        ctx.infer_rgb(&img, &spec, &overrides, &mut t)
+            .map_err(|e| e.to_string())?;
         pre.push(t.preprocess_ms);
         inf.push(t.inference_ms);
         post.push(t.postprocess_ms);
         conv.recycle(img);
     }
     let (c, p, i, q) = (mean(&convert), mean(&pre), mean(&inf), mean(&post));
-    println!("model {} on {} ({} frames timed, backend {})", cfg.name, args.source.display(), n, model.backend());
+    println!(
+        "model {} on {} ({} frames timed, backend {})",
+        cfg.name,
+        args.source.display(),
+        n,
+        model.backend()
+    );
     println!("per frame (mean ms): decode+convert {c:.2}, preprocess {p:.2}, inference {i:.2}, postprocess {q:.2}");
-    println!("overhead (decode+convert+pre+post) / inference: {:.1}%", 100.0 * (c + p + q) / i.max(1e-9));
+    println!(
+        "overhead (decode+convert+pre+post) / inference: {:.1}%",
+        100.0 * (c + p + q) / i.max(1e-9)
+    );
 
     // 2. The real pipeline: the file at full speed, once through.
     let mut cam = CameraConfig::new("bench", SourceKind::MjpegFile, &cfg.name);

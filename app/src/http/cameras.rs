@@ -80,7 +80,10 @@ pub async fn snapshot(
         let q = parse_query(q)?;
         let cam = camera(&state, &id)?;
         let p = cam.latest().ok_or_else(|| {
-            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, format!("camera '{id}' has no frame yet"))
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("camera '{id}' has no frame yet"),
+            )
         })?;
         let seq = p.result.seq;
         let jpeg = encode(p, q.annotate.unwrap_or(true)).await?;
@@ -89,7 +92,10 @@ pub async fn snapshot(
                 [
                     (header::CONTENT_TYPE, "image/jpeg".to_string()),
                     (header::CACHE_CONTROL, "no-store".to_string()),
-                    (header::HeaderName::from_static("x-frame-seq"), seq.to_string()),
+                    (
+                        header::HeaderName::from_static("x-frame-seq"),
+                        seq.to_string(),
+                    ),
                 ],
                 jpeg,
             )
@@ -111,7 +117,10 @@ pub async fn stream(
         Ok(v) => v,
         Err(e) => return e.into_response(),
     };
-    let fps = q.fps.unwrap_or(cam.config.stream_fps).min(cam.config.stream_fps);
+    let fps = q
+        .fps
+        .unwrap_or(cam.config.stream_fps)
+        .min(cam.config.stream_fps);
     let period = Duration::from_secs_f64(1.0 / fps);
     let annotated = q.annotate.unwrap_or(true);
     let mut rx = cam.watch_latest();

@@ -167,7 +167,11 @@ pub struct MjpegFileSource {
 
 impl MjpegFileSource {
     /// Opens the file and reads the first frame's size.
-    pub fn open(path: &Path, fps: Option<f64>, looping: bool) -> Result<MjpegFileSource, SourceError> {
+    pub fn open(
+        path: &Path,
+        fps: Option<f64>,
+        looping: bool,
+    ) -> Result<MjpegFileSource, SourceError> {
         let file = File::open(path)
             .map_err(|e| SourceError::from_io(&format!("open {}", path.display()), &e))?;
         let mut src = MjpegFileSource {

@@ -57,7 +57,12 @@ pub trait DeviceIo: Send {
     /// VIDIOC_ENUM_FMT + ENUM_FRAMESIZES + ENUM_FRAMEINTERVALS.
     fn enum_formats(&mut self) -> std::io::Result<Vec<OfferedFormat>>;
     /// VIDIOC_S_FMT; returns what the driver set.
-    fn set_format(&mut self, fourcc: [u8; 4], width: u32, height: u32) -> std::io::Result<ActualFormat>;
+    fn set_format(
+        &mut self,
+        fourcc: [u8; 4],
+        width: u32,
+        height: u32,
+    ) -> std::io::Result<ActualFormat>;
     /// VIDIOC_S_PARM; returns the rate the driver set, if it reports one.
     fn set_fps(&mut self, fps: f64) -> std::io::Result<Option<f64>>;
     /// VIDIOC_REQBUFS (MMAP); returns the number granted.
@@ -124,7 +129,10 @@ impl<D: DeviceIo> V4l2Source<D> {
             )
         })?;
         if actual.width == 0 || actual.height == 0 {
-            return Err(SourceError::new(SourceErrorKind::Format, "driver set a zero frame size"));
+            return Err(SourceError::new(
+                SourceErrorKind::Format,
+                "driver set a zero frame size",
+            ));
         }
         let fps = if choice.fps > 0.0 {
             dev.set_fps(choice.fps).ok().flatten().unwrap_or(choice.fps)
@@ -135,7 +143,10 @@ impl<D: DeviceIo> V4l2Source<D> {
             .request_buffers(BUFFERS)
             .map_err(io_err("VIDIOC_REQBUFS"))?;
         if granted == 0 {
-            return Err(SourceError::new(SourceErrorKind::Io, "driver granted no buffers"));
+            return Err(SourceError::new(
+                SourceErrorKind::Io,
+                "driver granted no buffers",
+            ));
         }
         for i in 0..granted {
             dev.map_buffer(i).map_err(io_err("mmap"))?;
@@ -149,8 +160,15 @@ impl<D: DeviceIo> V4l2Source<D> {
             height: actual.height,
             fps,
         };
-        tracing::info!(device = name, format = format.name(), width = actual.width,
-            height = actual.height, fps, exact = choice.exact, "V4L2 format negotiated");
+        tracing::info!(
+            device = name,
+            format = format.name(),
+            width = actual.width,
+            height = actual.height,
+            fps,
+            exact = choice.exact,
+            "V4L2 format negotiated"
+        );
         Ok(V4l2Source {
             dev,
             info,
@@ -211,7 +229,8 @@ impl<D: DeviceIo> FrameSource for V4l2Source<D> {
             // Re-queue at once: the copy is ours, the buffer goes back to the driver.
             self.dev.queue(d.index).map_err(io_err("VIDIOC_QBUF"))?;
             if let Some(data) = data {
-                let mut f = RawFrame::new(self.info.format, self.info.width, self.info.height, data);
+                let mut f =
+                    RawFrame::new(self.info.format, self.info.width, self.info.height, data);
                 f.stride = self.actual.bytes_per_line as usize;
                 if f.format == PixelFormat::Mjpeg {
                     f.stride = 0;
@@ -473,7 +492,12 @@ impl SysDevice {
         let c = CString::new(path.as_os_str().as_encoded_bytes())
             .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "NUL in path"))?;
         // SAFETY: a valid NUL-terminated path; the returned fd is checked.
-        let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC) };
+        let fd = unsafe {
+            libc::open(
+                c.as_ptr(),
+                libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC,
+            )
+        };
         if fd < 0 {
             return Err(std::io::Error::last_os_error());
         }
@@ -506,7 +530,10 @@ impl SysDevice {
             iv.pixel_format = code;
             iv.width = w;
             iv.height = h;
-            if self.ioctl(sys::VIDIOC_ENUM_FRAMEINTERVALS, &mut iv).is_err() {
+            if self
+                .ioctl(sys::VIDIOC_ENUM_FRAMEINTERVALS, &mut iv)
+                .is_err()
+            {
                 break;
             }
             let (num, den) = (iv.u[0], iv.u[1]);
@@ -606,7 +633,12 @@ impl DeviceIo for SysDevice {
         Ok(out)
     }
 
-    fn set_format(&mut self, fourcc: [u8; 4], width: u32, height: u32) -> std::io::Result<ActualFormat> {
+    fn set_format(
+        &mut self,
+        fourcc: [u8; 4],
+        width: u32,
+        height: u32,
+    ) -> std::io::Result<ActualFormat> {
         let mut f: sys::v4l2_format = zeroed();
         f.type_ = sys::BUF_TYPE_VIDEO_CAPTURE;
         let mut pix: sys::v4l2_pix_format = zeroed();
@@ -672,7 +704,9 @@ impl DeviceIo for SysDevice {
         if self.maps.len() != index as usize {
             // SAFETY: just mapped above.
             unsafe { libc::munmap(ptr, len) };
-            return Err(std::io::Error::other("buffers must be mapped in index order"));
+            return Err(std::io::Error::other(
+                "buffers must be mapped in index order",
+            ));
         }
         self.maps.push(Mapping { ptr, len });
         Ok(())
@@ -696,7 +730,11 @@ impl DeviceIo for SysDevice {
 
     fn stream(&mut self, on: bool) -> std::io::Result<()> {
         let mut t: i32 = sys::BUF_TYPE_VIDEO_CAPTURE as i32;
-        let req = if on { sys::VIDIOC_STREAMON } else { sys::VIDIOC_STREAMOFF };
+        let req = if on {
+            sys::VIDIOC_STREAMON
+        } else {
+            sys::VIDIOC_STREAMOFF
+        };
         self.ioctl(req, &mut t)
     }
 
@@ -711,7 +749,11 @@ impl DeviceIo for SysDevice {
         let r = unsafe { libc::poll(&mut p, 1, ms) };
         if r < 0 {
             let e = std::io::Error::last_os_error();
-            return if e.kind() == std::io::ErrorKind::Interrupted { Ok(false) } else { Err(e) };
+            return if e.kind() == std::io::ErrorKind::Interrupted {
+                Ok(false)
+            } else {
+                Err(e)
+            };
         }
         if p.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0 {
             return Err(std::io::Error::from_raw_os_error(libc::ENODEV));
@@ -780,7 +822,8 @@ pub fn list_devices() -> Vec<DeviceListing> {
                 formats: Vec::new(),
                 error: None,
             };
-            match SysDevice::open(&path).and_then(|mut d| Ok((d.query_caps()?, d.enum_formats()?))) {
+            match SysDevice::open(&path).and_then(|mut d| Ok((d.query_caps()?, d.enum_formats()?)))
+            {
                 Ok((caps, formats)) => {
                     l.caps = Some(caps);
                     l.formats = formats;
