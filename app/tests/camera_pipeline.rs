@@ -329,7 +329,7 @@ fn corrupt_frames_are_counted_as_failed_not_fatal() {
             if self.0 > 30 {
                 return Err(SourceError::new(SourceErrorKind::EndOfStream, "done"));
             }
-            let data = if self.0 % 3 == 0 {
+            let data = if self.0.is_multiple_of(3) {
                 vec![0xFF, 0xD8, 0xFF, 0xDB, 0x00]
             } else {
                 let img = image::RgbImage::from_pixel(16, 16, image::Rgb([10, 200, 30]));

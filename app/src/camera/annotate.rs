@@ -218,7 +218,7 @@ mod tests {
             .flat_map(|y| (20..60).map(move |x| (x, y)))
             .map(|(x, y)| img.get_pixel(x, y).0)
             .collect();
-        assert!(strip.iter().any(|p| *p == c) && strip.iter().any(|p| *p == [0, 0, 0]));
+        assert!(strip.contains(&c) && strip.contains(&[0, 0, 0]));
     }
 
     #[test]

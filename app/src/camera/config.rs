@@ -188,7 +188,9 @@ impl CameraConfig {
         if self.width == 0 || self.height == 0 || self.width > 16384 || self.height > 16384 {
             return Err(format!("camera '{id}': width and height must be 1..=16384"));
         }
-        if !(self.fps > 0.0 && self.fps <= 1000.0) || !(self.stream_fps > 0.0) {
+        let fps_ok = self.fps > 0.0 && self.fps <= 1000.0;
+        let stream_ok = self.stream_fps > 0.0 && self.stream_fps.is_finite();
+        if !fps_ok || !stream_ok {
             return Err(format!(
                 "camera '{id}': fps and stream_fps must be positive (fps at most 1000)"
             ));

@@ -103,7 +103,7 @@ pub fn yuyv_to_rgb(
     k: &YuvCoeffs,
     out: &mut [u8],
 ) -> Result<(), String> {
-    if width % 2 != 0 || stride < width * 2 {
+    if !width.is_multiple_of(2) || stride < width * 2 {
         return Err(format!(
             "YUYV needs an even width and stride >= 2*width (width {width}, stride {stride})"
         ));
@@ -136,7 +136,7 @@ pub fn nv12_to_rgb(
     k: &YuvCoeffs,
     out: &mut [u8],
 ) -> Result<(), String> {
-    if width % 2 != 0 || height % 2 != 0 || stride < width {
+    if !width.is_multiple_of(2) || !height.is_multiple_of(2) || stride < width {
         return Err(format!(
             "NV12 needs even dimensions and stride >= width ({width}x{height}, stride {stride})"
         ));

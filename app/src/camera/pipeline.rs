@@ -476,7 +476,7 @@ fn inference_loop(cam: Arc<CameraHandle>, mut t: Transform, webhook: Option<Webh
                     .send_replace(Some(Arc::new(Published::new(result, Arc::new(img)))));
                 // Reuse the previous frame's pixels when no client still holds them.
                 if let Some(img) = old
-                    .and_then(|p| Arc::into_inner(p))
+                    .and_then(Arc::into_inner)
                     .and_then(|p| Arc::into_inner(p.image))
                 {
                     conv.recycle(img);
