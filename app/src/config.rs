@@ -42,6 +42,9 @@ pub struct Config {
     /// The models to serve.
     #[serde(default)]
     pub models: Vec<ModelConfig>,
+    /// Cameras to capture from and run models on (`[[cameras]]`).
+    #[serde(default)]
+    pub cameras: Vec<crate::camera::CameraConfig>,
 }
 
 fn default_listen() -> String {
@@ -353,6 +356,9 @@ impl Config {
                 }
             }
         }
+        for c in &mut cfg.cameras {
+            c.resolve_paths(base_dir);
+        }
         cfg.validate()?;
         Ok(cfg)
     }
@@ -376,6 +382,7 @@ impl Config {
             listen: default_listen(),
             limits: Limits::default(),
             models: default_models(models_dir),
+            cameras: Vec::new(),
         }
     }
 
@@ -392,6 +399,16 @@ impl Config {
             return Err(ConfigError::Invalid(
                 "limits.request_timeout_ms must be at least 1".into(),
             ));
+        }
+        let mut camera_ids = std::collections::HashSet::new();
+        for c in &self.cameras {
+            c.validate().map_err(ConfigError::Invalid)?;
+            if !camera_ids.insert(c.id.as_str()) {
+                return Err(ConfigError::Invalid(format!(
+                    "camera id '{}' appears twice",
+                    c.id
+                )));
+            }
         }
         let mut names = std::collections::HashSet::new();
         for m in &self.models {

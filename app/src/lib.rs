@@ -4,6 +4,7 @@
 //! [`queue`]s of execution contexts, [`http`] serves the image (`/v1`), KServe v2 (`/v2`) and
 //! metrics APIs, and [`cli`] implements the `vigil` subcommands.
 
+pub mod camera;
 pub mod cli;
 pub mod config;
 pub mod http;

@@ -29,6 +29,10 @@ enum Command {
     Inspect(cli::inspect::InspectArgs),
     /// Calibrate a model for INT8: QDQ ONNX model, TensorRT calibration cache and report.
     Calibrate(cli::calibrate::CalibrateArgs),
+    /// List V4L2 capture devices with their formats, sizes and frame rates.
+    Cameras(cli::cameras::CamerasArgs),
+    /// Measure the camera pipeline on an MJPEG recording (stage overhead, sustained fps).
+    CameraBench(cli::cameras::CameraBenchArgs),
 }
 
 fn main() {
@@ -44,6 +48,8 @@ fn main() {
         Command::Bench(a) => cli::bench::run(a),
         Command::Inspect(a) => cli::inspect::run(a),
         Command::Calibrate(a) => cli::calibrate::run(a),
+        Command::Cameras(a) => cli::cameras::run(a),
+        Command::CameraBench(a) => cli::cameras::bench(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");

@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod calibrate;
+pub mod cameras;
 pub mod infer;
 pub mod inspect;
 pub mod serve;

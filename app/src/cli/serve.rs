@@ -40,12 +40,17 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
             .await
             .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
         let registry = Registry::load_all(&cfg.models, &cfg.limits)?;
-        let state = AppState::new(registry, cfg.limits.clone());
+        let cameras = crate::camera::CameraHub::start_all(
+            &cfg.cameras,
+            &registry,
+            cfg.limits.max_pixels,
+        )?;
+        let state = AppState::with_cameras(registry, cfg.limits.clone(), cameras);
         let addr = listener
             .local_addr()
             .map(|a| a.to_string())
             .unwrap_or(listen);
-        tracing::info!(%addr, models = state.registry.len(), "vigil listening");
+        tracing::info!(%addr, models = state.registry.len(), cameras = state.cameras.len(), "vigil listening");
         serve_with_shutdown(listener, state, shutdown_signal())
             .await
             .map_err(|e| format!("server error: {e}"))?;

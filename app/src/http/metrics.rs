@@ -31,6 +31,13 @@ pub fn handle() -> PrometheusHandle {
                 Ok(b) => b,
                 Err(_) => PrometheusBuilder::new(),
             };
+            let builder = match builder.set_buckets_for_metric(
+                Matcher::Full("vigil_camera_stage_seconds".into()),
+                LATENCY_BUCKETS,
+            ) {
+                Ok(b) => b,
+                Err(_) => PrometheusBuilder::new(),
+            };
             let recorder = builder.build_recorder();
             let handle = recorder.handle();
             if metrics::set_global_recorder(recorder).is_err() {
@@ -57,6 +64,7 @@ fn describe() {
         "vigil_queue_depth",
         "Requests waiting or executing per model."
     );
+    crate::camera::describe_metrics();
 }
 
 /// Runs histogram upkeep periodically so unscraped samples do not accumulate.

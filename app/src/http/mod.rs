@@ -3,6 +3,7 @@
 //! `infer` holds the image API (`/v1`), `kserve` the KServe v2 / Triton tensor API (`/v2`),
 //! `metrics` the Prometheus recorder and `/metrics`.
 
+pub mod cameras;
 pub mod infer;
 pub mod kserve;
 pub mod metrics;
@@ -35,6 +36,8 @@ pub struct AppState {
     pub metrics: PrometheusHandle,
     /// Whether `/v2/health/ready` reports ready.
     pub ready: AtomicBool,
+    /// The running cameras (`/v1/cameras`).
+    pub cameras: crate::camera::CameraHub,
 }
 
 impl AppState {
@@ -45,6 +48,22 @@ impl AppState {
             limits,
             metrics: metrics::handle(),
             ready: AtomicBool::new(true),
+            cameras: crate::camera::CameraHub::new(),
+        })
+    }
+
+    /// State over a loaded registry and started cameras.
+    pub fn with_cameras(
+        registry: Registry,
+        limits: Limits,
+        cameras: crate::camera::CameraHub,
+    ) -> Arc<AppState> {
+        Arc::new(AppState {
+            registry,
+            limits,
+            metrics: metrics::handle(),
+            ready: AtomicBool::new(true),
+            cameras,
         })
     }
 }
@@ -257,6 +276,11 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/v2/models/{name}/versions/{version}/infer",
             post(kserve::infer_versioned),
         )
+        .route("/v1/cameras", get(cameras::list))
+        .route("/v1/cameras/{id}", get(cameras::get_one))
+        .route("/v1/cameras/{id}/snapshot.jpg", get(cameras::snapshot))
+        .route("/v1/cameras/{id}/stream.mjpeg", get(cameras::stream))
+        .route("/v1/cameras/{id}/events", get(cameras::events))
         .route("/metrics", get(metrics::render))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

@@ -1,0 +1,327 @@
+//! Frame conversions to packed RGB8: MJPEG decoding (zune-jpeg, reusing the output buffer) and
+//! YUYV 4:2:2 / NV12 4:2:0 with BT.601 or BT.709 coefficients, limited or full range.
+//!
+//! The YUV paths are integer fixed point (14 fractional bits) on the CPU. A CUDA conversion for
+//! when the CUDA backend is active does not exist yet; frames are converted here in every case.
+
+use image::RgbImage;
+use serde::Deserialize;
+use zune_core::bytestream::ZCursor;
+use zune_core::colorspace::ColorSpace;
+use zune_core::options::DecoderOptions;
+
+use super::source::{PixelFormat, RawFrame};
+
+/// YUV → RGB matrix (`yuv_matrix = "bt601" | "bt709"`).
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum YuvMatrix {
+    /// ITU-R BT.601 (SD; what UVC webcams and ffmpeg's default use).
+    #[default]
+    Bt601,
+    /// ITU-R BT.709 (HD).
+    Bt709,
+}
+
+/// YUV value range (`yuv_range = "limited" | "full"`).
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum YuvRange {
+    /// Y in 16..=235, chroma in 16..=240 ("TV" range).
+    #[default]
+    Limited,
+    /// Y and chroma in 0..=255 ("PC"/JPEG range).
+    Full,
+}
+
+const SHIFT: i32 = 14;
+
+/// Fixed-point conversion coefficients for one matrix and range.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct YuvCoeffs {
+    y_offset: i32,
+    y_mul: i32,
+    rv: i32,
+    gu: i32,
+    gv: i32,
+    bu: i32,
+}
+
+impl YuvCoeffs {
+    /// Coefficients derived from the matrix's Kr/Kb and the range's scale factors.
+    pub fn new(matrix: YuvMatrix, range: YuvRange) -> YuvCoeffs {
+        let (kr, kb) = match matrix {
+            YuvMatrix::Bt601 => (0.299f64, 0.114f64),
+            YuvMatrix::Bt709 => (0.2126, 0.0722),
+        };
+        let kg = 1.0 - kr - kb;
+        let (y_offset, ys, cs) = match range {
+            YuvRange::Limited => (16, 255.0 / 219.0, 255.0 / 224.0),
+            YuvRange::Full => (0, 1.0, 1.0),
+        };
+        let fx = |v: f64| (v * f64::from(1 << SHIFT)).round() as i32;
+        YuvCoeffs {
+            y_offset,
+            y_mul: fx(ys),
+            rv: fx(cs * 2.0 * (1.0 - kr)),
+            gu: fx(cs * 2.0 * kb * (1.0 - kb) / kg),
+            gv: fx(cs * 2.0 * kr * (1.0 - kr) / kg),
+            bu: fx(cs * 2.0 * (1.0 - kb)),
+        }
+    }
+
+    /// Converts one pixel.
+    #[inline(always)]
+    pub fn pixel(&self, y: u8, u: u8, v: u8) -> [u8; 3] {
+        let yy = (i32::from(y) - self.y_offset) * self.y_mul + (1 << (SHIFT - 1));
+        let u = i32::from(u) - 128;
+        let v = i32::from(v) - 128;
+        let c = |x: i32| (x >> SHIFT).clamp(0, 255) as u8;
+        [
+            c(yy + self.rv * v),
+            c(yy - self.gu * u - self.gv * v),
+            c(yy + self.bu * u),
+        ]
+    }
+}
+
+fn check_len(what: &str, got: usize, want: usize) -> Result<(), String> {
+    if got < want {
+        return Err(format!(
+            "{what} frame is {got} bytes, expected at least {want}"
+        ));
+    }
+    Ok(())
+}
+
+/// Packed YUYV 4:2:2 (Y0 U Y1 V per pixel pair; `stride` bytes per row) → RGB8 into `out`.
+pub fn yuyv_to_rgb(
+    src: &[u8],
+    width: usize,
+    height: usize,
+    stride: usize,
+    k: &YuvCoeffs,
+    out: &mut [u8],
+) -> Result<(), String> {
+    if !width.is_multiple_of(2) || stride < width * 2 {
+        return Err(format!(
+            "YUYV needs an even width and stride >= 2*width (width {width}, stride {stride})"
+        ));
+    }
+    check_len(
+        "YUYV",
+        src.len(),
+        stride * height.saturating_sub(1) + width * 2,
+    )?;
+    check_len("RGB output", out.len(), width * height * 3)?;
+    for row in 0..height {
+        let s = &src[row * stride..row * stride + width * 2];
+        let o = &mut out[row * width * 3..(row + 1) * width * 3];
+        for (px, op) in s.chunks_exact(4).zip(o.chunks_exact_mut(6)) {
+            let (y0, u, y1, v) = (px[0], px[1], px[2], px[3]);
+            op[..3].copy_from_slice(&k.pixel(y0, u, v));
+            op[3..].copy_from_slice(&k.pixel(y1, u, v));
+        }
+    }
+    Ok(())
+}
+
+/// NV12 4:2:0 (a Y plane, then an interleaved UV plane at half resolution; both with `stride`
+/// bytes per row) → RGB8 into `out`.
+pub fn nv12_to_rgb(
+    src: &[u8],
+    width: usize,
+    height: usize,
+    stride: usize,
+    k: &YuvCoeffs,
+    out: &mut [u8],
+) -> Result<(), String> {
+    if !width.is_multiple_of(2) || !height.is_multiple_of(2) || stride < width {
+        return Err(format!(
+            "NV12 needs even dimensions and stride >= width ({width}x{height}, stride {stride})"
+        ));
+    }
+    let uv_base = stride * height;
+    check_len(
+        "NV12",
+        src.len(),
+        uv_base + stride * (height / 2 - 1) + width,
+    )?;
+    check_len("RGB output", out.len(), width * height * 3)?;
+    for row in 0..height {
+        let ys = &src[row * stride..row * stride + width];
+        let uv = &src[uv_base + (row / 2) * stride..uv_base + (row / 2) * stride + width];
+        let o = &mut out[row * width * 3..(row + 1) * width * 3];
+        for ((yp, c), op) in ys
+            .chunks_exact(2)
+            .zip(uv.chunks_exact(2))
+            .zip(o.chunks_exact_mut(6))
+        {
+            op[..3].copy_from_slice(&k.pixel(yp[0], c[0], c[1]));
+            op[3..].copy_from_slice(&k.pixel(yp[1], c[0], c[1]));
+        }
+    }
+    Ok(())
+}
+
+/// Turns raw frames of any supported format into RGB images, reusing its buffers.
+pub struct Converter {
+    coeffs: YuvCoeffs,
+    max_pixels: u64,
+    spare: Vec<u8>,
+}
+
+impl Converter {
+    /// A converter with the YUV matrix/range and a pixel limit for decoded JPEGs.
+    pub fn new(matrix: YuvMatrix, range: YuvRange, max_pixels: u64) -> Converter {
+        Converter {
+            coeffs: YuvCoeffs::new(matrix, range),
+            max_pixels,
+            spare: Vec::new(),
+        }
+    }
+
+    /// Hands a finished image's buffer back for reuse by the next conversion.
+    pub fn recycle(&mut self, img: RgbImage) {
+        self.spare = img.into_raw();
+    }
+
+    fn take_buffer(&mut self, len: usize) -> Vec<u8> {
+        let mut buf = std::mem::take(&mut self.spare);
+        buf.resize(len, 0);
+        buf
+    }
+
+    /// Converts a frame to RGB8; errors describe corrupt or inconsistent frames.
+    pub fn to_rgb(&mut self, f: &RawFrame) -> Result<RgbImage, String> {
+        let (w, h) = (f.width as usize, f.height as usize);
+        let pixels = u64::from(f.width) * u64::from(f.height);
+        if f.format != PixelFormat::Mjpeg && (pixels == 0 || pixels > self.max_pixels) {
+            return Err(format!("frame size {w}x{h} is out of range"));
+        }
+        let mut buf;
+        let (ow, oh) = match f.format {
+            PixelFormat::Mjpeg => {
+                let (dw, dh, b) = self.decode_jpeg(&f.data)?;
+                buf = b;
+                (dw, dh)
+            }
+            PixelFormat::Yuyv => {
+                buf = self.take_buffer(w * h * 3);
+                let stride = if f.stride == 0 { w * 2 } else { f.stride };
+                yuyv_to_rgb(&f.data, w, h, stride, &self.coeffs, &mut buf)?;
+                (w, h)
+            }
+            PixelFormat::Nv12 => {
+                buf = self.take_buffer(w * h * 3);
+                let stride = if f.stride == 0 { w } else { f.stride };
+                nv12_to_rgb(&f.data, w, h, stride, &self.coeffs, &mut buf)?;
+                (w, h)
+            }
+            PixelFormat::Rgb24 => {
+                check_len("RGB24", f.data.len(), w * h * 3)?;
+                buf = self.take_buffer(w * h * 3);
+                buf.copy_from_slice(&f.data[..w * h * 3]);
+                (w, h)
+            }
+        };
+        RgbImage::from_raw(ow as u32, oh as u32, buf)
+            .ok_or_else(|| "converted buffer has the wrong size".to_string())
+    }
+
+    fn decode_jpeg(&mut self, data: &[u8]) -> Result<(usize, usize, Vec<u8>), String> {
+        // Same decoder and options as the `image` crate (what `vigil infer` uses), so pixels match.
+        let opts = DecoderOptions::default()
+            .set_strict_mode(false)
+            .set_max_width(16384)
+            .set_max_height(16384)
+            .jpeg_set_out_colorspace(ColorSpace::RGB);
+        let mut dec = zune_jpeg::JpegDecoder::new_with_options(ZCursor::new(data), opts);
+        dec.decode_headers()
+            .map_err(|e| format!("corrupt JPEG frame: {e:?}"))?;
+        let (w, h) = dec
+            .dimensions()
+            .ok_or_else(|| "JPEG frame has no dimensions".to_string())?;
+        if w == 0 || h == 0 || (w as u64) * (h as u64) > self.max_pixels {
+            return Err(format!("JPEG frame size {w}x{h} is out of range"));
+        }
+        let mut buf = self.take_buffer(w * h * 3);
+        let decoded =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| dec.decode_into(&mut buf)));
+        match decoded {
+            Ok(Ok(())) => Ok((w, h, buf)),
+            Ok(Err(e)) => Err(format!("corrupt JPEG frame: {e:?}")),
+            Err(_) => Err("the JPEG decoder failed on malformed data".into()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Straight floating-point reference of the same formulas.
+    fn reference(y: u8, u: u8, v: u8, m: YuvMatrix, r: YuvRange) -> [f64; 3] {
+        let (kr, kb) = match m {
+            YuvMatrix::Bt601 => (0.299, 0.114),
+            YuvMatrix::Bt709 => (0.2126, 0.0722),
+        };
+        let (yf, uf, vf) = match r {
+            YuvRange::Limited => (
+                (f64::from(y) - 16.0) / 219.0,
+                (f64::from(u) - 128.0) / 224.0,
+                (f64::from(v) - 128.0) / 224.0,
+            ),
+            YuvRange::Full => (
+                f64::from(y) / 255.0,
+                (f64::from(u) - 128.0) / 255.0,
+                (f64::from(v) - 128.0) / 255.0,
+            ),
+        };
+        let rr = yf + 2.0 * (1.0 - kr) * vf;
+        let bb = yf + 2.0 * (1.0 - kb) * uf;
+        let gg = (yf - kr * rr - kb * bb) / (1.0 - kr - kb);
+        [rr, gg, bb].map(|c| (c * 255.0).clamp(0.0, 255.0))
+    }
+
+    #[test]
+    fn fixed_point_matches_float_reference_everywhere() {
+        for m in [YuvMatrix::Bt601, YuvMatrix::Bt709] {
+            for r in [YuvRange::Limited, YuvRange::Full] {
+                let k = YuvCoeffs::new(m, r);
+                let mut worst = 0.0f64;
+                for y in (0..=255u8).step_by(3) {
+                    for u in (0..=255u8).step_by(5) {
+                        for v in (0..=255u8).step_by(5) {
+                            let got = k.pixel(y, u, v);
+                            let want = reference(y, u, v, m, r);
+                            for c in 0..3 {
+                                worst = worst.max((f64::from(got[c]) - want[c]).abs());
+                            }
+                        }
+                    }
+                }
+                assert!(worst <= 1.0, "{m:?} {r:?}: worst error {worst}");
+            }
+        }
+        // Known anchors: limited-range white and black, full-range grey.
+        let k = YuvCoeffs::new(YuvMatrix::Bt601, YuvRange::Limited);
+        assert_eq!(k.pixel(235, 128, 128), [255, 255, 255]);
+        assert_eq!(k.pixel(16, 128, 128), [0, 0, 0]);
+        let k = YuvCoeffs::new(YuvMatrix::Bt709, YuvRange::Full);
+        assert_eq!(k.pixel(100, 128, 128), [100, 100, 100]);
+    }
+
+    #[test]
+    fn bad_sizes_are_errors() {
+        let k = YuvCoeffs::new(YuvMatrix::Bt601, YuvRange::Limited);
+        let mut out = vec![0u8; 4 * 2 * 3];
+        assert!(yuyv_to_rgb(&[0; 10], 4, 2, 8, &k, &mut out).is_err());
+        assert!(yuyv_to_rgb(&[0; 16], 3, 2, 8, &k, &mut out).is_err());
+        assert!(nv12_to_rgb(&[0; 11], 4, 2, 4, &k, &mut out).is_err());
+        assert!(nv12_to_rgb(&[0; 12], 4, 2, 4, &k, &mut out).is_ok());
+        let mut c = Converter::new(YuvMatrix::Bt601, YuvRange::Limited, 1 << 20);
+        let f = RawFrame::new(PixelFormat::Mjpeg, 4, 4, vec![0xFF, 0xD8, 0x00]);
+        assert!(c.to_rgb(&f).is_err());
+    }
+}
