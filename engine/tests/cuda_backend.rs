@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 
 use prost::Message;
 use vigil_engine::onnx::proto::TensorProto;
-use vigil_engine::{Device, Model, ModelOptions, Tensor, TensorData};
+use vigil_engine::vision::{self, DecodeLimits, Overrides, Results, VisionSpec};
+use vigil_engine::{Device, Model, ModelOptions, Precision, Tensor, TensorData};
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -45,15 +46,196 @@ fn input(shape: &[usize], seed: u64) -> Tensor {
 }
 
 fn load(file: &str, device: Device, batch: usize) -> Model {
+    load_at(file, device, batch, Precision::Fp32)
+}
+
+fn load_at(file: &str, device: Device, batch: usize, precision: Precision) -> Model {
     Model::load(
         &models().join(file),
         &ModelOptions {
             device,
             batch,
+            precision,
             ..ModelOptions::default()
         },
     )
-    .unwrap_or_else(|e| panic!("{file} on {device:?}: {e}"))
+    .unwrap_or_else(|e| panic!("{file} on {device:?} {precision:?}: {e}"))
+}
+
+/// ‖a − b‖₂ / ‖b‖₂ in f64 (b = CPU fp32 reference).
+fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let (mut num, mut den) = (0f64, 0f64);
+    for (x, y) in a.iter().zip(b) {
+        num += (*x as f64 - *y as f64).powi(2);
+        den += (*y as f64).powi(2);
+    }
+    (num / den.max(1e-30)).sqrt()
+}
+
+/// FP16 tolerance: relative L2 error of every output vs the CPU's fp32 (half storage has an
+/// 11-bit mantissa, about 5e-4 per rounding; errors grow over ~60 layers).
+const FP16_REL_L2: f64 = 1e-2;
+
+fn compare_fp16(file: &str, batch: usize) {
+    let cpu = load(file, Device::Cpu, batch);
+    let gpu = load_at(file, Device::Cuda, batch, Precision::Fp16);
+    let mut cc = cpu.new_context().expect("cpu ctx");
+    let mut gc = gpu.new_context().expect("gpu ctx");
+    for seed in 0..3u64 {
+        let x = input(&cpu.inputs()[0].shape, seed + 21);
+        let want = cc.run(std::slice::from_ref(&x)).expect("cpu run");
+        for rep in 0..3 {
+            let got = gc.run(std::slice::from_ref(&x)).expect("gpu run");
+            for (o, (g, w)) in got.iter().zip(&want).enumerate() {
+                let (g, w) = (g.as_f32().expect("f32"), w.as_f32().expect("f32"));
+                assert!(
+                    g.iter().all(|v| v.is_finite()),
+                    "{file}: non-finite fp16 output"
+                );
+                let d = rel_l2(g, w);
+                println!(
+                    "{file} fp16 batch {batch} seed {seed} rep {rep} output {o}: rel L2 {d:.2e}"
+                );
+                assert!(
+                    d <= FP16_REL_L2,
+                    "{file}: fp16 output {o} rel L2 {d} vs CPU fp32"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn fp16_models_match_cpu_fp32_within_tolerance() {
+    if gpu() {
+        compare_fp16("efficientnet-lite0.onnx", 1);
+        compare_fp16("nanodet-m-416.onnx", 1);
+        compare_fp16("nanodet-m-416.onnx", 2);
+    }
+}
+
+/// The shared eval photos (`VIGIL_EVAL_IMAGES` overrides, for runs from a copied binary).
+fn eval_photos() -> Vec<(String, Vec<u8>)> {
+    let dir = std::env::var_os("VIGIL_EVAL_IMAGES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join("../shared/images/eval"));
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("eval photos at {}: {e}", dir.display()))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    files.sort();
+    files
+        .into_iter()
+        .map(|p| {
+            let bytes = std::fs::read(&p).expect("photo");
+            (p.display().to_string(), bytes)
+        })
+        .collect()
+}
+
+fn labels(name: &str) -> Vec<String> {
+    vision::load_labels(&models().join(name)).expect("labels")
+}
+
+fn infer(ctx: &mut vigil_engine::ExecutionContext, spec: &VisionSpec, bytes: &[u8]) -> Results {
+    vision::infer_image(
+        ctx,
+        spec,
+        bytes,
+        &DecodeLimits::default(),
+        &Overrides::default(),
+    )
+    .expect("infer")
+    .results
+}
+
+#[test]
+fn fp16_efficientnet_top1_matches_cpu_on_eval_photos() {
+    if !gpu() {
+        return;
+    }
+    let spec = VisionSpec::efficientnet_lite0(labels("imagenet-labels.txt"));
+    let cpu = load("efficientnet-lite0.onnx", Device::Cpu, 1);
+    let gpu = load_at("efficientnet-lite0.onnx", Device::Cuda, 1, Precision::Fp16);
+    let (mut cc, mut gc) = (
+        cpu.new_context().expect("ctx"),
+        gpu.new_context().expect("ctx"),
+    );
+    let mut n = 0;
+    for (file, bytes) in eval_photos() {
+        let (Results::Classes(want), Results::Classes(got)) =
+            (infer(&mut cc, &spec, &bytes), infer(&mut gc, &spec, &bytes))
+        else {
+            panic!("classification results expected");
+        };
+        println!(
+            "{file}: cpu fp32 {} ({:.4}), gpu fp16 {} ({:.4})",
+            want[0].label, want[0].score, got[0].label, got[0].score
+        );
+        assert_eq!(got[0].class_id, want[0].class_id, "{file}: top-1 differs");
+        assert!(
+            (got[0].score - want[0].score).abs() <= 2e-2,
+            "{file}: top-1 probability"
+        );
+        n += 1;
+    }
+    assert!(n >= 10, "only {n} eval photos found");
+}
+
+fn iou(a: &vision::BBox, b: &vision::BBox) -> f32 {
+    let iw = (a.x2.min(b.x2) - a.x1.max(b.x1)).max(0.0);
+    let ih = (a.y2.min(b.y2) - a.y1.max(b.y1)).max(0.0);
+    let inter = iw * ih;
+    let area = |r: &vision::BBox| (r.x2 - r.x1).max(0.0) * (r.y2 - r.y1).max(0.0);
+    inter / (area(a) + area(b) - inter).max(1e-6)
+}
+
+/// Every confident detection of one side (score ≥ threshold + 0.05, so threshold-boundary
+/// boxes may differ) has a same-class match with IoU ≥ 0.5 on the other side.
+fn unmatched(a: &[vision::Detection], b: &[vision::Detection], min_score: f32) -> usize {
+    a.iter()
+        .filter(|d| d.score >= min_score)
+        .filter(|d| {
+            !b.iter()
+                .any(|e| e.class_id == d.class_id && iou(&d.bbox, &e.bbox) >= 0.5)
+        })
+        .count()
+}
+
+#[test]
+fn fp16_nanodet_detections_match_cpu_on_eval_photos() {
+    if !gpu() {
+        return;
+    }
+    let spec = VisionSpec::nanodet_m_416(labels("coco-labels.txt"));
+    let cpu = load("nanodet-m-416.onnx", Device::Cpu, 1);
+    let gpu = load_at("nanodet-m-416.onnx", Device::Cuda, 1, Precision::Fp16);
+    let (mut cc, mut gc) = (
+        cpu.new_context().expect("ctx"),
+        gpu.new_context().expect("ctx"),
+    );
+    let margin = spec.score_threshold + 0.05;
+    let mut total = 0;
+    for (file, bytes) in eval_photos() {
+        let (Results::Detections(want), Results::Detections(got)) =
+            (infer(&mut cc, &spec, &bytes), infer(&mut gc, &spec, &bytes))
+        else {
+            panic!("detection results expected");
+        };
+        let (m1, m2) = (
+            unmatched(&want, &got, margin),
+            unmatched(&got, &want, margin),
+        );
+        println!(
+            "{file}: cpu fp32 {} detections, gpu fp16 {}; unmatched {m1} / {m2}",
+            want.len(),
+            got.len()
+        );
+        assert_eq!((m1, m2), (0, 0), "{file}: detections differ");
+        total += want.len();
+    }
+    assert!(total > 0, "no detections on any eval photo");
 }
 
 /// Largest |a-b| over max |b| (b = CPU reference).
@@ -261,21 +443,41 @@ fn bench_listed_models() {
     if !gpu() {
         return;
     }
+    let precisions = std::env::var("VIGIL_CUDA_PRECISIONS").unwrap_or_else(|_| "fp32".into());
     for item in list.split(',').filter(|s| !s.is_empty()) {
+        for prec in precisions.split(',') {
+            bench_one(item, prec);
+        }
+    }
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn bench_one(item: &str, prec: &str) {
+    {
         let (path, batch) = item.rsplit_once(':').expect("path:batch");
         let batch: usize = batch.parse().expect("batch");
+        let precision = if prec == "fp16" {
+            Precision::Fp16
+        } else {
+            Precision::Fp32
+        };
         let m = match Model::load(
             Path::new(path),
             &ModelOptions {
                 device: Device::Cuda,
                 batch,
+                precision,
                 ..ModelOptions::default()
             },
         ) {
             Ok(m) => m,
             Err(e) => {
-                println!("BENCH {path} batch {batch}: load failed: {e}");
-                continue;
+                println!("BENCH {path} {prec} batch {batch}: load failed: {e}");
+                return;
             }
         };
         let mut c = m.new_context().expect("ctx");
@@ -283,22 +485,28 @@ fn bench_listed_models() {
         for _ in 0..10 {
             c.run_ref(&[&x]).expect("warm-up");
         }
-        let mut times = Vec::new();
-        for _ in 0..100 {
+        let (mut wall, mut dev) = (Vec::new(), Vec::new());
+        for _ in 0..200 {
             let t = std::time::Instant::now();
             let out = c.run_ref(&[&x]).expect("run");
-            times.push(t.elapsed().as_secs_f64() * 1e3);
+            wall.push(t.elapsed().as_secs_f64() * 1e3);
+            if let Some(d) = vigil_engine::backend::cuda::last_device_ms() {
+                dev.push(d);
+            }
             assert!(out[0].as_f32().expect("f32").iter().all(|v| v.is_finite()));
         }
-        times.sort_by(f64::total_cmp);
+        let name = Path::new(path)
+            .file_name()
+            .and_then(|f| f.to_str())
+            .unwrap_or(path);
+        let dev = if dev.is_empty() {
+            f64::NAN
+        } else {
+            median(&mut dev)
+        };
         println!(
-            "BENCH vigil-cuda-fp32 {} batch {batch}: median {:.3} ms (min {:.3})",
-            Path::new(path)
-                .file_name()
-                .and_then(|f| f.to_str())
-                .unwrap_or(path),
-            times[times.len() / 2],
-            times[0]
+            "BENCH vigil-cuda-{prec} {name} batch {batch}: device median {dev:.3} ms (CUDA events, compute), wall median {:.3} ms (with host copies)",
+            median(&mut wall)
         );
     }
 }

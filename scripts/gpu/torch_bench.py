@@ -1,6 +1,6 @@
 """PyTorch baseline on the GPU: exports torchvision ResNet-50 and MobileNetV3-Large (random
 weights) to ONNX for Vigil, and times torch eager under a CUDA graph and torch.compile at batch
-1 and 32, fp32 and fp16. Prints one `TORCH ...` line per measurement."""
+1 and 32, fp32 and fp16 (VIGIL_TORCH_COMPILE=0 skips torch.compile). Prints one `TORCH ...` line per measurement."""
 import os, sys, time
 import torch, torchvision
 
@@ -45,10 +45,11 @@ for name, m in models.items():
                 with torch.cuda.graph(g):
                     y = mm(static)
                 graph = bench(lambda _x: g.replay(), x)
-                try:
-                    cm = torch.compile(mm)
-                    comp = bench(cm, x, 100)
-                except Exception as ex:  # report, do not hide
-                    print(f"TORCH {name} compile failed: {ex}")
-                    comp = float("nan")
+                comp = float("nan")
+                if os.environ.get("VIGIL_TORCH_COMPILE", "1") != "0":
+                    try:
+                        cm = torch.compile(mm)
+                        comp = bench(cm, x, 100)
+                    except Exception as ex:  # report, do not hide
+                        print(f"TORCH {name} compile failed: {ex}")
             print(f"TORCH {name} {str(dt)[6:]} batch {b}: eager {eager:.3f} ms, cuda-graph {graph:.3f} ms, compile {comp:.3f} ms", flush=True)

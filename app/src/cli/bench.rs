@@ -161,17 +161,23 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         indicatif::ProgressBar::hidden()
     };
     let mut samples = Vec::with_capacity(args.iterations);
+    // CUDA: device time of each run (CUDA events around the compute, like framework benchmarks).
+    let mut device_ms = Vec::new();
     for _ in 0..args.iterations {
         let t = Instant::now();
         ctx.run(&inputs)
             .map_err(|e| format!("inference failed: {e}"))?;
         samples.push(t.elapsed().as_secs_f64() * 1e3);
+        if model.backend() == "cuda" {
+            device_ms.extend(vigil_engine::backend::cuda::last_device_ms());
+        }
         bar.inc(1);
     }
+    let device = (!device_ms.is_empty()).then(|| summarize(&device_ms, args.batch));
     bar.finish_and_clear();
     let stats = summarize(&samples, args.batch);
     if args.json {
-        let v = serde_json::json!({ "model": cfg.name, "threads": args.threads, "warmup": args.warmup, "stats": stats });
+        let v = serde_json::json!({ "model": cfg.name, "threads": args.threads, "warmup": args.warmup, "stats": stats, "device_stats": device });
         println!("{v}");
     } else {
         println!(
@@ -187,6 +193,12 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
             stats.min_ms, stats.p50_ms, stats.p90_ms, stats.p99_ms, stats.max_ms, stats.mean_ms
         );
         println!("throughput: {:.1} inferences/s", stats.throughput);
+        if let Some(d) = device {
+            println!(
+                "device ms:  min {:.3}  p50 {:.3}  p90 {:.3}  (CUDA events around the compute)",
+                d.min_ms, d.p50_ms, d.p90_ms
+            );
+        }
     }
     Ok(())
 }

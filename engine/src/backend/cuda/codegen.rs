@@ -21,6 +21,8 @@ pub enum Arg {
     Extra(usize),
     /// The node's scratch slot in the arena.
     Scratch,
+    /// A byte offset into the context's f32 input/output area (fp16 mode).
+    Io(usize),
 }
 
 /// One generated kernel launch: a flat 1-D grid over `threads` threads.
@@ -41,17 +43,34 @@ pub struct Gen {
 const PRELUDE: &str = r#"
 typedef long long i64;
 typedef unsigned char u8;
+// IEEE half storage without cuda_fp16.h (NVRTC needs no include path): converts to and from
+// float only, so all arithmetic happens in float.
+struct alignas(2) half_t {
+  unsigned short x;
+  half_t() = default;
+  __device__ half_t(float f) { asm("cvt.rn.f16.f32 %0, %1;" : "=h"(x) : "f"(f)); }
+  __device__ operator float() const { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x)); return f; }
+};
 __device__ __forceinline__ float v_sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
 "#;
 
-/// The CUDA C type of a data type.
+/// The CUDA C storage type of a data type (`F` is float or half, per the module's precision).
 pub fn ctype(dt: DataType) -> &'static str {
     match dt {
-        DataType::F32 => "float",
+        DataType::F32 => "F",
         DataType::I64 => "i64",
         DataType::I32 => "int",
         DataType::I8 => "signed char",
         DataType::U8 | DataType::Bool => "u8",
+    }
+}
+
+/// The CUDA C type a value is loaded into for arithmetic (float for float activations, whatever
+/// their storage type).
+pub fn ltype(dt: DataType) -> &'static str {
+    match dt {
+        DataType::F32 => "float",
+        other => ctype(other),
     }
 }
 
@@ -205,17 +224,33 @@ fn f32_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
-impl Default for Gen {
-    fn default() -> Self {
+impl Gen {
+    /// A generator whose float activations (`F` in the source) are stored as `half_t` when
+    /// `fp16`, else as `float`; arithmetic is float either way.
+    pub fn new(fp16: bool) -> Self {
+        let storage = if fp16 { "half_t" } else { "float" };
         Gen {
-            src: PRELUDE.to_string(),
+            src: format!("{PRELUDE}typedef {storage} F;\n"),
             extras: Vec::new(),
             count: 0,
         }
     }
-}
 
-impl Gen {
+    /// Converts `n` floats between the API's f32 and the activation storage type:
+    /// `to_storage` reads f32 from `src` and writes `F` to `dst`, otherwise the reverse.
+    pub fn convert(&mut self, src: Arg, dst: Arg, n: usize, to_storage: bool) -> GenKernel {
+        let (a, b) = if to_storage {
+            ("const float", "F")
+        } else {
+            ("const F", "float")
+        };
+        self.kernel(
+            &[(src, a.into()), (dst, b.into())],
+            n,
+            "p1[i] = (float)p0[i];",
+        )
+    }
+
     /// Adds a constant table; returns its argument.
     pub fn extra(&mut self, bytes: Vec<u8>) -> Arg {
         self.extras.push(bytes);
@@ -256,10 +291,10 @@ impl Gen {
         let n: usize = shape.iter().product();
         let inner: usize = shape[channel_axis + 1..].iter().product();
         let c = shape[channel_axis];
-        let mut params = vec![(Arg::Val(y), "float".to_string())];
+        let mut params = vec![(Arg::Val(y), "F".to_string())];
         let mut body = String::from("float v = p0[i];");
         if let Some(b) = bias {
-            params.push((b, "const float".into()));
+            params.push((b, "const F".into()));
             let _ = write!(body, " v += p1[(i / {inner}LL) % {c}LL];");
         }
         if let Some(a) = act {
@@ -278,11 +313,11 @@ impl Gen {
         act: Option<Activation>,
     ) -> GenKernel {
         let n: usize = yshape.iter().product();
-        let mut params = vec![(Arg::Val(y), "float".to_string())];
+        let mut params = vec![(Arg::Val(y), "F".to_string())];
         let mut body = decompose(yshape, "c");
         body.push_str(" float v = p0[i];");
         if let Some((arg, cs, beta)) = c {
-            params.push((arg, "const float".into()));
+            params.push((arg, "const F".into()));
             let _ = write!(
                 body,
                 " v += {} * p1[{}];",
@@ -319,14 +354,11 @@ impl Gen {
             format!("((q0*{c}LL + q{cc})*{h}LL + y)*{w}LL + xx")
         };
         let body = format!(
-            "{} i64 y = q{hy} - {pt}LL; i64 xx = q{wx} - {pl}LL; p1[i] = (y >= 0 && y < {h}LL && xx >= 0 && xx < {w}LL) ? p0[{src}] : 0.f;",
+            "{} i64 y = q{hy} - {pt}LL; i64 xx = q{wx} - {pl}LL; p1[i] = (y >= 0 && y < {h}LL && xx >= 0 && xx < {w}LL) ? (float)p0[{src}] : 0.f;",
             decompose(&shape, "q")
         );
         self.kernel(
-            &[
-                (Arg::Val(x), "const float".into()),
-                (Arg::Scratch, "float".into()),
-            ],
+            &[(Arg::Val(x), "const F".into()), (Arg::Scratch, "F".into())],
             total,
             &body,
         )
@@ -366,6 +398,7 @@ impl Gen {
         let y = output(node, 0)?;
         let ys = shape_of(g, y)?.to_vec();
         let yt = ctype(g.values[y].dtype);
+        let ylt = ltype(g.values[y].dtype);
         let n: usize = ys.iter().product();
         let mut params = vec![(Arg::Val(y), yt.to_string())];
         let mut body = decompose(&ys, "c");
@@ -379,7 +412,7 @@ impl Gen {
             let _ = write!(
                 body,
                 " {} v{k} = p{}[{}];",
-                ctype(g.values[v].dtype),
+                ltype(g.values[v].dtype),
                 params.len() - 1,
                 bcast_off(s, &ys, "c")
             );
@@ -423,10 +456,10 @@ impl Gen {
                 };
                 let mut e = "v0".to_string();
                 if let Some(lo) = bound(1)? {
-                    e = format!("({e} < ({yt}){} ? ({yt}){} : {e})", flit(lo), flit(lo));
+                    e = format!("({e} < ({ylt}){} ? ({ylt}){} : {e})", flit(lo), flit(lo));
                 }
                 if let Some(hi) = bound(2)? {
-                    e = format!("({e} > ({yt}){} ? ({yt}){} : {e})", flit(hi), flit(hi));
+                    e = format!("({e} > ({ylt}){} ? ({ylt}){} : {e})", flit(hi), flit(hi));
                 }
                 e
             }
@@ -522,17 +555,30 @@ impl Gen {
                 (outer, s[a], s[a + 1..].iter().product::<usize>())
             }
         };
+        if inner == 1 && len >= 32 {
+            // One warp per row.
+            let body = format!(
+                "i64 row = i / 32; int lane = threadIdx.x & 31; const F* x = p0 + row*{len}LL; F* y = p1 + row*{len}LL;
+  float m = -3.402823466e38f; for (i64 j = lane; j < {len}LL; j += 32) m = fmaxf(m, (float)x[j]);
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  float s = 0.f; for (i64 j = lane; j < {len}LL; j += 32) s += expf((float)x[j] - m);
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  float r = 1.f / s; for (i64 j = lane; j < {len}LL; j += 32) y[j] = expf((float)x[j] - m) * r;"
+            );
+            return Ok(self.kernel(
+                &[(Arg::Val(x), "const F".into()), (Arg::Val(y), "F".into())],
+                outer * 32,
+                &body,
+            ));
+        }
         let body = format!(
-            "i64 o = i / {inner}LL, in_ = i % {inner}LL; const float* x = p0 + o*{len}LL*{inner}LL + in_; float* y = p1 + o*{len}LL*{inner}LL + in_;
+            "i64 o = i / {inner}LL, in_ = i % {inner}LL; const F* x = p0 + o*{len}LL*{inner}LL + in_; F* y = p1 + o*{len}LL*{inner}LL + in_;
   float m = x[0]; for (i64 j = 1; j < {len}LL; ++j) m = fmaxf(m, x[j*{inner}LL]);
   float s = 0.f; for (i64 j = 0; j < {len}LL; ++j) {{ float e = expf(x[j*{inner}LL] - m); y[j*{inner}LL] = e; s += e; }}
-  float r = 1.f / s; for (i64 j = 0; j < {len}LL; ++j) y[j*{inner}LL] *= r;"
+  float r = 1.f / s; for (i64 j = 0; j < {len}LL; ++j) y[j*{inner}LL] = r * (float)y[j*{inner}LL];"
         );
         Ok(self.kernel(
-            &[
-                (Arg::Val(x), "const float".into()),
-                (Arg::Val(y), "float".into()),
-            ],
+            &[(Arg::Val(x), "const F".into()), (Arg::Val(y), "F".into())],
             outer * inner,
             &body,
         ))
@@ -600,10 +646,7 @@ impl Gen {
             n_red.max(1)
         );
         Ok(self.kernel(
-            &[
-                (Arg::Val(x), "const float".into()),
-                (Arg::Val(y), "float".into()),
-            ],
+            &[(Arg::Val(x), "const F".into()), (Arg::Val(y), "F".into())],
             n_out,
             &body,
         ))
@@ -669,10 +712,7 @@ impl Gen {
             body.push_str(" p1[i] = cnt > 0 ? acc / (float)cnt : 0.f;");
         }
         Ok(self.kernel(
-            &[
-                (Arg::Val(x), "const float".into()),
-                (Arg::Val(y), "float".into()),
-            ],
+            &[(Arg::Val(x), "const F".into()), (Arg::Val(y), "F".into())],
             ys.iter().product(),
             &body,
         ))
@@ -693,26 +733,42 @@ impl Gen {
             (xs[0], xs[1])
         };
         let hw: usize = xs.iter().product::<usize>() / (n * c).max(1);
-        let (base, step) = if nhwc {
+        let init = if is_max { "-3.402823466e38f" } else { "0.f" };
+        let (comb, fin) = if is_max {
+            ("acc = fmaxf(acc, v);", "acc".to_string())
+        } else {
+            ("acc += v;", format!("acc / {}.f", hw.max(1)))
+        };
+        // Block-level reductions (the launcher's blocks are 256 threads; the thread count is a
+        // multiple of the block, so no thread returns before the barrier).
+        let (body, threads) = if nhwc {
+            // One block per (image, 32 channels): 32 coalesced lanes x 8 row groups.
+            let cb = c.div_ceil(32);
             (
-                format!("(i / {c}LL) * {hw}LL * {c}LL + i % {c}LL"),
-                format!("{c}LL"),
+                format!(
+                    "__shared__ float sh[256]; int t = threadIdx.x, lane = t & 31, grp = t >> 5; i64 blk = i / 256; i64 nb = blk / {cb}LL, ch = (blk % {cb}LL) * 32 + lane;
+  float acc = {init};
+  if (ch < {c}LL) {{ const F* x = p0 + nb*{hw}LL*{c}LL + ch; for (i64 j = grp; j < {hw}LL; j += 8) {{ float v = x[j*{c}LL]; {comb} }} }}
+  sh[t] = acc; __syncthreads();
+  if (grp == 0) {{ for (int k = 1; k < 8; ++k) {{ float v = sh[k*32 + lane]; {comb} }} if (ch < {c}LL) p1[nb*{c}LL + ch] = {fin}; }}"
+                ),
+                n * cb * 256,
             )
         } else {
-            (format!("i * {hw}LL"), "1LL".to_string())
+            // One warp per (image, channel) plane.
+            (
+                format!(
+                    "i64 plane = i / 32; int lane = threadIdx.x & 31; const F* x = p0 + plane*{hw}LL;
+  float acc = {init}; for (i64 j = lane; j < {hw}LL; j += 32) {{ float v = x[j]; {comb} }}
+  for (int o = 16; o > 0; o >>= 1) {{ float v = __shfl_xor_sync(0xffffffffu, acc, o); {comb} }}
+  if (lane == 0) p1[plane] = {fin};"
+                ),
+                n * c * 32,
+            )
         };
-        let body = format!(
-            "const float* x = p0 + {base}; float acc = {}; for (i64 j = 0; j < {hw}LL; ++j) {{ float v = x[j*{step}]; {} }} p1[i] = {};",
-            if is_max { "-3.402823466e38f" } else { "0.f" },
-            if is_max { "acc = fmaxf(acc, v);" } else { "acc += v;" },
-            if is_max { "acc".to_string() } else { format!("acc / {}.f", hw.max(1)) }
-        );
         Ok(self.kernel(
-            &[
-                (Arg::Val(x), "const float".into()),
-                (Arg::Val(y), "float".into()),
-            ],
-            n * c,
+            &[(Arg::Val(x), "const F".into()), (Arg::Val(y), "F".into())],
+            threads,
             &body,
         ))
     }
@@ -800,8 +856,8 @@ impl Gen {
         }
         Ok(self.kernel(
             &[
-                (Arg::Val(x), "const float".into()),
-                (Arg::Val(y), "float".into()),
+                (Arg::Val(x), "const F".into()),
+                (Arg::Val(y), "F".into()),
                 (ay, "const float".into()),
                 (ax, "const float".into()),
             ],

@@ -3,10 +3,14 @@
 //! Every device allocation the backend makes goes through [`DeviceBuffer::alloc`], which counts
 //! it, so tests can prove that the steady state allocates nothing.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::{result as drv, sys, CudaContext};
+use cudarc::driver::{result as drv, sys, CudaContext, CudaStream};
+
+use crate::memory::cuda::{CudaClock, DeviceRegion};
+use crate::memory::{Block, FixedPool, StreamClock, StreamId};
 
 use crate::error::{Error, Result};
 
@@ -82,10 +86,86 @@ impl Drop for DeviceBuffer {
     }
 }
 
-/// The one activation arena of an execution context. Kept behind this function so the memory
-/// module's device region can replace the plain allocation.
-pub fn alloc_arena(ctx: &Arc<CudaContext>, bytes: usize) -> Result<DeviceBuffer> {
-    DeviceBuffer::alloc(ctx, bytes)
+/// The process-wide activation pool of one device: one [`DeviceRegion`] (a single cudaMalloc)
+/// managed by a [`FixedPool`], with every context's stream registered in one [`CudaClock`].
+struct DevicePool {
+    pool: Arc<FixedPool<DeviceRegion>>,
+    clock: Arc<CudaClock>,
+}
+
+static NEXT_STREAM: AtomicU64 = AtomicU64::new(1);
+
+/// Bytes the device pool reserves: `VIGIL_CUDA_POOL_MB` when set, else a quarter of the free
+/// device memory, and never less than four arenas of the first model (plus 64 MiB).
+fn pool_bytes(ctx: &Arc<CudaContext>, first: usize) -> Result<usize> {
+    if let Some(mb) = std::env::var("VIGIL_CUDA_POOL_MB")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+    {
+        return Ok(mb << 20);
+    }
+    let free = ctx.mem_get_info().map_err(drv_err("memory query"))?.0;
+    Ok((free / 4).max(first.saturating_mul(4) + (64 << 20)))
+}
+
+fn device_pool(ctx: &Arc<CudaContext>, first: usize) -> Result<Arc<DevicePool>> {
+    static POOLS: OnceLock<Mutex<HashMap<usize, Arc<DevicePool>>>> = OnceLock::new();
+    let pools = POOLS.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut g = pools.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(p) = g.get(&ctx.ordinal()) {
+        return Ok(Arc::clone(p));
+    }
+    let bytes = pool_bytes(ctx, first)?;
+    let region = DeviceRegion::new(ctx, bytes)?;
+    DEVICE_ALLOCS.fetch_add(1, Ordering::Relaxed);
+    let clock = CudaClock::new(ctx);
+    let pool = FixedPool::new(region, Arc::clone(&clock) as Arc<dyn StreamClock>)?;
+    tracing::info!(
+        device = ctx.ordinal(),
+        mib = bytes >> 20,
+        "CUDA activation pool reserved"
+    );
+    let p = Arc::new(DevicePool { pool, clock });
+    g.insert(ctx.ordinal(), Arc::clone(&p));
+    Ok(p)
+}
+
+/// The activation arena of one execution context: a block of the device pool, or (when the
+/// pool is full) its own allocation.
+pub enum Arena {
+    /// A block of the process-wide device pool.
+    Pooled(Block<DeviceRegion>),
+    /// A separate allocation (the pool had no room).
+    Own(DeviceBuffer),
+}
+
+impl Arena {
+    /// The device address of the first byte.
+    pub fn ptr(&self) -> u64 {
+        match self {
+            Arena::Pooled(b) => b.addr() as u64,
+            Arena::Own(b) => b.ptr(),
+        }
+    }
+}
+
+/// Takes a context's arena of `bytes` from the device pool, registering `stream` in the pool's
+/// clock under a fresh stream id; falls back to a plain allocation when the pool is full.
+pub fn alloc_arena(
+    ctx: &Arc<CudaContext>,
+    stream: &Arc<CudaStream>,
+    bytes: usize,
+) -> Result<Arena> {
+    let p = device_pool(ctx, bytes)?;
+    let id = StreamId(NEXT_STREAM.fetch_add(1, Ordering::Relaxed));
+    p.clock.add_stream(id, Arc::clone(stream));
+    match p.pool.alloc(bytes, id) {
+        Ok(b) => Ok(Arena::Pooled(b)),
+        Err(e) => {
+            tracing::warn!("CUDA activation pool full ({e}); allocating the arena separately");
+            Ok(Arena::Own(DeviceBuffer::alloc(ctx, bytes)?))
+        }
+    }
 }
 
 /// Page-locked host memory for input and output staging (freed on drop).

@@ -93,10 +93,13 @@ pub struct ConvGeom {
     pub stride: [i32; 2],
     pub dilation: [i32; 2],
     pub group: i32,
+    /// Half data with float accumulation on tensor cores (else float data, FMA math).
+    pub half: bool,
 }
 
 impl ConvDescs {
-    /// Builds the descriptors for `geom` (fp32 data, FMA math so results match the CPU).
+    /// Builds the descriptors for `geom`: fp32 data with FMA math (so results match the CPU),
+    /// or half data with float compute on tensor cores.
     pub fn new(geom: &ConvGeom) -> Result<Self> {
         let fmt = if geom.nhwc {
             dnn_sys::cudnnTensorFormat_t::CUDNN_TENSOR_NHWC
@@ -104,6 +107,16 @@ impl ConvDescs {
             dnn_sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW
         };
         let f32t = dnn_sys::cudnnDataType_t::CUDNN_DATA_FLOAT;
+        let dt = if geom.half {
+            dnn_sys::cudnnDataType_t::CUDNN_DATA_HALF
+        } else {
+            f32t
+        };
+        let math = if geom.half {
+            dnn_sys::cudnnMathType_t::CUDNN_TENSOR_OP_MATH
+        } else {
+            dnn_sys::cudnnMathType_t::CUDNN_FMA_MATH
+        };
         let d = ConvDescs {
             x: dnn::create_tensor_descriptor().map_err(dnn_err("descriptor"))?,
             y: dnn::create_tensor_descriptor().map_err(dnn_err("descriptor"))?,
@@ -114,16 +127,16 @@ impl ConvDescs {
         };
         // SAFETY: freshly created descriptors.
         unsafe {
-            dnn::set_tensor4d_descriptor(d.x, fmt, f32t, geom.x).map_err(dnn_err("x desc"))?;
-            dnn::set_tensor4d_descriptor(d.y, fmt, f32t, geom.y).map_err(dnn_err("y desc"))?;
+            dnn::set_tensor4d_descriptor(d.x, fmt, dt, geom.x).map_err(dnn_err("x desc"))?;
+            dnn::set_tensor4d_descriptor(d.y, fmt, dt, geom.y).map_err(dnn_err("y desc"))?;
             dnn::set_tensor4d_descriptor(
                 d.bias,
                 dnn_sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW,
-                f32t,
+                dt,
                 [1, geom.y[1], 1, 1],
             )
             .map_err(dnn_err("bias desc"))?;
-            dnn::set_filter4d_descriptor(d.w, f32t, fmt, geom.w).map_err(dnn_err("w desc"))?;
+            dnn::set_filter4d_descriptor(d.w, dt, fmt, geom.w).map_err(dnn_err("w desc"))?;
             dnn::set_convolution2d_descriptor(
                 d.conv,
                 geom.pad[0],
@@ -137,8 +150,7 @@ impl ConvDescs {
             )
             .map_err(dnn_err("conv desc"))?;
             dnn::set_convolution_group_count(d.conv, geom.group).map_err(dnn_err("groups"))?;
-            dnn::set_convolution_math_type(d.conv, dnn_sys::cudnnMathType_t::CUDNN_FMA_MATH)
-                .map_err(dnn_err("math type"))?;
+            dnn::set_convolution_math_type(d.conv, math).map_err(dnn_err("math type"))?;
             dnn::set_activation_descriptor(
                 d.act,
                 dnn_sys::cudnnActivationMode_t::CUDNN_ACTIVATION_RELU,

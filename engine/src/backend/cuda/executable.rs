@@ -8,16 +8,16 @@ use std::sync::Arc;
 
 use cudarc::cublas::{result as blas, sys as blas_sys};
 use cudarc::cudnn::result as dnn;
-use cudarc::driver::{result as drv, sys, CudaContext, CudaGraph, CudaStream};
+use cudarc::driver::{result as drv, sys, CudaContext, CudaEvent, CudaGraph, CudaStream};
 
 use super::codegen::{Arg, Gen, GenKernel};
-use super::device::{alloc_arena, drv_err, DeviceBuffer, Function, Module, PinnedBuffer};
+use super::device::{alloc_arena, drv_err, Arena, DeviceBuffer, Function, Module, PinnedBuffer};
 use super::dnn::{
     blas_err, choose_algo, dnn_err, AlgoChoice, BlasHandle, ConvDescs, ConvGeom, DnnHandle,
 };
 use crate::backend::{BackendContext, Executable};
 use crate::error::{Error, Result};
-use crate::ir::{Activation, Graph, Layout, Node, Op, Tensor, ValueId};
+use crate::ir::{Activation, DataType, Graph, Layout, Node, Op, Tensor, ValueId};
 use crate::plan::{self, MemoryPlan, ALIGNMENT};
 
 /// Bytes of the arena's tail reserved for cuBLAS's workspace.
@@ -74,6 +74,14 @@ pub struct CudaExecutable {
     ctx: Arc<CudaContext>,
     graph: Arc<Graph>,
     plan: MemoryPlan,
+    /// Float activations and weights stored as half (arithmetic in float).
+    fp16: bool,
+    /// Where each graph input is uploaded to / each output read from (the f32 staging area of
+    /// the arena in fp16 mode, converted on the device; else the value's slot).
+    in_args: Vec<Arg>,
+    out_args: Vec<Option<Arg>>,
+    /// Bytes of the f32 input/output area after the planned arena (fp16 only).
+    io_bytes: usize,
     _module: Module,
     functions: Vec<Function>,
     consts: HashMap<ValueId, DeviceBuffer>,
@@ -83,6 +91,31 @@ pub struct CudaExecutable {
 
 fn value_bytes(g: &Graph, v: ValueId) -> Result<usize> {
     Ok(g.shape(v)?.iter().product::<usize>() * g.values[v].dtype.size())
+}
+
+/// Bytes a value occupies on the device: float values take 2 bytes each in fp16 mode.
+fn stored_bytes(g: &Graph, v: ValueId, fp16: bool) -> Result<usize> {
+    let n = g.shape(v)?.iter().product::<usize>();
+    Ok(match (fp16, g.values[v].dtype) {
+        (true, DataType::F32) => n * 2,
+        (_, dt) => n * dt.size(),
+    })
+}
+
+/// IEEE half bytes of `v` (round to nearest even).
+fn half_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter()
+        .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
+        .collect()
+}
+
+/// A tensor's bytes as stored on the device (float tensors as half in fp16 mode).
+fn device_bytes(t: &Tensor, fp16: bool) -> Result<Vec<u8>> {
+    if fp16 && t.dtype() == DataType::F32 {
+        Ok(half_bytes(t.as_f32()?))
+    } else {
+        Ok(t.as_bytes().to_vec())
+    }
 }
 
 fn unsupported(node: &Node, why: &str) -> Error {
@@ -123,6 +156,7 @@ struct Builder<'a> {
     consts: HashMap<ValueId, DeviceBuffer>,
     dnn: DnnHandle,
     tmp: Option<DeviceBuffer>,
+    fp16: bool,
 }
 
 impl Builder<'_> {
@@ -166,7 +200,7 @@ impl Builder<'_> {
                     .input(0)
                     .ok_or_else(|| unsupported(node, "missing input"))?;
                 let y = node.outputs[0];
-                let bytes = value_bytes(g, y)?;
+                let bytes = stored_bytes(g, y, self.fp16)?;
                 self.steps.push(Step::Copy {
                     dst: y,
                     src: Arg::Val(x),
@@ -212,11 +246,13 @@ impl Builder<'_> {
             _ => crate::backend::cpu::eval_node(g, node)?,
         };
         for (&o, t) in node.outputs.iter().zip(outs) {
-            let a = self.gen.extra(t.as_bytes().to_vec());
+            let bytes = device_bytes(&t, self.fp16)?;
+            let len = bytes.len();
+            let a = self.gen.extra(bytes);
             self.steps.push(Step::Copy {
                 dst: o,
                 src: a,
-                bytes: t.as_bytes().len(),
+                bytes: len,
             });
         }
         Ok(())
@@ -301,11 +337,16 @@ impl Builder<'_> {
             stride: stride.map(|d| d as i32),
             dilation: dil.map(|d| d as i32),
             group: a.group as i32,
+            half: self.fp16,
         };
         let descs = ConvDescs::new(&geom)?;
         let wf = wt.as_f32()?;
         let wdata = if nhwc { ohwi(wf, &w4) } else { wf.to_vec() };
-        let wbytes: Vec<u8> = wdata.iter().flat_map(|f| f.to_le_bytes()).collect();
+        let wbytes: Vec<u8> = if self.fp16 {
+            half_bytes(&wdata)
+        } else {
+            wdata.iter().flat_map(|f| f.to_le_bytes()).collect()
+        };
         let wbuf = DeviceBuffer::upload(self.ctx, &wbytes)?;
         // Algorithm search on temporary buffers.
         let xb = alit(xdims.iter().product::<usize>() * 4);
@@ -442,8 +483,9 @@ impl Builder<'_> {
 }
 
 impl CudaExecutable {
-    /// Compiles `graph` for device `ordinal` (fp32).
-    pub fn new(graph: Arc<Graph>, ordinal: usize) -> Result<Self> {
+    /// Compiles `graph` for device `ordinal`; `fp16` stores float weights and activations as
+    /// half (convolutions and GEMMs accumulate in float; inputs and outputs stay f32).
+    pub fn new(graph: Arc<Graph>, ordinal: usize, fp16: bool) -> Result<Self> {
         let ctx = CudaContext::new(ordinal).map_err(drv_err("context creation"))?;
         let g: &Graph = &graph;
         let stream = ctx.default_stream();
@@ -451,25 +493,57 @@ impl CudaExecutable {
         for n in &g.nodes {
             for v in n.present_inputs() {
                 if let (Some(c), false) = (g.constant(v), consts.contains_key(&v)) {
-                    consts.insert(v, DeviceBuffer::upload(&ctx, c.as_bytes())?);
+                    consts.insert(v, DeviceBuffer::upload(&ctx, &device_bytes(c, fp16)?)?);
                 }
             }
         }
         let mut b = Builder {
             ctx: &ctx,
             g,
-            gen: Gen::default(),
+            gen: Gen::new(fp16),
             kernels: Vec::new(),
             steps: Vec::new(),
             scratch: vec![0; g.nodes.len()],
             consts,
             dnn: DnnHandle::new(stream.cu_stream())?,
             tmp: None,
+            fp16,
         };
         for (i, n) in g.nodes.iter().enumerate() {
             b.node(i, n)?;
         }
         b.tmp = None;
+        // fp16: inputs arrive as f32 in the io area and are converted into their slots first;
+        // outputs are converted back into the io area last.
+        let body = std::mem::take(&mut b.steps);
+        let mut io_bytes = 0usize;
+        let mut in_args = Vec::new();
+        for &v in &g.inputs {
+            if fp16 && g.values[v].dtype == DataType::F32 {
+                let n = g.shape(v)?.iter().product::<usize>();
+                let k = b.gen.convert(Arg::Io(io_bytes), Arg::Val(v), n, true);
+                b.launch(0, k);
+                in_args.push(Arg::Io(io_bytes));
+                io_bytes += alit(n * 4);
+            } else {
+                in_args.push(Arg::Val(v));
+            }
+        }
+        b.steps.extend(body);
+        let mut out_args = Vec::new();
+        for &v in &g.outputs {
+            if g.values[v].constant.is_some() {
+                out_args.push(None);
+            } else if fp16 && g.values[v].dtype == DataType::F32 {
+                let n = g.shape(v)?.iter().product::<usize>();
+                let k = b.gen.convert(Arg::Val(v), Arg::Io(io_bytes), n, false);
+                b.launch(0, k);
+                out_args.push(Some(Arg::Io(io_bytes)));
+                io_bytes += alit(n * 4);
+            } else {
+                out_args.push(Some(Arg::Val(v)));
+            }
+        }
         let plan = plan::plan(g, &b.scratch)?;
         let module = Module::compile(&ctx, &b.gen.src)?;
         let functions = b
@@ -488,6 +562,10 @@ impl CudaExecutable {
             ctx,
             graph,
             plan,
+            fp16,
+            in_args,
+            out_args,
+            io_bytes,
             _module: module,
             functions,
             consts,
@@ -547,11 +625,40 @@ enum Resolved {
     },
 }
 
+thread_local! {
+    static LAST_DEVICE_MS: std::cell::Cell<Option<f64>> = const { std::cell::Cell::new(None) };
+}
+
+/// Device time in ms (CUDA events) of the last inference this thread ran on a CUDA context,
+/// from after the input upload to before the output download (what framework benchmarks time
+/// with inputs already on the device); `None` before any or where the events failed.
+pub fn last_device_ms() -> Option<f64> {
+    LAST_DEVICE_MS.with(|c| c.get())
+}
+
+/// Records `ev` on `s`; as an event node of the graph while the stream is being captured.
+fn record(ev: &CudaEvent, s: sys::CUstream, capturing: bool) -> Result<()> {
+    // SAFETY: a live event and stream of the same context.
+    unsafe {
+        if capturing {
+            sys::cuEventRecordWithFlags(
+                ev.cu_event(),
+                s,
+                sys::CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as u32,
+            )
+            .result()
+        } else {
+            drv::event::record(ev.cu_event(), s)
+        }
+    }
+    .map_err(drv_err("event record"))
+}
+
 /// One execution context: its own stream, arena, handles, staging and captured graph.
 struct CudaRun {
     exe: Arc<CudaExecutable>,
     stream: Arc<CudaStream>,
-    arena: DeviceBuffer,
+    arena: Arena,
     dnn: DnnHandle,
     blas: BlasHandle,
     staging_in: PinnedBuffer,
@@ -563,6 +670,8 @@ struct CudaRun {
     graph: Option<CudaGraph>,
     runs: usize,
     use_graph: bool,
+    /// Timing events around the compute part of each inference.
+    events: (CudaEvent, CudaEvent),
 }
 
 // SAFETY: every handle inside is used only through `&mut self` (one thread at a time), with
@@ -574,12 +683,13 @@ impl CudaRun {
         let ctx = &exe.ctx;
         ctx.bind_to_thread().map_err(drv_err("bind context"))?;
         let stream = ctx.new_stream().map_err(drv_err("stream creation"))?;
-        let arena_bytes = alit(exe.plan.arena_bytes) + BLAS_WS;
-        let arena = alloc_arena(ctx, arena_bytes)?;
+        let io_base = alit(exe.plan.arena_bytes);
+        let arena_bytes = io_base + exe.io_bytes + BLAS_WS;
+        let arena = alloc_arena(ctx, &stream, arena_bytes)?;
         let base = arena.ptr();
         let blas = BlasHandle::new(
             stream.cu_stream(),
-            base + alit(exe.plan.arena_bytes) as u64,
+            base + (io_base + exe.io_bytes) as u64,
             BLAS_WS,
         )?;
         let dnn = DnnHandle::new(stream.cu_stream())?;
@@ -591,26 +701,6 @@ impl CudaRun {
                     Error::InvalidModel(format!("value '{}' has no arena slot", g.values[v].name))
                 })
         };
-        let mut ins = Vec::new();
-        let mut off = 0;
-        for &v in &g.inputs {
-            let n = value_bytes(g, v)?;
-            ins.push((slot(v)?, off, n));
-            off += alit(n);
-        }
-        let staging_in = PinnedBuffer::alloc(ctx, off)?;
-        let mut outs = Vec::new();
-        let mut off = 0;
-        for &v in &g.outputs {
-            if g.values[v].constant.is_some() {
-                outs.push(None);
-                continue;
-            }
-            let n = value_bytes(g, v)?;
-            outs.push(Some((slot(v)?, off, n)));
-            off += alit(n);
-        }
-        let staging_out = PinnedBuffer::alloc(ctx, off)?;
         let resolve = |a: Arg, node: usize| -> Result<u64> {
             match a {
                 Arg::Val(v) => match exe.consts.get(&v) {
@@ -625,8 +715,29 @@ impl CudaRun {
                 Arg::Scratch => exe.plan.scratch[node]
                     .map(|s| base + s.offset as u64)
                     .ok_or_else(|| Error::InvalidModel("missing scratch slot".into())),
+                Arg::Io(off) => Ok(base + (io_base + off) as u64),
             }
         };
+        let mut ins = Vec::new();
+        let mut off = 0;
+        for (&v, &a) in g.inputs.iter().zip(&exe.in_args) {
+            let n = value_bytes(g, v)?;
+            ins.push((resolve(a, 0)?, off, n));
+            off += alit(n);
+        }
+        let staging_in = PinnedBuffer::alloc(ctx, off)?;
+        let mut outs = Vec::new();
+        let mut off = 0;
+        for (&v, a) in g.outputs.iter().zip(&exe.out_args) {
+            let Some(a) = a else {
+                outs.push(None);
+                continue;
+            };
+            let n = value_bytes(g, v)?;
+            outs.push(Some((resolve(*a, 0)?, off, n)));
+            off += alit(n);
+        }
+        let staging_out = PinnedBuffer::alloc(ctx, off)?;
         let mut resolved = Vec::with_capacity(exe.steps.len());
         for (i, s) in exe.steps.iter().enumerate() {
             resolved.push(match s {
@@ -666,6 +777,11 @@ impl CudaRun {
             });
         }
         let use_graph = std::env::var("VIGIL_CUDA_GRAPH").map_or(true, |v| v != "0");
+        let ev = || {
+            ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(drv_err("event creation"))
+        };
+        let events = (ev()?, ev()?);
         Ok(CudaRun {
             exe,
             stream,
@@ -680,11 +796,12 @@ impl CudaRun {
             graph: None,
             runs: 0,
             use_graph,
+            events,
         })
     }
 
     /// Enqueues one whole inference on the stream (what a CUDA graph captures).
-    fn enqueue(&self) -> Result<()> {
+    fn enqueue(&self, capturing: bool) -> Result<()> {
         let s = self.stream.cu_stream();
         let sin = self.staging_in.bytes();
         for &(dst, off, n) in &self.ins {
@@ -692,6 +809,7 @@ impl CudaRun {
             unsafe { drv::memcpy_htod_async(dst, &sin[off..off + n], s) }
                 .map_err(drv_err("input copy"))?;
         }
+        record(&self.events.0, s, capturing)?;
         for r in &self.resolved {
             match r {
                 Resolved::Launch { f, grid, args } => {
@@ -789,6 +907,40 @@ impl CudaRun {
                     let ldb = if gm.tb { gm.k } else { gm.n } as i32;
                     let zero = 0f32;
                     // Row-major Y = A·B is column-major Yᵀ = Bᵀ·Aᵀ.
+                    if self.exe.fp16 {
+                        let h = blas_sys::cudaDataType_t::CUDA_R_16F;
+                        // SAFETY: half operands sized by the inferred shapes; float scalars
+                        // for the float compute type.
+                        unsafe {
+                            blas::gemm_strided_batched_ex(
+                                self.blas.0,
+                                op(gm.tb),
+                                op(gm.ta),
+                                gm.n as i32,
+                                gm.m as i32,
+                                gm.k as i32,
+                                &gm.alpha as *const f32 as *const c_void,
+                                *b as *const c_void,
+                                h,
+                                ldb,
+                                gm.stride[1],
+                                *a as *const c_void,
+                                h,
+                                lda,
+                                gm.stride[0],
+                                &zero as *const f32 as *const c_void,
+                                *y as *mut c_void,
+                                h,
+                                gm.n as i32,
+                                gm.stride[2],
+                                gm.batch as i32,
+                                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT_TENSOR_OP,
+                            )
+                        }
+                        .map_err(blas_err("half gemm"))?;
+                        continue;
+                    }
                     // SAFETY: operand sizes follow from the inferred shapes.
                     unsafe {
                         blas::sgemm_strided_batched(
@@ -823,6 +975,7 @@ impl CudaRun {
                 }
             }
         }
+        record(&self.events.1, s, capturing)?;
         let sout = self.staging_out.bytes();
         for &(src, off, n) in self.outs.iter().flatten() {
             // SAFETY: as for the inputs; the staging buffer is pinned and outlives the work.
@@ -869,7 +1022,7 @@ impl BackendContext for CudaRun {
             self.stream
                 .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
                 .map_err(drv_err("begin capture"))?;
-            let r = self.enqueue();
+            let r = self.enqueue(true);
             let captured = self
                 .stream
                 .end_capture(sys::CUgraphInstantiate_flags(0))
@@ -880,11 +1033,14 @@ impl BackendContext for CudaRun {
             graph.launch().map_err(drv_err("graph launch"))?;
             self.graph = Some(graph);
         } else {
-            self.enqueue()?;
+            self.enqueue(false)?;
         }
         self.stream
             .synchronize()
             .map_err(drv_err("inference (stream synchronize)"))?;
+        // SAFETY: both events were recorded by the work just synchronised.
+        let ms = unsafe { drv::event::elapsed(self.events.0.cu_event(), self.events.1.cu_event()) };
+        LAST_DEVICE_MS.with(|c| c.set(ms.ok().map(f64::from)));
         self.runs += 1;
         for ((&v, t), o) in g.outputs.iter().zip(outputs.iter_mut()).zip(&self.outs) {
             let value = &g.values[v];

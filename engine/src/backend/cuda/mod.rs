@@ -11,7 +11,7 @@ mod resize_taps;
 
 pub use device::alloc_counts;
 pub use dnn::algo_cache_len;
-pub use executable::CudaExecutable;
+pub use executable::{last_device_ms, CudaExecutable};
 
 use crate::backend::{Backend, Executable, Precision};
 use crate::error::{Error, Result};
@@ -63,13 +63,16 @@ pub struct CudaBackend {
 impl Backend for CudaBackend {
     fn compile(&self, graph: Arc<Graph>) -> Result<Arc<dyn Executable>> {
         probe(self.ordinal)?;
-        if self.precision != Precision::Fp32 {
-            return Err(Error::Unsupported(format!(
-                "the CUDA backend runs fp32 only so far ({:?} requested)",
-                self.precision
-            )));
-        }
-        Ok(Arc::new(CudaExecutable::new(graph, self.ordinal)?))
+        let fp16 = match self.precision {
+            Precision::Fp32 => false,
+            Precision::Fp16 => true,
+            Precision::Int8 => {
+                return Err(Error::Unsupported(
+                    "the CUDA backend runs fp32 and fp16 (int8 requested)".into(),
+                ))
+            }
+        };
+        Ok(Arc::new(CudaExecutable::new(graph, self.ordinal, fp16)?))
     }
 }
 
