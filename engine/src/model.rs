@@ -140,16 +140,27 @@ impl Model {
     /// A new execution context: its own activation arena, sharing this model's weights.
     pub fn new_context(&self) -> Result<ExecutionContext> {
         let inner = Arc::clone(&self.executable).new_context()?;
+        Ok(self.wrap_context(inner))
+    }
+
+    /// A new execution context whose activation arena is a block of `pool` (fails with an
+    /// out-of-memory error stating the pool's state when it does not fit).
+    pub fn new_context_in(&self, pool: &Arc<crate::memory::HostPool>) -> Result<ExecutionContext> {
+        let inner = Arc::clone(&self.executable).new_context_in(pool)?;
+        Ok(self.wrap_context(inner))
+    }
+
+    fn wrap_context(&self, inner: Box<dyn BackendContext>) -> ExecutionContext {
         let outputs = self
             .outputs
             .iter()
             .map(|o| Tensor::zeros(o.dtype, o.shape.clone()))
             .collect();
-        Ok(ExecutionContext {
+        ExecutionContext {
             inner,
             inputs: self.inputs.clone(),
             outputs,
-        })
+        }
     }
 }
 

@@ -89,6 +89,15 @@ pub trait Executable: Send + Sync {
     fn backend(&self) -> &'static str;
     /// Creates an execution context with its own activation arena.
     fn new_context(self: Arc<Self>) -> Result<Box<dyn BackendContext>>;
+    /// Creates an execution context whose host-side activation arena is a block of `pool`
+    /// (backends whose activations live elsewhere, such as CUDA, keep their own arena).
+    fn new_context_in(
+        self: Arc<Self>,
+        pool: &Arc<crate::memory::HostPool>,
+    ) -> Result<Box<dyn BackendContext>> {
+        let _ = pool;
+        self.new_context()
+    }
     /// Bytes of activation memory each context reserves.
     fn arena_bytes(&self) -> usize;
     /// The most activation bytes live at one step: no arena for this graph can be smaller.

@@ -21,3 +21,15 @@ pub use pool::{
     Block, FixedPool, PoolOptions, PoolStats, DEFAULT_ALIGN, MAX_STREAMS, SCAN_LIMIT, SMALL_BLOCK,
 };
 pub use region::{HostRegion, Region, HOST_REGION_ALIGN};
+
+/// The host memory pool the CPU backend takes activation arenas from.
+pub type HostPool = FixedPool<HostRegion>;
+
+/// Builds a host pool of `bytes` (allocated once, zeroed) for synchronous CPU use.
+pub fn host_pool(bytes: usize) -> crate::error::Result<std::sync::Arc<HostPool>> {
+    FixedPool::with_options(
+        HostRegion::try_new(bytes)?,
+        std::sync::Arc::new(SyncClock),
+        PoolOptions::serving(),
+    )
+}

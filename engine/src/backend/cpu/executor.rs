@@ -7,6 +7,7 @@ use super::kernels::{build_kernel, Kernel, TensorMut, TensorRef};
 use crate::backend::{Backend, BackendContext, Executable};
 use crate::error::{Error, Result};
 use crate::ir::{shape, Graph, Node, Tensor};
+use crate::memory::{Block, HostPool, HostRegion, Region, StreamId};
 use crate::plan::{self, MemoryPlan, Slot, ALIGNMENT};
 
 /// The CPU backend with its thread count (0 = one per core).
@@ -60,21 +61,51 @@ impl CpuExecutable {
     }
 }
 
+impl CpuExecutable {
+    fn context_over(self: Arc<Self>, arena: Arena) -> Box<dyn BackendContext> {
+        let profile = std::env::var_os("VIGIL_PROFILE")
+            .map(|_| vec![std::time::Duration::ZERO; self.kernels.len()]);
+        Box::new(CpuContext {
+            exe: self,
+            arena,
+            profile,
+        })
+    }
+}
+
+/// A context's activation memory: a block of a shared host pool, or a region of its own.
+enum Arena {
+    Pooled(Block<HostRegion>),
+    Own(HostRegion),
+}
+
+impl Arena {
+    /// First byte and length (the block's or region's bytes, 256-byte aligned).
+    fn bytes(&self) -> (*mut u8, usize) {
+        match self {
+            // SAFETY: the block lies inside its pool's region, which the block keeps alive.
+            Arena::Pooled(b) => (
+                unsafe { b.pool().region().as_mut_ptr().add(b.offset()) },
+                b.size(),
+            ),
+            Arena::Own(r) => (r.as_mut_ptr(), r.len()),
+        }
+    }
+}
+
 impl Executable for CpuExecutable {
     fn backend(&self) -> &'static str {
         "cpu"
     }
 
     fn new_context(self: Arc<Self>) -> Result<Box<dyn BackendContext>> {
-        let words = self.plan.arena_bytes.div_ceil(ALIGNMENT) + 1;
-        let arena = vec![AlignedBlock([0; ALIGNMENT]); words];
-        let profile = std::env::var_os("VIGIL_PROFILE")
-            .map(|_| vec![std::time::Duration::ZERO; self.kernels.len()]);
-        Ok(Box::new(CpuContext {
-            exe: self,
-            arena,
-            profile,
-        }))
+        let arena = Arena::Own(HostRegion::try_new(self.plan.arena_bytes)?);
+        Ok(self.context_over(arena))
+    }
+
+    fn new_context_in(self: Arc<Self>, pool: &Arc<HostPool>) -> Result<Box<dyn BackendContext>> {
+        let block = pool.alloc(self.plan.arena_bytes, StreamId::DEFAULT)?;
+        Ok(self.context_over(Arena::Pooled(block)))
     }
 
     fn arena_bytes(&self) -> usize {
@@ -90,10 +121,10 @@ impl Executable for CpuExecutable {
 #[repr(C, align(64))]
 struct AlignedBlock([u8; ALIGNMENT]);
 
-/// One CPU execution context: a 64-byte-aligned arena laid out by the plan.
+/// One CPU execution context: a 256-byte-aligned arena laid out by the plan.
 struct CpuContext {
     exe: Arc<CpuExecutable>,
-    arena: Vec<AlignedBlock>,
+    arena: Arena,
     /// Per-node accumulated time, when `VIGIL_PROFILE` is set; printed when the context drops.
     profile: Option<Vec<std::time::Duration>>,
 }
@@ -148,8 +179,8 @@ impl BackendContext for CpuContext {
                 outputs.len()
             )));
         }
-        let base = ArenaPtr(self.arena.as_mut_ptr() as *mut u8);
-        let arena_len = self.arena.len() * ALIGNMENT;
+        let (ptr, arena_len) = self.arena.bytes();
+        let base = ArenaPtr(ptr);
         for (&v, t) in g.inputs.iter().zip(inputs) {
             let value = &g.values[v];
             if t.dtype() != value.dtype || Some(t.shape.as_slice()) != value.shape.as_deref() {
