@@ -31,7 +31,8 @@ fn qdq_model(name: &str) -> Option<PathBuf> {
 
 fn golden() -> Value {
     let p = repo().join("engine/tests/golden/qdq/golden-qdq.json");
-    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("missing {}: {e}", p.display()));
+    let text =
+        std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("missing {}: {e}", p.display()));
     serde_json::from_str(&text).expect("golden-qdq.json parses")
 }
 
@@ -80,7 +81,10 @@ fn qdq_efficientnet_int8_agrees_with_onnxruntime() {
     let hist = model.graph().op_histogram();
     println!("efficientnet-lite0.qdq ops after folding: {hist:?}");
     let qconvs = hist.iter().find(|(n, _)| *n == "QConv").map_or(0, |h| h.1);
-    assert!(qconvs >= 45, "only {qconvs} convolutions were folded into QConv");
+    assert!(
+        qconvs >= 45,
+        "only {qconvs} convolutions were folded into QConv"
+    );
     let mut ctx = model.new_context().expect("context");
     let g = golden();
     let mut worst = 1f64;
@@ -96,14 +100,21 @@ fn qdq_efficientnet_int8_agrees_with_onnxruntime() {
         let want = f32s(&img["effnet_logits"]);
         let cos = cosine(logits, &want);
         worst = worst.min(cos);
-        assert_eq!(argmax(logits), argmax(&want), "{stem}: top-1 differs from ORT-QDQ");
+        assert_eq!(
+            argmax(logits),
+            argmax(&want),
+            "{stem}: top-1 differs from ORT-QDQ"
+        );
         assert!(cos >= 0.99, "{stem}: logits cosine {cos} vs ORT-QDQ");
     }
     println!("efficientnet-lite0 INT8 agreement: worst logits cosine vs ORT-QDQ = {worst:.5}");
 }
 
 /// Greedy one-to-one matching of same-class boxes at IoU >= 0.5: (matched, got, want).
-fn match_detections(got: &[vision::Detection], want: &[(usize, [f32; 4])]) -> (usize, usize, usize) {
+fn match_detections(
+    got: &[vision::Detection],
+    want: &[(usize, [f32; 4])],
+) -> (usize, usize, usize) {
     let mut used = vec![false; want.len()];
     let mut matched = 0;
     for d in got {
@@ -139,7 +150,11 @@ fn qdq_nanodet_int8_agrees_with_onnxruntime() {
     let hist = model.graph().op_histogram();
     println!("nanodet-m-416.qdq ops after folding: {hist:?}");
     let count = |name: &str| hist.iter().find(|(n, _)| *n == name).map_or(0, |h| h.1);
-    assert!(count("QConv") >= 30, "only {} convolutions folded", count("QConv"));
+    assert!(
+        count("QConv") >= 30,
+        "only {} convolutions folded",
+        count("QConv")
+    );
     let labels = vision::load_labels(&repo().join("models/coco-labels.txt")).expect("labels");
     let spec = VisionSpec::nanodet_m_416(labels);
     let mut ctx = model.new_context().expect("context");
@@ -177,7 +192,10 @@ fn qdq_nanodet_int8_agrees_with_onnxruntime() {
             let picked: Vec<f32> = idx.iter().map(|&i| got[i]).collect();
             let cos = cosine(&picked, &f32s(&s["values"]));
             worst = worst.min(cos);
-            assert!(cos >= 0.99, "{stem}: output {shape:?} cosine {cos} vs ORT-QDQ");
+            assert!(
+                cos >= 0.99,
+                "{stem}: output {shape:?} cosine {cos} vs ORT-QDQ"
+            );
         }
         let transform = vision::ImageTransform {
             scale_x: 1.0,

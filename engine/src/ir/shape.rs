@@ -831,7 +831,11 @@ pub fn infer_node(graph: &Graph, node: &Node) -> Result<Vec<(DataType, Vec<usize
             if a.len() != 2 || b.len() != 2 {
                 return Err(err(node, format!("needs 2-D inputs, got {a:?} and {b:?}")));
             }
-            let (k2, n) = if q.trans_b { (b[1], b[0]) } else { (b[0], b[1]) };
+            let (k2, n) = if q.trans_b {
+                (b[1], b[0])
+            } else {
+                (b[0], b[1])
+            };
             if a[1] != k2 || q.w_scales.len() != n {
                 return Err(err(node, format!("shapes {a:?} and {b:?} do not fit")));
             }

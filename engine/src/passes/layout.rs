@@ -147,13 +147,15 @@ fn can_follow(graph: &Graph, node: &Node, nhwc_val: &[bool]) -> bool {
         Op::Unary(_) | Op::Binary(_) | Op::Elementwise(_) | Op::Concat { .. } => true,
         // Per-tensor quantization only (a per-axis axis would need remapping).
         Op::QLut { .. } => true,
-        Op::QuantizeLinear { .. } | Op::DequantizeLinear { .. } => (1..3).all(|k| match node.input(k) {
-            None => true,
-            Some(v) => graph.values[v]
-                .shape
-                .as_ref()
-                .is_some_and(|s| s.iter().product::<usize>() == 1),
-        }),
+        Op::QuantizeLinear { .. } | Op::DequantizeLinear { .. } => {
+            (1..3).all(|k| match node.input(k) {
+                None => true,
+                Some(v) => graph.values[v]
+                    .shape
+                    .as_ref()
+                    .is_some_and(|s| s.iter().product::<usize>() == 1),
+            })
+        }
         Op::Split { axis, .. } => norm_axis(*axis).is_some(),
         Op::Softmax { axis } => graph.opset >= 13 && norm_axis(*axis).is_some(),
         Op::Clip => (1..3).all(|k| match node.input(k) {

@@ -89,7 +89,11 @@ fn valid(p: QParams) -> Option<QParams> {
 }
 
 /// A per-tensor DequantizeLinear producing `v`: (node index, quantized input, parameters).
-fn dq_activation(graph: &Graph, producers: &[Option<usize>], v: ValueId) -> Option<(usize, ValueId, QParams)> {
+fn dq_activation(
+    graph: &Graph,
+    producers: &[Option<usize>],
+    v: ValueId,
+) -> Option<(usize, ValueId, QParams)> {
     let p = producers[v]?;
     let node = &graph.nodes[p];
     let Op::DequantizeLinear { .. } = node.op else {
@@ -125,7 +129,13 @@ fn dq_activation(graph: &Graph, producers: &[Option<usize>], v: ValueId) -> Opti
 
 /// Constant int8 weights behind a DequantizeLinear producing `v`, with one scale per index of
 /// dimension `axis` (`n` of them); the zero points must all be 0.
-fn dq_weights(graph: &Graph, producers: &[Option<usize>], v: ValueId, axis: usize, n: usize) -> Option<(Tensor, Vec<f32>)> {
+fn dq_weights(
+    graph: &Graph,
+    producers: &[Option<usize>],
+    v: ValueId,
+    axis: usize,
+    n: usize,
+) -> Option<(Tensor, Vec<f32>)> {
     let node = &graph.nodes[producers[v]?];
     let Op::DequantizeLinear { axis: dq_axis } = node.op else {
         return None;
@@ -136,7 +146,13 @@ fn dq_weights(graph: &Graph, producers: &[Option<usize>], v: ValueId, axis: usiz
     }
     let s = graph.constant(node.input(1)?)?.to_f32_vec();
     if let Some(z) = node.input(2) {
-        if graph.constant(z)?.to_i64_vec().ok()?.iter().any(|&z| z != 0) {
+        if graph
+            .constant(z)?
+            .to_i64_vec()
+            .ok()?
+            .iter()
+            .any(|&z| z != 0)
+        {
             return None;
         }
     }
@@ -156,7 +172,13 @@ fn dq_weights(graph: &Graph, producers: &[Option<usize>], v: ValueId, axis: usiz
 /// The bias behind `v` in i32 at scale `x_scale * w_scales[k]`: a DequantizeLinear of an i32
 /// constant at exactly that scale is taken as is; otherwise (other scales, f32 constants) the
 /// real values are requantized. None when absent in either form or out of i32 range.
-fn int_bias(graph: &Graph, producers: &[Option<usize>], v: ValueId, x_scale: f32, w_scales: &[f32]) -> Option<Vec<i32>> {
+fn int_bias(
+    graph: &Graph,
+    producers: &[Option<usize>],
+    v: ValueId,
+    x_scale: f32,
+    w_scales: &[f32],
+) -> Option<Vec<i32>> {
     let n = w_scales.len();
     let real: Vec<f64> = if let Some(t) = graph.constant(v) {
         let b = t.as_f32().ok()?;
@@ -219,7 +241,11 @@ fn activation_of(graph: &Graph, node: &Node) -> Option<Activation> {
 
 /// From the output `y` of node `i`: `[activation →] Q`, each the sole reader. Returns the Q
 /// parameters, its output, the activation and the nodes to remove.
-fn requant_tail(graph: &Graph, consumers: &[Vec<usize>], y: ValueId) -> Option<(QParams, ValueId, Option<Activation>, Vec<usize>)> {
+fn requant_tail(
+    graph: &Graph,
+    consumers: &[Vec<usize>],
+    y: ValueId,
+) -> Option<(QParams, ValueId, Option<Activation>, Vec<usize>)> {
     let c = sole_consumer(graph, consumers, y)?;
     let node = &graph.nodes[c];
     if let Some(p) = q_params(graph, node) {
@@ -387,7 +413,11 @@ fn fold_lut(graph: &mut Graph, i: usize) -> Result<bool> {
 fn fold_requant(graph: &mut Graph, i: usize) -> bool {
     let producers = graph.producers();
     let node = &graph.nodes[i];
-    let (Some(qp), Some(v), [out]) = (q_params(graph, node), node.input(0), node.outputs.as_slice()) else {
+    let (Some(qp), Some(v), [out]) = (
+        q_params(graph, node),
+        node.input(0),
+        node.outputs.as_slice(),
+    ) else {
         return false;
     };
     let Some((_, xq, xp)) = dq_activation(graph, &producers, v) else {

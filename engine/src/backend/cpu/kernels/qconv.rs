@@ -34,7 +34,6 @@ struct Geom {
     dw: usize,
     pt: usize,
     pl: usize,
-    groups: usize,
     cin_g: usize,
     cout_g: usize,
     nhwc: bool,
@@ -58,11 +57,17 @@ struct QConvKernel {
     flip: bool,
     slots: usize,
     slot: usize,
+    isa: QIsa,
     name: String,
 }
 
-/// Compiles a QConv node.
+/// Compiles a QConv node for the best instruction set of this CPU.
 pub fn build(graph: &Graph, node: &Node) -> Result<Box<dyn Kernel>> {
+    build_with(graph, node, QIsa::detect())
+}
+
+/// Compiles a QConv node for the given instruction set (which must be available).
+fn build_with(graph: &Graph, node: &Node, isa: QIsa) -> Result<Box<dyn Kernel>> {
     let Op::QConv(q) = &node.op else {
         return Err(Error::Unsupported(format!(
             "qconv kernel does not handle {}",
@@ -110,7 +115,9 @@ pub fn build(graph: &Graph, node: &Node) -> Result<Box<dyn Kernel>> {
         )));
     }
     if q.w_scales.len() != cout || !matches!(graph.values[xv].dtype, DataType::U8 | DataType::I8) {
-        return Err(bad("needs one weight scale per output channel and an 8-bit input"));
+        return Err(bad(
+            "needs one weight scale per output channel and an 8-bit input",
+        ));
     }
     let g = Geom {
         n,
@@ -128,7 +135,6 @@ pub fn build(graph: &Graph, node: &Node) -> Result<Box<dyn Kernel>> {
         dw,
         pt,
         pl,
-        groups,
         cin_g: cin / groups,
         cout_g: cout / groups,
         nhwc,
@@ -159,10 +165,10 @@ pub fn build(graph: &Graph, node: &Node) -> Result<Box<dyn Kernel>> {
             flip,
             slots: 0,
             slot: 0,
+            isa,
             name: name_s,
         }));
     }
-    let isa = QIsa::detect();
     let kg = taps * g.cin_g;
     let mut packed = Vec::with_capacity(groups);
     let mut epis = Vec::with_capacity(groups);
@@ -202,13 +208,18 @@ pub fn build(graph: &Graph, node: &Node) -> Result<Box<dyn Kernel>> {
     let slot = (TILE_ROWS * kp + if nhwc { 0 } else { TILE_ROWS * cout }).next_multiple_of(64);
     Ok(Box::new(QConvKernel {
         g,
-        imp: if pointwise { Imp::Pointwise } else { Imp::Im2col },
+        imp: if pointwise {
+            Imp::Pointwise
+        } else {
+            Imp::Im2col
+        },
         packed,
         epis,
         za,
         flip,
         slots: threads,
         slot,
+        isa,
         name: name_s,
     }))
 }
@@ -324,15 +335,18 @@ impl QConvKernel {
             .for_each(|(row, o)| {
                 #[cfg(target_arch = "x86_64")]
                 {
-                    if is_x86_feature_detected!("avx512bw") {
-                        // SAFETY: the required CPU feature was detected at run time.
-                        unsafe { dw_row_avx512(g, x, w, row, o, epi, self.za, self.flip) };
-                        return;
-                    }
-                    if is_x86_feature_detected!("avx2") {
-                        // SAFETY: as above.
-                        unsafe { dw_row_avx2(g, x, w, row, o, epi, self.za, self.flip) };
-                        return;
+                    // SAFETY: `isa` was checked available when the kernel was built; VNNI
+                    // AVX-512 implies AVX-512BW, and AVX-VNNI implies AVX2.
+                    match self.isa {
+                        QIsa::Avx512Vnni => {
+                            unsafe { dw_row_avx512(g, x, w, row, o, epi, self.za, self.flip) };
+                            return;
+                        }
+                        QIsa::AvxVnni | QIsa::Avx2 => {
+                            unsafe { dw_row_avx2(g, x, w, row, o, epi, self.za, self.flip) };
+                            return;
+                        }
+                        QIsa::Portable => {}
                     }
                 }
                 dw_row(g, x, w, row, o, epi, self.za, self.flip);
@@ -347,7 +361,16 @@ const DW_BLOCK: usize = 256;
 /// epilogue (whose column sums are zero: the zero point is subtracted here).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn dw_row(g: &Geom, x: &[u8], w: &[i16], row: usize, o: &mut [u8], epi: &QEpilogue, za: u8, flip: bool) {
+fn dw_row(
+    g: &Geom,
+    x: &[u8],
+    w: &[i16],
+    row: usize,
+    o: &mut [u8],
+    epi: &QEpilogue,
+    za: u8,
+    flip: bool,
+) {
     let c = g.cin;
     let (ni, oy) = (row / g.oh, row % g.oh);
     let za = za as i32;
@@ -392,14 +415,32 @@ fn dw_row(g: &Geom, x: &[u8], w: &[i16], row: usize, o: &mut [u8], epi: &QEpilog
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn dw_row_avx512(g: &Geom, x: &[u8], w: &[i16], row: usize, o: &mut [u8], epi: &QEpilogue, za: u8, flip: bool) {
+unsafe fn dw_row_avx512(
+    g: &Geom,
+    x: &[u8],
+    w: &[i16],
+    row: usize,
+    o: &mut [u8],
+    epi: &QEpilogue,
+    za: u8,
+    flip: bool,
+) {
     dw_row(g, x, w, row, o, epi, za, flip)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn dw_row_avx2(g: &Geom, x: &[u8], w: &[i16], row: usize, o: &mut [u8], epi: &QEpilogue, za: u8, flip: bool) {
+unsafe fn dw_row_avx2(
+    g: &Geom,
+    x: &[u8],
+    w: &[i16],
+    row: usize,
+    o: &mut [u8],
+    epi: &QEpilogue,
+    za: u8,
+    flip: bool,
+) {
     dw_row(g, x, w, row, o, epi, za, flip)
 }
 
@@ -413,7 +454,8 @@ impl Kernel for QConvKernel {
         let g = &self.g;
         let x = input(inputs, 0, &self.name)?;
         let out = output(outputs, 0, &self.name)?;
-        if x.bytes.len() != g.n * g.cin * g.h * g.w || out.bytes.len() != g.n * g.cout * g.oh * g.ow {
+        if x.bytes.len() != g.n * g.cin * g.h * g.w || out.bytes.len() != g.n * g.cout * g.oh * g.ow
+        {
             return Err(Error::Shape(format!("{}: tensor sizes", self.name)));
         }
         match &self.imp {
@@ -427,5 +469,314 @@ impl Kernel for QConvKernel {
 
     fn scratch_bytes(&self) -> usize {
         self.slots * self.slot
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{ConvAttrs, QConvAttrs, QParams, Tensor, TensorData};
+
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u32 {
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (self.0 >> 33) as u32
+        }
+    }
+
+    struct Case {
+        nhwc: bool,
+        n: usize,
+        cin: usize,
+        h: usize,
+        w: usize,
+        cout: usize,
+        k: (usize, usize),
+        stride: usize,
+        pad: [usize; 4],
+        dil: usize,
+        group: usize,
+        signed_in: bool,
+        act: Option<crate::ir::Activation>,
+    }
+
+    /// Runs one QConv on random data through every available ISA path and compares with a naive
+    /// integer reference using the same f32 requantization formula.
+    fn check(c: &Case, rng: &mut Rng) {
+        let (kh, kw) = c.k;
+        let cin_g = c.cin / c.group;
+        let xdt = if c.signed_in {
+            DataType::I8
+        } else {
+            DataType::U8
+        };
+        let x = QParams {
+            scale: 0.03,
+            zero_point: if c.signed_in { -7 } else { 121 },
+            dtype: xdt,
+        };
+        let y = QParams {
+            scale: 0.2,
+            zero_point: 9,
+            dtype: DataType::U8,
+        };
+        let xs: Vec<u8> = (0..c.n * c.cin * c.h * c.w)
+            .map(|_| rng.next() as u8)
+            .collect();
+        let wt: Vec<i8> = (0..c.cout * cin_g * kh * kw)
+            .map(|_| rng.next() as i8)
+            .collect();
+        let bias: Vec<i32> = (0..c.cout)
+            .map(|_| (rng.next() % 20001) as i32 - 10000)
+            .collect();
+        let ws: Vec<f32> = (0..c.cout).map(|o| 0.002 + 0.0003 * o as f32).collect();
+        let oh = (c.h + c.pad[0] + c.pad[2] - c.dil * (kh - 1) - 1) / c.stride + 1;
+        let ow = (c.w + c.pad[1] + c.pad[3] - c.dil * (kw - 1) - 1) / c.stride + 1;
+        let xshape = if c.nhwc {
+            vec![c.n, c.h, c.w, c.cin]
+        } else {
+            vec![c.n, c.cin, c.h, c.w]
+        };
+        let oshape = if c.nhwc {
+            vec![c.n, oh, ow, c.cout]
+        } else {
+            vec![c.n, c.cout, oh, ow]
+        };
+        // Reference.
+        let xat = |ni: usize, ch: usize, yy: usize, xx: usize| -> i32 {
+            let i = if c.nhwc {
+                ((ni * c.h + yy) * c.w + xx) * c.cin + ch
+            } else {
+                ((ni * c.cin + ch) * c.h + yy) * c.w + xx
+            };
+            if c.signed_in {
+                xs[i] as i8 as i32
+            } else {
+                xs[i] as i32
+            }
+        };
+        let (lo, hi) = match c.act {
+            Some(crate::ir::Activation::Relu) => (9.0f32, 255.0f32),
+            _ => (0.0, 255.0),
+        };
+        let mut want = vec![0u8; oshape.iter().product()];
+        for ni in 0..c.n {
+            for o in 0..c.cout {
+                let gi = o / (c.cout / c.group);
+                for oy in 0..oh {
+                    for ox in 0..ow {
+                        let mut acc = bias[o];
+                        for ci in 0..cin_g {
+                            for ky in 0..kh {
+                                for kx in 0..kw {
+                                    let iy =
+                                        (oy * c.stride + ky * c.dil) as isize - c.pad[0] as isize;
+                                    let ix =
+                                        (ox * c.stride + kx * c.dil) as isize - c.pad[1] as isize;
+                                    if iy < 0 || ix < 0 || iy >= c.h as isize || ix >= c.w as isize
+                                    {
+                                        continue;
+                                    }
+                                    let xv = xat(ni, gi * cin_g + ci, iy as usize, ix as usize)
+                                        - x.zero_point;
+                                    acc += xv * wt[((o * cin_g + ci) * kh + ky) * kw + kx] as i32;
+                                }
+                            }
+                        }
+                        let xu = super::super::qgemm::u8_params(x);
+                        let mult = xu.scale * ws[o] / y.scale;
+                        let q = ((acc as f32 * mult).round_ties_even() + 9.0).clamp(lo, hi) as u8;
+                        let idx = if c.nhwc {
+                            ((ni * oh + oy) * ow + ox) * c.cout + o
+                        } else {
+                            ((ni * c.cout + o) * oh + oy) * ow + ox
+                        };
+                        want[idx] = q;
+                    }
+                }
+            }
+        }
+        // Graph with constant input so eval-style running works.
+        let mut g = Graph {
+            opset: 17,
+            ..Default::default()
+        };
+        let xv = g.add_constant(
+            "x",
+            Tensor::new(
+                xshape,
+                if c.signed_in {
+                    TensorData::I8(xs.iter().map(|&b| b as i8).collect())
+                } else {
+                    TensorData::U8(xs.clone())
+                },
+            )
+            .unwrap(),
+        );
+        let wv = g.add_constant(
+            "w",
+            Tensor::new(vec![c.cout, cin_g, kh, kw], TensorData::I8(wt.clone())).unwrap(),
+        );
+        let bv = g.add_constant(
+            "b",
+            Tensor::new(vec![c.cout], TensorData::I32(bias.clone())).unwrap(),
+        );
+        let out = g.add_value("y", DataType::U8);
+        g.values[out].shape = Some(oshape.clone());
+        let node = Node {
+            name: "qc".into(),
+            op: Op::QConv(QConvAttrs {
+                conv: ConvAttrs {
+                    kernel_shape: vec![kh, kw],
+                    strides: vec![c.stride; 2],
+                    pads: c.pad.to_vec(),
+                    dilations: vec![c.dil; 2],
+                    group: c.group,
+                    auto_pad: AutoPad::NotSet,
+                    activation: c.act,
+                    layout: if c.nhwc { Layout::Nhwc } else { Layout::Nchw },
+                },
+                x,
+                y,
+                w_scales: ws.clone(),
+            }),
+            inputs: vec![Some(xv), Some(wv), Some(bv)],
+            outputs: vec![out],
+        };
+        assert_eq!(
+            crate::ir::shape::infer_node(&g, &node).unwrap()[0].1,
+            oshape
+        );
+        for isa in [QIsa::Portable, QIsa::Avx2, QIsa::AvxVnni, QIsa::Avx512Vnni] {
+            if !isa.available() {
+                println!("SKIP: QConv {isa:?} path because this CPU lacks it");
+                continue;
+            }
+            let k = build_with(&g, &node, isa).unwrap();
+            let mut scratch = vec![0u8; k.scratch_bytes() + 64];
+            let xt = g.constant(xv).unwrap();
+            let ins = [
+                Some(TensorRef {
+                    dtype: xdt,
+                    shape: &xt.shape,
+                    bytes: xt.as_bytes(),
+                }),
+                None,
+                None,
+            ];
+            let mut got = vec![0u8; want.len()];
+            let mut outs = [TensorMut {
+                dtype: DataType::U8,
+                shape: &oshape,
+                bytes: &mut got,
+            }];
+            k.run(&ins, &mut outs, &mut scratch).unwrap();
+            let bad = got.iter().zip(&want).position(|(a, b)| a != b);
+            assert!(
+                bad.is_none(),
+                "{isa:?} nhwc={} group={} k={:?}: element {:?} differs: {} vs {}",
+                c.nhwc,
+                c.group,
+                c.k,
+                bad,
+                got[bad.unwrap_or(0)],
+                want[bad.unwrap_or(0)]
+            );
+        }
+    }
+
+    #[test]
+    fn qconv_matches_naive_reference_on_all_paths() {
+        let mut rng = Rng(11);
+        let base = Case {
+            nhwc: true,
+            n: 1,
+            cin: 8,
+            h: 7,
+            w: 9,
+            cout: 20,
+            k: (3, 3),
+            stride: 1,
+            pad: [1, 1, 1, 1],
+            dil: 1,
+            group: 1,
+            signed_in: false,
+            act: None,
+        };
+        let cases = [
+            // im2col, odd channel counts, asymmetric padding, stride 2
+            Case {
+                cin: 3,
+                cout: 37,
+                pad: [0, 0, 1, 1],
+                stride: 2,
+                ..base
+            },
+            // pointwise in place (C % 4 == 0) and with an i8 input (copied and flipped)
+            Case {
+                k: (1, 1),
+                pad: [0; 4],
+                cin: 16,
+                cout: 33,
+                ..base
+            },
+            Case {
+                k: (1, 1),
+                pad: [0; 4],
+                cin: 16,
+                cout: 33,
+                signed_in: true,
+                act: Some(crate::ir::Activation::Relu),
+                ..base
+            },
+            // depthwise 3x3 and 5x5 stride 2, and more channels than one accumulation block
+            Case {
+                cin: 24,
+                cout: 24,
+                group: 24,
+                ..base
+            },
+            Case {
+                cin: 300,
+                cout: 300,
+                group: 300,
+                k: (5, 5),
+                stride: 2,
+                pad: [1, 1, 2, 2],
+                signed_in: true,
+                ..base
+            },
+            // grouped (not depthwise), dilated
+            Case {
+                cin: 8,
+                cout: 12,
+                group: 4,
+                dil: 2,
+                pad: [2, 2, 2, 2],
+                ..base
+            },
+            // NCHW, batch 2
+            Case {
+                nhwc: false,
+                n: 2,
+                cin: 5,
+                cout: 7,
+                ..base
+            },
+            Case {
+                nhwc: false,
+                cin: 6,
+                cout: 6,
+                group: 6,
+                ..base
+            },
+        ];
+        for c in &cases {
+            check(c, &mut rng);
+        }
     }
 }

@@ -33,13 +33,15 @@ impl QIsa {
     /// The best instruction set this CPU supports (`VIGIL_QISA=portable|avx2|avxvnni|avx512vnni`
     /// forces a lower one, for testing and comparisons).
     pub fn detect() -> QIsa {
-        let forced = std::env::var("VIGIL_QISA").ok().and_then(|s| match s.as_str() {
-            "portable" => Some(QIsa::Portable),
-            "avx2" => Some(QIsa::Avx2),
-            "avxvnni" => Some(QIsa::AvxVnni),
-            "avx512vnni" => Some(QIsa::Avx512Vnni),
-            _ => None,
-        });
+        let forced = std::env::var("VIGIL_QISA")
+            .ok()
+            .and_then(|s| match s.as_str() {
+                "portable" => Some(QIsa::Portable),
+                "avx2" => Some(QIsa::Avx2),
+                "avxvnni" => Some(QIsa::AvxVnni),
+                "avx512vnni" => Some(QIsa::Avx512Vnni),
+                _ => None,
+            });
         if let Some(f) = forced.filter(|f| f.available()) {
             return f;
         }
@@ -405,7 +407,11 @@ impl QEpilogue {
             for j in 0..n {
                 let real = (acc[j].wrapping_add(bias[j])) as f32 * mult[j] * ys;
                 let q = ((act.apply(real) / ys).round_ties_even() + zy).clamp(lo, hi);
-                out[j] = if signed { q as i32 as i8 as u8 } else { q as i32 as u8 };
+                out[j] = if signed {
+                    q as i32 as i8 as u8
+                } else {
+                    q as i32 as u8
+                };
             }
             return;
         }
@@ -413,7 +419,11 @@ impl QEpilogue {
             let f = (acc[j].wrapping_add(bias[j])) as f32 * mult[j];
             let f = if f < 0.0 { f * slope } else { f };
             let q = (f.round_ties_even() + zy).clamp(lo, hi);
-            out[j] = if signed { q as i32 as i8 as u8 } else { q as i32 as u8 };
+            out[j] = if signed {
+                q as i32 as i8 as u8
+            } else {
+                q as i32 as u8
+            };
         }
     }
 }
@@ -459,10 +469,19 @@ pub(super) fn weights_i8<'g>(graph: &'g Graph, node: &Node) -> Result<&'g [i8]> 
 /// Compiles a QGemm node.
 pub fn build(graph: &Graph, node: &Node) -> Result<Box<dyn Kernel>> {
     let q = qgemm_parts(node)?;
-    let a = graph.shape(node.input(0).ok_or_else(|| Error::InvalidModel("QGemm lacks A".into()))?)?;
-    let bshape = graph.shape(node.input(1).ok_or_else(|| Error::InvalidModel("QGemm lacks B".into()))?)?;
+    let a = graph.shape(
+        node.input(0)
+            .ok_or_else(|| Error::InvalidModel("QGemm lacks A".into()))?,
+    )?;
+    let bshape = graph.shape(
+        node.input(1)
+            .ok_or_else(|| Error::InvalidModel("QGemm lacks B".into()))?,
+    )?;
     if a.len() != 2 || bshape.len() != 2 {
-        return Err(Error::Shape(format!("QGemm '{}': 2-D operands needed", node.name)));
+        return Err(Error::Shape(format!(
+            "QGemm '{}': 2-D operands needed",
+            node.name
+        )));
     }
     let (m, k) = (a[0], a[1]);
     let (kb, n) = if q.trans_b {
@@ -471,7 +490,10 @@ pub fn build(graph: &Graph, node: &Node) -> Result<Box<dyn Kernel>> {
         (bshape[0], bshape[1])
     };
     if kb != k || q.w_scales.len() != n {
-        return Err(Error::Shape(format!("QGemm '{}': operand shapes differ", node.name)));
+        return Err(Error::Shape(format!(
+            "QGemm '{}': operand shapes differ",
+            node.name
+        )));
     }
     let w = weights_i8(graph, node)?;
     let isa = QIsa::detect();
@@ -481,7 +503,14 @@ pub fn build(graph: &Graph, node: &Node) -> Result<Box<dyn Kernel>> {
         PackedQB::pack(k, n, |kk, j| w[kk * n + j], isa)
     };
     let bias = bias_i32(graph, node, 2, n)?;
-    let epi = QEpilogue::new(u8_params(q.a), &q.w_scales, q.y, &bias, &packed.col_sums, q.activation);
+    let epi = QEpilogue::new(
+        u8_params(q.a),
+        &q.w_scales,
+        q.y,
+        &bias,
+        &packed.col_sums,
+        q.activation,
+    );
     Ok(Box::new(QGemmKernel {
         m,
         k,
@@ -565,7 +594,10 @@ mod tests {
     struct Rng(u64);
     impl Rng {
         fn next(&mut self) -> u32 {
-            self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             (self.0 >> 33) as u32
         }
     }
@@ -585,11 +617,29 @@ mod tests {
     #[test]
     fn packed_gemm_matches_naive_reference_on_all_isas() {
         let mut rng = Rng(7);
-        for &(m, k, n) in &[(1, 1, 1), (7, 13, 5), (13, 64, 48), (6, 37, 33), (20, 300, 70)] {
-            let a: Vec<u8> = (0..m * k).map(|i| if i % 7 == 0 { 255 } else { rng.next() as u8 }).collect();
-            let b: Vec<i8> = (0..k * n).map(|i| if i % 5 == 0 { -128 } else { rng.next() as i8 }).collect();
-            let x = QParams { scale: 0.02, zero_point: 3, dtype: DataType::U8 };
-            let y = QParams { scale: 0.5, zero_point: -5, dtype: DataType::I8 };
+        for &(m, k, n) in &[
+            (1, 1, 1),
+            (7, 13, 5),
+            (13, 64, 48),
+            (6, 37, 33),
+            (20, 300, 70),
+        ] {
+            let a: Vec<u8> = (0..m * k)
+                .map(|i| if i % 7 == 0 { 255 } else { rng.next() as u8 })
+                .collect();
+            let b: Vec<i8> = (0..k * n)
+                .map(|i| if i % 5 == 0 { -128 } else { rng.next() as i8 })
+                .collect();
+            let x = QParams {
+                scale: 0.02,
+                zero_point: 3,
+                dtype: DataType::U8,
+            };
+            let y = QParams {
+                scale: 0.5,
+                zero_point: -5,
+                dtype: DataType::I8,
+            };
             let ws: Vec<f32> = (0..n).map(|j| 0.001 + j as f32 * 1e-4).collect();
             let bias: Vec<i32> = (0..n).map(|j| j as i32 * 37 - 500).collect();
             let mut want = vec![0u8; m * n];
@@ -625,13 +675,28 @@ mod tests {
 
     #[test]
     fn epilogue_clamps_relu_and_leaky() {
-        let x = QParams { scale: 1.0, zero_point: 0, dtype: DataType::U8 };
-        let y = QParams { scale: 1.0, zero_point: 10, dtype: DataType::U8 };
+        let x = QParams {
+            scale: 1.0,
+            zero_point: 0,
+            dtype: DataType::U8,
+        };
+        let y = QParams {
+            scale: 1.0,
+            zero_point: 10,
+            dtype: DataType::U8,
+        };
         let e = QEpilogue::new(x, &[1.0; 3], y, &[0; 3], &[0; 3], Some(Activation::Relu));
         let mut o = [0u8; 3];
         e.store(&[-20, 5, 300], 0, &mut o);
         assert_eq!(o, [10, 15, 255]);
-        let e = QEpilogue::new(x, &[1.0; 3], y, &[0; 3], &[0; 3], Some(Activation::LeakyRelu { alpha: 0.25 }));
+        let e = QEpilogue::new(
+            x,
+            &[1.0; 3],
+            y,
+            &[0; 3],
+            &[0; 3],
+            Some(Activation::LeakyRelu { alpha: 0.25 }),
+        );
         e.store(&[-20, 5, -2], 0, &mut o);
         assert_eq!(o, [5, 15, 10]);
     }

@@ -25,7 +25,10 @@ pub fn build(graph: &Graph, node: &Node) -> Result<Box<dyn Kernel>> {
         Op::DequantizeLinear { axis } => (false, *axis),
         Op::QLut { table, dtype } => {
             if table.len() != 256 || !matches!(in_dtype, DataType::U8 | DataType::I8) {
-                return Err(unsupported(node, "needs a 256-entry table and an 8-bit input"));
+                return Err(unsupported(
+                    node,
+                    "needs a 256-entry table and an 8-bit input",
+                ));
             }
             return Ok(Box::new(LutKernel {
                 table: table.clone(),
@@ -116,7 +119,10 @@ fn zero_points(t: Option<TensorRef<'_>>, channels: usize, buf: &mut [i32]) -> Re
                 )));
             }
             match t.dtype {
-                DataType::U8 => buf.iter_mut().zip(t.bytes).for_each(|(z, &b)| *z = b as i32),
+                DataType::U8 => buf
+                    .iter_mut()
+                    .zip(t.bytes)
+                    .for_each(|(z, &b)| *z = b as i32),
                 DataType::I8 => buf
                     .iter_mut()
                     .zip(t.bytes)
@@ -155,7 +161,10 @@ impl Kernel for QdqKernel {
         let s = input(inputs, 1, name)?;
         let zt = inputs.get(2).copied().flatten();
         if s.dtype != DataType::F32 || s.len() != self.channels {
-            return Err(shape_err_name(name, "scale must be f32 with one value per channel"));
+            return Err(shape_err_name(
+                name,
+                "scale must be f32 with one value per channel",
+            ));
         }
         let scales: &[f32] = view(s.bytes, self.channels, name)?;
         // Per-axis parameters of big axes need a heap buffer; ONNX node tests and real models
@@ -287,6 +296,8 @@ mod tests {
             inputs: ids,
             outputs: vec![out],
         };
+        let types = crate::ir::shape::infer_node(&g, &node).unwrap_or_else(|e| panic!("{e}"));
+        g.values[out].dtype = types[0].0;
         let r = crate::backend::cpu::eval_node(&g, &node);
         r.map(|mut v| v.remove(0)).unwrap_or_else(|e| panic!("{e}"))
     }
@@ -296,12 +307,30 @@ mod tests {
         let x = Tensor::from_f32(vec![7], vec![0.0, 1.0, 3.0, 5.0, -1.0, 1000.0, -1000.0]).unwrap();
         let s = Tensor::from_f32(vec![], vec![2.0]).unwrap();
         let z = Tensor::new(vec![], crate::ir::TensorData::U8(vec![128])).unwrap();
-        let y = eval(Op::QuantizeLinear { axis: 1, dtype: None }, vec![x.clone(), s.clone(), z]);
+        let y = eval(
+            Op::QuantizeLinear {
+                axis: 1,
+                dtype: None,
+            },
+            vec![x.clone(), s.clone(), z],
+        );
         // 1/2 = 0.5 -> 0, 3/2 = 1.5 -> 2, 5/2 = 2.5 -> 2, -1/2 -> -0 -> 0.
-        assert_eq!(y.data, crate::ir::TensorData::U8(vec![128, 128, 130, 130, 128, 255, 0]));
+        assert_eq!(
+            y.data,
+            crate::ir::TensorData::U8(vec![128, 128, 130, 130, 128, 255, 0])
+        );
         let z = Tensor::new(vec![], crate::ir::TensorData::I8(vec![-1])).unwrap();
-        let y = eval(Op::QuantizeLinear { axis: 1, dtype: None }, vec![x, s, z]);
-        assert_eq!(y.data, crate::ir::TensorData::I8(vec![-1, -1, 1, 1, -1, 127, -128]));
+        let y = eval(
+            Op::QuantizeLinear {
+                axis: 1,
+                dtype: None,
+            },
+            vec![x, s, z],
+        );
+        assert_eq!(
+            y.data,
+            crate::ir::TensorData::I8(vec![-1, -1, 1, 1, -1, 127, -128])
+        );
     }
 
     #[test]
@@ -313,7 +342,13 @@ mod tests {
         let x = Tensor::from_f32(vec![2, 3, 2], xs.clone()).unwrap();
         let s = Tensor::from_f32(vec![3], scales.to_vec()).unwrap();
         let z = Tensor::new(vec![3], crate::ir::TensorData::I8(zps.to_vec())).unwrap();
-        let q = eval(Op::QuantizeLinear { axis: 1, dtype: None }, vec![x, s.clone(), z.clone()]);
+        let q = eval(
+            Op::QuantizeLinear {
+                axis: 1,
+                dtype: None,
+            },
+            vec![x, s.clone(), z.clone()],
+        );
         let crate::ir::TensorData::I8(qv) = &q.data else {
             panic!("not i8")
         };
