@@ -159,6 +159,66 @@ impl PackedQB {
                 self.kp, self.n
             )));
         }
+        #[cfg(target_arch = "x86_64")]
+        {
+            // SAFETY: the ISA was checked available when packing; bounds were checked above.
+            unsafe {
+                match self.isa {
+                    QIsa::Avx512Vnni => {
+                        self.run_avx512(m, a, lda, out, ldc, epi);
+                        return Ok(());
+                    }
+                    QIsa::AvxVnni | QIsa::Avx2 => {
+                        self.run_avx2(m, a, lda, out, ldc, epi);
+                        return Ok(());
+                    }
+                    QIsa::Portable => {}
+                }
+            }
+        }
+        self.run_impl(m, a, lda, out, ldc, epi);
+        Ok(())
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn run_avx512(
+        &self,
+        m: usize,
+        a: &[u8],
+        lda: usize,
+        out: &mut [u8],
+        ldc: usize,
+        epi: &QEpilogue,
+    ) {
+        self.run_impl(m, a, lda, out, ldc, epi)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn run_avx2(
+        &self,
+        m: usize,
+        a: &[u8],
+        lda: usize,
+        out: &mut [u8],
+        ldc: usize,
+        epi: &QEpilogue,
+    ) {
+        self.run_impl(m, a, lda, out, ldc, epi)
+    }
+
+    /// The panel/row loops (inlined into each ISA's compiled copy so the epilogue vectorises).
+    #[inline(always)]
+    fn run_impl(
+        &self,
+        m: usize,
+        a: &[u8],
+        lda: usize,
+        out: &mut [u8],
+        ldc: usize,
+        epi: &QEpilogue,
+    ) {
         let mr = self.isa.mr();
         let mut acc = [[0i32; NR]; 6];
         for &(c0, w, off) in &self.panels {
@@ -176,10 +236,10 @@ impl PackedQB {
                 i += rows;
             }
         }
-        Ok(())
     }
 
     /// Accumulates `rows` (<= mr) rows of A against one panel into `acc`.
+    #[inline(always)]
     fn micro(
         &self,
         rows: usize,
@@ -231,6 +291,7 @@ fn micro_portable(
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+#[allow(clippy::needless_range_loop)] // register tiles index several arrays in step
 unsafe fn micro_vnni512(
     rows: usize,
     a: &[u8],
@@ -278,6 +339,7 @@ unsafe fn micro_vnni512(
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,avxvnni")]
+#[allow(clippy::needless_range_loop)] // register tiles index several arrays in step
 unsafe fn micro_avxvnni(
     rows: usize,
     a: &[u8],
@@ -310,6 +372,7 @@ unsafe fn micro_avxvnni(
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
+#[allow(clippy::needless_range_loop)] // register tiles index several arrays in step
 unsafe fn micro_avx2(a: &[u8], panel: &[i8], w: usize, kp: usize, acc: &mut [i32; NR]) {
     let ap = a.as_ptr();
     let bp = panel.as_ptr();
@@ -397,7 +460,7 @@ impl QEpilogue {
     }
 
     /// Requantizes `acc` (columns `c0..`) into `out`.
-    #[inline]
+    #[inline(always)]
     pub fn store(&self, acc: &[i32], c0: usize, out: &mut [u8]) {
         let n = acc.len().min(out.len());
         let bias = &self.bias[c0..c0 + n];
@@ -415,15 +478,17 @@ impl QEpilogue {
             }
             return;
         }
+        // Clamping before rounding is exact (the bounds are integers) and keeps |f| < 2^22, so
+        // adding and subtracting 1.5 * 2^23 rounds half to even (default FP mode) without a
+        // libm call, in a loop the compiler vectorises.
+        const MAGIC: f32 = 12_582_912.0;
+        let (flo, fhi) = (lo - zy, hi - zy);
         for j in 0..n {
             let f = (acc[j].wrapping_add(bias[j])) as f32 * mult[j];
             let f = if f < 0.0 { f * slope } else { f };
-            let q = (f.round_ties_even() + zy).clamp(lo, hi);
-            out[j] = if signed {
-                q as i32 as i8 as u8
-            } else {
-                q as i32 as u8
-            };
+            let f = f.max(flo).min(fhi);
+            let q = ((f + MAGIC) - MAGIC + zy) as i32;
+            out[j] = if signed { q as i8 as u8 } else { q as u8 };
         }
     }
 }

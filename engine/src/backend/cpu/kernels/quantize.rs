@@ -194,14 +194,34 @@ impl Kernel for QdqKernel {
             if o.len() != self.len {
                 return Err(shape_err_name(name, "output size"));
             }
-            drive(o, |start, chunk| {
-                for (j, b) in chunk.iter_mut().enumerate() {
-                    let i = start + j;
-                    let k = chan(i);
-                    let q = quantize_one(xs[i], scales[k], zps[k], lo, hi);
-                    *b = if signed { q as i8 as u8 } else { q as u8 };
-                }
-            });
+            if c == 1 {
+                // Per tensor: divide, clamp, round half to even by the 1.5 * 2^23 trick
+                // (exact once clamped to the 8-bit range); vectorisable.
+                const MAGIC: f32 = 12_582_912.0;
+                let (s, z) = (scales[0], zps[0] as f32);
+                let (flo, fhi) = (lo as f32 - z, hi as f32 - z);
+                drive(o, |start, chunk| {
+                    for (b, &x) in chunk.iter_mut().zip(&xs[start..]) {
+                        // NaN maps to the zero point, as in the reference path.
+                        let v = if x.is_nan() {
+                            0.0
+                        } else {
+                            (x / s).max(flo).min(fhi)
+                        };
+                        let q = ((v + MAGIC) - MAGIC + z) as i32;
+                        *b = if signed { q as i8 as u8 } else { q as u8 };
+                    }
+                });
+            } else {
+                drive(o, |start, chunk| {
+                    for (j, b) in chunk.iter_mut().enumerate() {
+                        let i = start + j;
+                        let k = chan(i);
+                        let q = quantize_one(xs[i], scales[k], zps[k], lo, hi);
+                        *b = if signed { q as i8 as u8 } else { q as u8 };
+                    }
+                });
+            }
         } else {
             let o: &mut [f32] = super::elementwise::view_mut(out.bytes, self.len, name)?;
             match self.in_dtype {
