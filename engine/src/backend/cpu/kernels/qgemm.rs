@@ -487,7 +487,8 @@ impl QEpilogue {
             let f = (acc[j].wrapping_add(bias[j])) as f32 * mult[j];
             let f = if f < 0.0 { f * slope } else { f };
             let f = f.max(flo).min(fhi);
-            let q = ((f + MAGIC) - MAGIC + zy) as i32;
+            // SAFETY: f is finite (finite factors) and clamped to the 8-bit range.
+            let q = unsafe { ((f + MAGIC) - MAGIC + zy).to_int_unchecked::<i32>() };
             out[j] = if signed { q as i8 as u8 } else { q as u8 };
         }
     }

@@ -146,6 +146,50 @@ pub(super) fn quantize_one(x: f32, scale: f32, zp: i32, lo: i32, hi: i32) -> i32
     q.clamp(lo as i64, hi as i64) as i32
 }
 
+/// Per-tensor quantization of `xs` into `out`: (scale, zero point, clamp low/high relative to the
+/// zero point, signed output). Runs the AVX-512 or AVX2 compilation of the same loop when present.
+fn quantize_slice(xs: &[f32], out: &mut [u8], p: (f32, f32, f32, f32, bool)) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") {
+            // SAFETY: the required CPU features were detected at run time.
+            return unsafe { quantize_slice_avx512(xs, out, p) };
+        }
+        if is_x86_feature_detected!("avx2") {
+            // SAFETY: as above.
+            return unsafe { quantize_slice_avx2(xs, out, p) };
+        }
+    }
+    quantize_slice_impl(xs, out, p)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn quantize_slice_avx512(xs: &[f32], out: &mut [u8], p: (f32, f32, f32, f32, bool)) {
+    quantize_slice_impl(xs, out, p)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn quantize_slice_avx2(xs: &[f32], out: &mut [u8], p: (f32, f32, f32, f32, bool)) {
+    quantize_slice_impl(xs, out, p)
+}
+
+#[inline(always)]
+fn quantize_slice_impl(xs: &[f32], out: &mut [u8], p: (f32, f32, f32, f32, bool)) {
+    // Round half to even by adding and subtracting 1.5 * 2^23 (exact once clamped to the 8-bit
+    // range); NaN maps to the zero point, as in the reference path.
+    const MAGIC: f32 = 12_582_912.0;
+    let (s, z, flo, fhi, signed) = p;
+    for (b, &x) in out.iter_mut().zip(xs) {
+        let v = x / s;
+        let v = if v.is_nan() { 0.0 } else { v.max(flo).min(fhi) };
+        // SAFETY: v is finite and within [-255, 255] here.
+        let q = unsafe { ((v + MAGIC) - MAGIC + z).to_int_unchecked::<i32>() };
+        *b = if signed { q as i8 as u8 } else { q as u8 };
+    }
+}
+
 /// Stack buffer size for per-axis parameters; larger axes use a heap buffer built once per run.
 const MAX_STACK_CHANNELS: usize = 64;
 
@@ -197,21 +241,9 @@ impl Kernel for QdqKernel {
             if c == 1 {
                 // Per tensor: divide, clamp, round half to even by the 1.5 * 2^23 trick
                 // (exact once clamped to the 8-bit range); vectorisable.
-                const MAGIC: f32 = 12_582_912.0;
                 let (s, z) = (scales[0], zps[0] as f32);
-                let (flo, fhi) = (lo as f32 - z, hi as f32 - z);
-                drive(o, |start, chunk| {
-                    for (b, &x) in chunk.iter_mut().zip(&xs[start..]) {
-                        // NaN maps to the zero point, as in the reference path.
-                        let v = if x.is_nan() {
-                            0.0
-                        } else {
-                            (x / s).max(flo).min(fhi)
-                        };
-                        let q = ((v + MAGIC) - MAGIC + z) as i32;
-                        *b = if signed { q as i8 as u8 } else { q as u8 };
-                    }
-                });
+                let p = (s, z, lo as f32 - z, hi as f32 - z, signed);
+                drive(o, |start, chunk| quantize_slice(&xs[start..], chunk, p));
             } else {
                 drive(o, |start, chunk| {
                     for (j, b) in chunk.iter_mut().enumerate() {
