@@ -196,6 +196,50 @@ pub enum PadMode {
     Edge,
 }
 
+/// Quantization parameters of one per-tensor quantized 8-bit tensor: `real = (q - zero_point) * scale`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct QParams {
+    pub scale: f32,
+    pub zero_point: i32,
+    /// `I8` or `U8`.
+    pub dtype: super::DataType,
+}
+
+impl QParams {
+    /// The representable integer range of the element type.
+    pub fn range(&self) -> (i32, i32) {
+        match self.dtype {
+            super::DataType::U8 => (0, 255),
+            _ => (-128, 127),
+        }
+    }
+}
+
+/// An integer convolution folded from `DQ(x) → Conv(DQ(w), DQ(b)) [→ activation] → Q`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QConvAttrs {
+    /// Geometry, layout and the fused activation (applied to the real-valued result).
+    pub conv: ConvAttrs,
+    /// Input quantization.
+    pub x: QParams,
+    /// Output quantization.
+    pub y: QParams,
+    /// Per-output-channel weight scales (weights are symmetric int8).
+    pub w_scales: Vec<f32>,
+}
+
+/// An integer Gemm folded from `DQ(a) → Gemm(DQ(b), DQ(c)) [→ activation] → Q` (alpha = beta = 1).
+#[derive(Clone, Debug, PartialEq)]
+pub struct QGemmAttrs {
+    /// B is `[N, K]` when set, `[K, N]` otherwise.
+    pub trans_b: bool,
+    pub a: QParams,
+    pub y: QParams,
+    /// Per-output-column weight scales (weights are symmetric int8).
+    pub w_scales: Vec<f32>,
+    pub activation: Option<Activation>,
+}
+
 /// Every operator the IR can represent. Inputs are documented per variant (ONNX order).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
@@ -296,6 +340,26 @@ pub enum Op {
         keepdims: bool,
     },
     Identity,
+    /// x (f32), y_scale, [y_zero_point]: `saturate(round(x / scale) + zero_point)`; `axis` is the
+    /// per-axis dimension; `dtype` is the `output_dtype` attribute when given.
+    QuantizeLinear {
+        axis: i64,
+        dtype: Option<super::DataType>,
+    },
+    /// x (int), x_scale, [x_zero_point]: `(x - zero_point) * scale` as f32.
+    DequantizeLinear {
+        axis: i64,
+    },
+    /// Quantized X (NCHW or NHWC per `conv.layout`), W (int8, OIHW), [bias (i32, scale x*w)].
+    QConv(QConvAttrs),
+    /// Quantized A `[M, K]`, B (int8), [C (i32 `[N]`, scale a*w)].
+    QGemm(QGemmAttrs),
+    /// Quantized elementwise map by a 256-entry table (a `DQ → unary op → Q` chain); input byte
+    /// `b` (as u8 bits) maps to `table[b]`, of element type `dtype`.
+    QLut {
+        table: Vec<u8>,
+        dtype: super::DataType,
+    },
 }
 
 impl Op {
@@ -376,6 +440,11 @@ impl Op {
             Op::Range => "Range",
             Op::ReduceMean { .. } => "ReduceMean",
             Op::Identity => "Identity",
+            Op::QuantizeLinear { .. } => "QuantizeLinear",
+            Op::DequantizeLinear { .. } => "DequantizeLinear",
+            Op::QConv(_) => "QConv",
+            Op::QGemm(_) => "QGemm",
+            Op::QLut { .. } => "QLut",
         }
     }
 }

@@ -259,6 +259,27 @@ fn window_output(node: &Node, input: &[usize], w: &Window, ceil_mode: bool) -> R
         .collect()
 }
 
+/// Checks a Q/DQ node's scale and zero point: one element, or (per-axis) one per `x[axis]`.
+fn quant_params_fit(g: &Graph, node: &Node, x: &[usize], axis: i64) -> Result<()> {
+    let r = x.len() as i64;
+    let a = if axis < 0 { axis + r } else { axis };
+    for k in [1, 2] {
+        if node.input(k).is_none() {
+            continue;
+        }
+        let s = in_shape(g, node, k)?;
+        let n: usize = s.iter().product();
+        let ok = s.len() <= 1 && (n == 1 || ((0..r).contains(&a) && n == x[a as usize]));
+        if !ok {
+            return Err(err(
+                node,
+                format!("scale/zero point shape {s:?} does not fit input {x:?} on axis {axis}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn conv_shape(g: &Graph, node: &Node, a: &crate::ir::ConvAttrs) -> Result<Vec<usize>> {
     let x = in_shape(g, node, 0)?;
     let w = in_shape(g, node, 1)?;
@@ -787,6 +808,45 @@ pub fn infer_node(graph: &Graph, node: &Node) -> Result<Vec<(DataType, Vec<usize
         }
         Op::Unary(UnaryOp::Not) => one(DataType::Bool, in_shape(g, node, 0)?.to_vec()),
         Op::Unary(_) | Op::Clip | Op::Identity => same(g, node),
+        Op::QuantizeLinear { axis, dtype } => {
+            let x = in_shape(g, node, 0)?.to_vec();
+            quant_params_fit(g, node, &x, *axis)?;
+            let dt = match node.input(2) {
+                Some(_) => in_dtype(g, node, 2)?,
+                None => dtype.unwrap_or(DataType::U8),
+            };
+            if !matches!(dt, DataType::U8 | DataType::I8) {
+                return Err(err(node, format!("quantizing to {dt:?} is not supported")));
+            }
+            one(dt, x)
+        }
+        Op::DequantizeLinear { axis } => {
+            let x = in_shape(g, node, 0)?.to_vec();
+            quant_params_fit(g, node, &x, *axis)?;
+            one(DataType::F32, x)
+        }
+        Op::QConv(q) => one(q.y.dtype, conv_shape(g, node, &q.conv)?),
+        Op::QGemm(q) => {
+            let (a, b) = (in_shape(g, node, 0)?, in_shape(g, node, 1)?);
+            if a.len() != 2 || b.len() != 2 {
+                return Err(err(node, format!("needs 2-D inputs, got {a:?} and {b:?}")));
+            }
+            let (k2, n) = if q.trans_b {
+                (b[1], b[0])
+            } else {
+                (b[0], b[1])
+            };
+            if a[1] != k2 || q.w_scales.len() != n {
+                return Err(err(node, format!("shapes {a:?} and {b:?} do not fit")));
+            }
+            one(q.y.dtype, vec![a[0], n])
+        }
+        Op::QLut { table, dtype } => {
+            if table.len() != 256 {
+                return Err(err(node, "lookup table must have 256 entries"));
+            }
+            one(*dtype, in_shape(g, node, 0)?.to_vec())
+        }
         Op::Binary(b) => {
             let (a, c) = (in_shape(g, node, 0)?, in_shape(g, node, 1)?);
             let (ta, tc) = (dt0()?, in_dtype(g, node, 1)?);
@@ -1117,7 +1177,9 @@ fn resolve_node(graph: &mut Graph, i: usize) -> Result<()> {
     let x = shape_of(0);
     let w = shape_of(1);
     let needs = match &node.op {
-        Op::Conv(a) => a.auto_pad != AutoPad::NotSet,
+        Op::Conv(a) | Op::QConv(crate::ir::QConvAttrs { conv: a, .. }) => {
+            a.auto_pad != AutoPad::NotSet
+        }
         Op::ConvTranspose(a) => a.conv.auto_pad != AutoPad::NotSet || a.output_shape.is_some(),
         Op::MaxPool(a) | Op::AveragePool(a) => a.auto_pad != AutoPad::NotSet,
         _ => false,
@@ -1134,7 +1196,7 @@ fn resolve_node(graph: &mut Graph, i: usize) -> Result<()> {
     let x = x.unwrap_or_default();
     let node_c = node.clone();
     match &mut graph.nodes[i].op {
-        Op::Conv(a) => {
+        Op::Conv(a) | Op::QConv(crate::ir::QConvAttrs { conv: a, .. }) => {
             let (_, _, sp) = split_activation(&node_c, &x, a.layout)?;
             if a.kernel_shape.is_empty() {
                 match &w {

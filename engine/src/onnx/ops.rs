@@ -580,6 +580,31 @@ pub(crate) fn convert(
             cx.arity(1, 1)?;
             Op::Identity
         }
+        "QuantizeLinear" | "DequantizeLinear" => {
+            cx.arity(2, 3)?;
+            if a.int("block_size", 0)? != 0 {
+                return Err(a.unsupported("block_size", "(blocked quantization)"));
+            }
+            if op_type == "QuantizeLinear" {
+                if a.int("saturate", 1)? != 1 {
+                    return Err(a.unsupported("saturate", "0"));
+                }
+                let dtype = match a.opt_int("output_dtype")? {
+                    None | Some(0) => None,
+                    Some(2) => Some(DataType::U8),
+                    Some(3) => Some(DataType::I8),
+                    Some(other) => return Err(a.unsupported("output_dtype", &other.to_string())),
+                };
+                Op::QuantizeLinear {
+                    axis: a.int("axis", 1)?,
+                    dtype,
+                }
+            } else {
+                Op::DequantizeLinear {
+                    axis: a.int("axis", 1)?,
+                }
+            }
+        }
         "Dropout" => {
             cx.arity(1, 3)?;
             // Inference only: training_mode must be absent or a constant false.

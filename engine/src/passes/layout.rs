@@ -23,7 +23,8 @@ const AXIS_TO_NHWC: [i64; 4] = [0, 3, 1, 2];
 /// Runs only when the graph has a 2-D Conv and no node is NHWC yet (so it is idempotent).
 pub fn layout(graph: &mut Graph) -> Result<usize> {
     let has_conv = graph.nodes.iter().any(|n| {
-        matches!(n.op, Op::Conv(_)) && n.input(1).is_some_and(|w| rank(graph, w) == Some(4))
+        matches!(n.op, Op::Conv(_) | Op::QConv(_))
+            && n.input(1).is_some_and(|w| rank(graph, w) == Some(4))
     });
     if !has_conv || graph.nodes.iter().any(is_nhwc_node) {
         return Ok(0);
@@ -40,6 +41,7 @@ pub fn layout(graph: &mut Graph) -> Result<usize> {
 fn is_nhwc_node(n: &Node) -> bool {
     match &n.op {
         Op::Conv(a) => a.layout == Layout::Nhwc,
+        Op::QConv(q) => q.conv.layout == Layout::Nhwc,
         Op::MaxPool(a) | Op::AveragePool(a) => a.layout == Layout::Nhwc,
         Op::GlobalAveragePool { layout } | Op::GlobalMaxPool { layout } => *layout == Layout::Nhwc,
         Op::Resize(a) => a.layout == Layout::Nhwc,
@@ -69,6 +71,10 @@ fn data_slot(op: &Op, k: usize) -> bool {
     match op {
         Op::Binary(_) | Op::Elementwise(_) | Op::Concat { .. } => true,
         Op::Conv(_)
+        | Op::QConv(_)
+        | Op::QLut { .. }
+        | Op::QuantizeLinear { .. }
+        | Op::DequantizeLinear { .. }
         | Op::MaxPool(_)
         | Op::AveragePool(_)
         | Op::GlobalAveragePool { .. }
@@ -98,6 +104,7 @@ fn is_anchor(graph: &Graph, node: &Node) -> bool {
     };
     match &node.op {
         Op::Conv(a) => a.kernel_shape.len() <= 2 && node.input(1).is_some_and(|w| is4(graph, w)),
+        Op::QConv(_) => node.input(1).is_some_and(|w| is4(graph, w)),
         Op::MaxPool(a) | Op::AveragePool(a) => node.outputs.len() == 1 && a.kernel_shape.len() == 2,
         Op::GlobalAveragePool { .. } | Op::GlobalMaxPool { .. } => true,
         Op::Resize(_) => len_in(1, &[0, 8]) && len_in(2, &[0, 4]) && len_in(3, &[0, 4]),
@@ -138,6 +145,17 @@ fn can_follow(graph: &Graph, node: &Node, nhwc_val: &[bool]) -> bool {
     }
     match op {
         Op::Unary(_) | Op::Binary(_) | Op::Elementwise(_) | Op::Concat { .. } => true,
+        // Per-tensor quantization only (a per-axis axis would need remapping).
+        Op::QLut { .. } => true,
+        Op::QuantizeLinear { .. } | Op::DequantizeLinear { .. } => {
+            (1..3).all(|k| match node.input(k) {
+                None => true,
+                Some(v) => graph.values[v]
+                    .shape
+                    .as_ref()
+                    .is_some_and(|s| s.iter().product::<usize>() == 1),
+            })
+        }
         Op::Split { axis, .. } => norm_axis(*axis).is_some(),
         Op::Softmax { axis } => graph.opset >= 13 && norm_axis(*axis).is_some(),
         Op::Clip => (1..3).all(|k| match node.input(k) {
@@ -463,6 +481,7 @@ fn rewrite_node(graph: &mut Graph, i: usize) -> Result<()> {
     let node = &mut graph.nodes[i];
     match &mut node.op {
         Op::Conv(a) => a.layout = Layout::Nhwc,
+        Op::QConv(q) => q.conv.layout = Layout::Nhwc,
         Op::MaxPool(a) | Op::AveragePool(a) => a.layout = Layout::Nhwc,
         Op::GlobalAveragePool { layout } | Op::GlobalMaxPool { layout } => *layout = Layout::Nhwc,
         Op::Resize(a) => a.layout = Layout::Nhwc,

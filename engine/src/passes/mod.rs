@@ -10,6 +10,7 @@ mod fuse_elementwise;
 mod layout;
 mod pad_fold;
 mod pipeline;
+mod quant_fold;
 mod transpose_cancel;
 mod util;
 
@@ -24,6 +25,7 @@ pub use fuse_elementwise::fuse_elementwise;
 pub use layout::{layout, TO_NCHW, TO_NHWC};
 pub use pad_fold::pad_fold;
 pub use pipeline::{annotate_shapes, prepare, OptimizeReport};
+pub use quant_fold::quant_fold;
 pub use transpose_cancel::transpose_cancel;
 
 use crate::error::{Error, Result};

@@ -17,12 +17,19 @@ pub struct OptimizeReport {
 /// fusion and layout passes.
 pub fn prepare(graph: &mut Graph, batch: usize, optimize: bool) -> Result<OptimizeReport> {
     shape::pin_inputs(graph, batch)?;
+    // QDQ patterns fold into integer ops before constant folding dequantizes their weights.
+    let quant = if optimize {
+        super::quant_fold(graph)?
+    } else {
+        0
+    };
     let mut report = OptimizeReport {
         folded: const_fold::fold_constants(graph)?,
         ..Default::default()
     };
     if optimize {
         report.passes = optimize_after_folding(graph)?;
+        report.passes.add("quant_fold", quant);
     }
     shape::infer(graph)?;
     graph.validate()?;

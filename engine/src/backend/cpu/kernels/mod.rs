@@ -11,6 +11,9 @@ mod generate;
 mod movement;
 mod norm;
 mod pool;
+mod qconv;
+mod qgemm;
+mod quantize;
 mod resize;
 
 /// Compiles one node for the shapes recorded in `graph` (shape inference must have run, and
@@ -45,6 +48,11 @@ pub fn build_kernel(graph: &Graph, node: &Node) -> Result<Box<dyn Kernel>> {
         | Op::Cast { .. }
         | Op::Identity => movement::build(graph, node),
         Op::Shape { .. } | Op::ConstantOfShape { .. } | Op::Range => generate::build(graph, node),
+        Op::QuantizeLinear { .. } | Op::DequantizeLinear { .. } | Op::QLut { .. } => {
+            quantize::build(graph, node)
+        }
+        Op::QConv(_) => qconv::build(graph, node),
+        Op::QGemm(_) => qgemm::build(graph, node),
     }
 }
 

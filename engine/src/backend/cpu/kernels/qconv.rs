@@ -1,0 +1,782 @@
+//! INT8 convolution (a folded `DQ -> Conv -> Q`), requantization fused: NHWC or NCHW 8-bit
+//! activations, int8 OIHW weights packed at build time for the [`qgemm`](super::qgemm)
+//! micro-kernels. Paths: pointwise (1x1, stride 1, unpadded NHWC, C % 4 == 0, u8) runs the
+//! packed product on the input in place; depthwise (group == C) runs a direct kernel over
+//! channels (i32 accumulation, auto-vectorised with AVX-512BW / AVX2 where present); everything
+//! else gathers im2col tiles (padding holds the input zero point) per worker.
+
+use rayon::prelude::*;
+
+use super::elementwise::{input, output};
+use super::qgemm::{bias_i32, copy_row, u8_params, weights_i8, PackedQB, QEpilogue, QIsa};
+use super::{Kernel, TensorMut, TensorRef};
+use crate::error::{Error, Result};
+use crate::ir::{AutoPad, DataType, Graph, Layout, Node, Op};
+
+/// Output rows (pixels) per im2col tile.
+const TILE_ROWS: usize = 96;
+
+/// 2-D geometry of one convolution.
+#[derive(Clone, Copy, Debug)]
+struct Geom {
+    n: usize,
+    cin: usize,
+    h: usize,
+    w: usize,
+    cout: usize,
+    oh: usize,
+    ow: usize,
+    kh: usize,
+    kw: usize,
+    sh: usize,
+    sw: usize,
+    dh: usize,
+    dw: usize,
+    pt: usize,
+    pl: usize,
+    cin_g: usize,
+    cout_g: usize,
+    nhwc: bool,
+}
+
+enum Imp {
+    Pointwise,
+    Depthwise { w: Vec<i16> },
+    Im2col,
+}
+
+struct QConvKernel {
+    g: Geom,
+    imp: Imp,
+    /// One packed weight matrix per group (GEMM paths).
+    packed: Vec<PackedQB>,
+    /// One epilogue per group (GEMM paths) or one over all channels (depthwise).
+    epis: Vec<QEpilogue>,
+    /// Input zero point in the u8 domain, and whether i8 input bytes are flipped to u8.
+    za: u8,
+    flip: bool,
+    slots: usize,
+    slot: usize,
+    isa: QIsa,
+    name: String,
+}
+
+/// Compiles a QConv node for the best instruction set of this CPU.
+pub fn build(graph: &Graph, node: &Node) -> Result<Box<dyn Kernel>> {
+    build_with(graph, node, QIsa::detect())
+}
+
+/// Compiles a QConv node for the given instruction set (which must be available).
+fn build_with(graph: &Graph, node: &Node, isa: QIsa) -> Result<Box<dyn Kernel>> {
+    let Op::QConv(q) = &node.op else {
+        return Err(Error::Unsupported(format!(
+            "qconv kernel does not handle {}",
+            node.op.name()
+        )));
+    };
+    let name = format!("QConv '{}'", node.name);
+    let a = &q.conv;
+    let bad = |what: &str| Error::Unsupported(format!("{name}: {what}"));
+    let xv = node.input(0).ok_or_else(|| bad("no input"))?;
+    let xs = graph.shape(xv)?;
+    let ws = graph.shape(node.input(1).ok_or_else(|| bad("no weights"))?)?;
+    let os = graph.shape(*node.outputs.first().ok_or_else(|| bad("no output"))?)?;
+    if xs.len() != 4 || ws.len() != 4 || os.len() != 4 {
+        return Err(bad("only 2-D convolutions are supported"));
+    }
+    if a.auto_pad != AutoPad::NotSet && a.auto_pad != AutoPad::Valid {
+        return Err(bad("auto_pad must be resolved by shape inference first"));
+    }
+    let nhwc = a.layout == Layout::Nhwc;
+    let (n, cin, h, w) = if nhwc {
+        (xs[0], xs[3], xs[1], xs[2])
+    } else {
+        (xs[0], xs[1], xs[2], xs[3])
+    };
+    let (cout, oh, ow) = if nhwc {
+        (os[3], os[1], os[2])
+    } else {
+        (os[1], os[2], os[3])
+    };
+    let groups = a.group.max(1);
+    let two = |v: &[usize], d: usize| match v {
+        [a, b] => (*a, *b),
+        _ => (d, d),
+    };
+    let (sh, sw) = two(&a.strides, 1);
+    let (dh, dw) = two(&a.dilations, 1);
+    let (pt, pl) = match a.pads.as_slice() {
+        [t, l, _, _] => (*t, *l),
+        _ => (0, 0),
+    };
+    if ws[0] != cout || ws[1] * groups != cin || cout % groups != 0 || sh == 0 || sw == 0 {
+        return Err(Error::Shape(format!(
+            "{name}: weight {ws:?}, input {xs:?} and group {groups} do not fit"
+        )));
+    }
+    if q.w_scales.len() != cout || !matches!(graph.values[xv].dtype, DataType::U8 | DataType::I8) {
+        return Err(bad(
+            "needs one weight scale per output channel and an 8-bit input",
+        ));
+    }
+    let g = Geom {
+        n,
+        cin,
+        h,
+        w,
+        cout,
+        oh,
+        ow,
+        kh: ws[2],
+        kw: ws[3],
+        sh,
+        sw,
+        dh,
+        dw,
+        pt,
+        pl,
+        cin_g: cin / groups,
+        cout_g: cout / groups,
+        nhwc,
+    };
+    let wt = weights_i8(graph, node)?;
+    let bias = bias_i32(graph, node, 2, cout)?;
+    let x = u8_params(q.x);
+    let flip = q.x.dtype == DataType::I8;
+    let za = x.zero_point.clamp(0, 255) as u8;
+    let act = a.activation;
+    let taps = g.kh * g.kw;
+    let name_s = node.name.clone();
+    if nhwc && groups == cin && groups == cout && groups > 1 {
+        // Depthwise: weights as i16 [tap][c]; the zero point is subtracted from the input.
+        let mut dw_w = vec![0i16; taps * cout];
+        for c in 0..cout {
+            for t in 0..taps {
+                dw_w[t * cout + c] = wt[c * taps + t] as i16;
+            }
+        }
+        let epi = QEpilogue::new(x, &q.w_scales, q.y, &bias, &vec![0; cout], act);
+        return Ok(Box::new(QConvKernel {
+            g,
+            imp: Imp::Depthwise { w: dw_w },
+            packed: Vec::new(),
+            epis: vec![epi],
+            za,
+            flip,
+            slots: 0,
+            slot: 0,
+            isa,
+            name: name_s,
+        }));
+    }
+    let kg = taps * g.cin_g;
+    let mut packed = Vec::with_capacity(groups);
+    let mut epis = Vec::with_capacity(groups);
+    for gi in 0..groups {
+        let (kw_, cin_g) = (g.kw, g.cin_g);
+        let p = PackedQB::pack(
+            kg,
+            g.cout_g,
+            |kk, j| {
+                let o = gi * g.cout_g + j;
+                let (ky, kx, c) = (kk / (kw_ * cin_g), (kk / cin_g) % kw_, kk % cin_g);
+                wt[((o * cin_g + c) * g.kh + ky) * g.kw + kx]
+            },
+            isa,
+        );
+        let r = gi * g.cout_g..(gi + 1) * g.cout_g;
+        epis.push(QEpilogue::new(
+            x,
+            &q.w_scales[r.clone()],
+            q.y,
+            &bias[r],
+            &p.col_sums,
+            act,
+        ));
+        packed.push(p);
+    }
+    let pointwise = nhwc
+        && taps == 1
+        && (sh, sw, pt, pl) == (1, 1, 0, 0)
+        && (oh, ow) == (h, w)
+        && groups == 1
+        && cin % 4 == 0
+        && !flip;
+    let kp = packed.first().map_or(4, |p| p.kp);
+    let threads = rayon::current_num_threads().max(1);
+    // Per worker: an im2col tile, plus (NCHW) an output tile to scatter from.
+    let slot = (TILE_ROWS * kp + if nhwc { 0 } else { TILE_ROWS * cout }).next_multiple_of(64);
+    Ok(Box::new(QConvKernel {
+        g,
+        imp: if pointwise {
+            Imp::Pointwise
+        } else {
+            Imp::Im2col
+        },
+        packed,
+        epis,
+        za,
+        flip,
+        slots: threads,
+        slot,
+        isa,
+        name: name_s,
+    }))
+}
+
+impl QConvKernel {
+    /// Gathers `rows` output pixels from `r0` of group `gi` into K-padded rows of `col`.
+    fn im2col(&self, x: &[u8], gi: usize, r0: usize, rows: usize, kp: usize, col: &mut [u8]) {
+        let g = &self.g;
+        let (za, flip) = (self.za, self.flip);
+        for r in 0..rows {
+            let p = r0 + r;
+            let (ni, rem) = (p / (g.oh * g.ow), p % (g.oh * g.ow));
+            let (oy, ox) = (rem / g.ow, rem % g.ow);
+            let dst = &mut col[r * kp..(r + 1) * kp];
+            let mut k = 0;
+            for ky in 0..g.kh {
+                let iy = (oy * g.sh + ky * g.dh).wrapping_sub(g.pt);
+                for kx in 0..g.kw {
+                    let ix = (ox * g.sw + kx * g.dw).wrapping_sub(g.pl);
+                    let d = &mut dst[k..k + g.cin_g];
+                    if iy >= g.h || ix >= g.w {
+                        d.fill(za);
+                    } else if g.nhwc {
+                        let s = ((ni * g.h + iy) * g.w + ix) * g.cin + gi * g.cin_g;
+                        copy_row(d, &x[s..s + g.cin_g], flip);
+                    } else {
+                        for (c, dv) in d.iter_mut().enumerate() {
+                            let s = ((ni * g.cin + gi * g.cin_g + c) * g.h + iy) * g.w + ix;
+                            *dv = if flip { x[s] ^ 0x80 } else { x[s] };
+                        }
+                    }
+                    k += g.cin_g;
+                }
+            }
+            dst[k..].fill(0);
+        }
+    }
+
+    fn run_gemm(&self, x: &[u8], out: &mut [u8], scratch: &mut [u8]) -> Result<()> {
+        let g = &self.g;
+        let rows = g.n * g.oh * g.ow;
+        if let Imp::Pointwise = self.imp {
+            let p = &self.packed[0];
+            let per = rows.div_ceil(rayon::current_num_threads().max(1)).max(1);
+            return out
+                .par_chunks_mut(per * g.cout)
+                .enumerate()
+                .try_for_each(|(wi, o)| {
+                    let r0 = wi * per;
+                    let m = o.len() / g.cout;
+                    let a = &x[r0 * g.cin..(r0 + m) * g.cin];
+                    p.run(m, a, g.cin, o, g.cout, &self.epis[0])
+                });
+        }
+        let kp = self.packed.first().map_or(4, |p| p.kp);
+        let slot = self.slot;
+        let slots = (scratch.len() / slot.max(1)).max(1);
+        if scratch.len() < slot {
+            return Err(Error::Shape(format!("{}: scratch too small", self.name)));
+        }
+        let ntiles = rows.div_ceil(TILE_ROWS);
+        let workers = slots.min(rayon::current_num_threads()).min(ntiles).max(1);
+        let per_worker = ntiles.div_ceil(workers) * TILE_ROWS;
+        let hw = g.oh * g.ow;
+        if g.nhwc {
+            return out
+                .par_chunks_mut(per_worker * g.cout)
+                .zip(scratch.par_chunks_mut(slot))
+                .enumerate()
+                .try_for_each(|(wi, (o, col))| {
+                    let r_begin = wi * per_worker;
+                    let nrows = o.len() / g.cout;
+                    let mut done = 0;
+                    while done < nrows {
+                        let m = TILE_ROWS.min(nrows - done);
+                        for (gi, p) in self.packed.iter().enumerate() {
+                            self.im2col(x, gi, r_begin + done, m, kp, col);
+                            let o = &mut o[done * g.cout + gi * g.cout_g..];
+                            p.run(m, col, kp, o, g.cout, &self.epis[gi])?;
+                        }
+                        done += m;
+                    }
+                    Ok(())
+                });
+        }
+        // NCHW (layouts the layout pass left alone): one worker, tile by tile, scattered.
+        let sc = &mut scratch[..slot];
+        let (col, otile) = sc.split_at_mut(TILE_ROWS * kp);
+        let mut done = 0;
+        while done < rows {
+            let m = TILE_ROWS.min(rows - done);
+            for (gi, p) in self.packed.iter().enumerate() {
+                self.im2col(x, gi, done, m, kp, col);
+                let o = &mut otile[gi * g.cout_g..];
+                p.run(m, col, kp, o, g.cout, &self.epis[gi])?;
+            }
+            for r in 0..m {
+                let (ni, rem) = ((done + r) / hw, (done + r) % hw);
+                for c in 0..g.cout {
+                    out[(ni * g.cout + c) * hw + rem] = otile[r * g.cout + c];
+                }
+            }
+            done += m;
+        }
+        Ok(())
+    }
+
+    fn run_depthwise(&self, x: &[u8], out: &mut [u8], w: &[i16]) {
+        let g = &self.g;
+        let epi = &self.epis[0];
+        out.par_chunks_mut(g.ow * g.cout)
+            .enumerate()
+            .for_each(|(row, o)| {
+                #[cfg(target_arch = "x86_64")]
+                {
+                    // SAFETY: `isa` was checked available when the kernel was built; VNNI
+                    // AVX-512 implies AVX-512BW, and AVX-VNNI implies AVX2.
+                    match self.isa {
+                        QIsa::Avx512Vnni => {
+                            unsafe { dw_row_avx512(g, x, w, row, o, epi, self.za, self.flip) };
+                            return;
+                        }
+                        QIsa::AvxVnni | QIsa::Avx2 => {
+                            unsafe { dw_row_avx2(g, x, w, row, o, epi, self.za, self.flip) };
+                            return;
+                        }
+                        QIsa::Portable => {}
+                    }
+                }
+                dw_row(g, x, w, row, o, epi, self.za, self.flip);
+            });
+    }
+}
+
+/// Channels per accumulation block of the depthwise kernel (stack buffer).
+const DW_BLOCK: usize = 256;
+
+/// One output row of an NHWC depthwise conv: `acc[c] = bias + sum_taps (x - za) * w`, then the
+/// epilogue (whose column sums are zero: the zero point is subtracted here).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn dw_row(
+    g: &Geom,
+    x: &[u8],
+    w: &[i16],
+    row: usize,
+    o: &mut [u8],
+    epi: &QEpilogue,
+    za: u8,
+    flip: bool,
+) {
+    let c = g.cin;
+    let (ni, oy) = (row / g.oh, row % g.oh);
+    let za = za as i32;
+    let mut acc = [0i32; DW_BLOCK];
+    for ox in 0..g.ow {
+        let mut cb = 0;
+        while cb < c {
+            let nb = DW_BLOCK.min(c - cb);
+            let acc = &mut acc[..nb];
+            acc.fill(0);
+            for ky in 0..g.kh {
+                let iy = (oy * g.sh + ky * g.dh).wrapping_sub(g.pt);
+                if iy >= g.h {
+                    continue;
+                }
+                for kx in 0..g.kw {
+                    let ix = (ox * g.sw + kx * g.dw).wrapping_sub(g.pl);
+                    if ix >= g.w {
+                        continue;
+                    }
+                    let s = ((ni * g.h + iy) * g.w + ix) * c + cb;
+                    let xs = &x[s..s + nb];
+                    let t = ky * g.kw + kx;
+                    let ws = &w[t * c + cb..t * c + cb + nb];
+                    if flip {
+                        for ((a, &xv), &wv) in acc.iter_mut().zip(xs).zip(ws) {
+                            *a += ((xv ^ 0x80) as i32 - za) * wv as i32;
+                        }
+                    } else {
+                        for ((a, &xv), &wv) in acc.iter_mut().zip(xs).zip(ws) {
+                            *a += (xv as i32 - za) * wv as i32;
+                        }
+                    }
+                }
+            }
+            epi.store(acc, cb, &mut o[ox * c + cb..ox * c + cb + nb]);
+            cb += nb;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn dw_row_avx512(
+    g: &Geom,
+    x: &[u8],
+    w: &[i16],
+    row: usize,
+    o: &mut [u8],
+    epi: &QEpilogue,
+    za: u8,
+    flip: bool,
+) {
+    dw_row(g, x, w, row, o, epi, za, flip)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn dw_row_avx2(
+    g: &Geom,
+    x: &[u8],
+    w: &[i16],
+    row: usize,
+    o: &mut [u8],
+    epi: &QEpilogue,
+    za: u8,
+    flip: bool,
+) {
+    dw_row(g, x, w, row, o, epi, za, flip)
+}
+
+impl Kernel for QConvKernel {
+    fn run(
+        &self,
+        inputs: &[Option<TensorRef<'_>>],
+        outputs: &mut [TensorMut<'_>],
+        scratch: &mut [u8],
+    ) -> Result<()> {
+        let g = &self.g;
+        let x = input(inputs, 0, &self.name)?;
+        let out = output(outputs, 0, &self.name)?;
+        if x.bytes.len() != g.n * g.cin * g.h * g.w || out.bytes.len() != g.n * g.cout * g.oh * g.ow
+        {
+            return Err(Error::Shape(format!("{}: tensor sizes", self.name)));
+        }
+        match &self.imp {
+            Imp::Depthwise { w } => {
+                self.run_depthwise(x.bytes, out.bytes, w);
+                Ok(())
+            }
+            _ => self.run_gemm(x.bytes, out.bytes, scratch),
+        }
+    }
+
+    fn scratch_bytes(&self) -> usize {
+        self.slots * self.slot
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{ConvAttrs, QConvAttrs, QParams, Tensor, TensorData};
+
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u32 {
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (self.0 >> 33) as u32
+        }
+    }
+
+    struct Case {
+        nhwc: bool,
+        n: usize,
+        cin: usize,
+        h: usize,
+        w: usize,
+        cout: usize,
+        k: (usize, usize),
+        stride: usize,
+        pad: [usize; 4],
+        dil: usize,
+        group: usize,
+        signed_in: bool,
+        act: Option<crate::ir::Activation>,
+    }
+
+    /// Runs one QConv on random data through every available ISA path and compares with a naive
+    /// integer reference using the same f32 requantization formula.
+    fn check(c: &Case, rng: &mut Rng) {
+        let (kh, kw) = c.k;
+        let cin_g = c.cin / c.group;
+        let xdt = if c.signed_in {
+            DataType::I8
+        } else {
+            DataType::U8
+        };
+        let x = QParams {
+            scale: 0.03,
+            zero_point: if c.signed_in { -7 } else { 121 },
+            dtype: xdt,
+        };
+        let y = QParams {
+            scale: 0.2,
+            zero_point: 9,
+            dtype: DataType::U8,
+        };
+        let xs: Vec<u8> = (0..c.n * c.cin * c.h * c.w)
+            .map(|_| rng.next() as u8)
+            .collect();
+        let wt: Vec<i8> = (0..c.cout * cin_g * kh * kw)
+            .map(|_| rng.next() as i8)
+            .collect();
+        let bias: Vec<i32> = (0..c.cout)
+            .map(|_| (rng.next() % 20001) as i32 - 10000)
+            .collect();
+        let ws: Vec<f32> = (0..c.cout).map(|o| 0.002 + 0.0003 * o as f32).collect();
+        let oh = (c.h + c.pad[0] + c.pad[2] - c.dil * (kh - 1) - 1) / c.stride + 1;
+        let ow = (c.w + c.pad[1] + c.pad[3] - c.dil * (kw - 1) - 1) / c.stride + 1;
+        let xshape = if c.nhwc {
+            vec![c.n, c.h, c.w, c.cin]
+        } else {
+            vec![c.n, c.cin, c.h, c.w]
+        };
+        let oshape = if c.nhwc {
+            vec![c.n, oh, ow, c.cout]
+        } else {
+            vec![c.n, c.cout, oh, ow]
+        };
+        // Reference.
+        let xat = |ni: usize, ch: usize, yy: usize, xx: usize| -> i32 {
+            let i = if c.nhwc {
+                ((ni * c.h + yy) * c.w + xx) * c.cin + ch
+            } else {
+                ((ni * c.cin + ch) * c.h + yy) * c.w + xx
+            };
+            if c.signed_in {
+                xs[i] as i8 as i32
+            } else {
+                xs[i] as i32
+            }
+        };
+        let (lo, hi) = match c.act {
+            Some(crate::ir::Activation::Relu) => (9.0f32, 255.0f32),
+            _ => (0.0, 255.0),
+        };
+        let mut want = vec![0u8; oshape.iter().product()];
+        for ni in 0..c.n {
+            for o in 0..c.cout {
+                let gi = o / (c.cout / c.group);
+                for oy in 0..oh {
+                    for ox in 0..ow {
+                        let mut acc = bias[o];
+                        for ci in 0..cin_g {
+                            for ky in 0..kh {
+                                for kx in 0..kw {
+                                    let iy =
+                                        (oy * c.stride + ky * c.dil) as isize - c.pad[0] as isize;
+                                    let ix =
+                                        (ox * c.stride + kx * c.dil) as isize - c.pad[1] as isize;
+                                    if iy < 0 || ix < 0 || iy >= c.h as isize || ix >= c.w as isize
+                                    {
+                                        continue;
+                                    }
+                                    let xv = xat(ni, gi * cin_g + ci, iy as usize, ix as usize)
+                                        - x.zero_point;
+                                    acc += xv * wt[((o * cin_g + ci) * kh + ky) * kw + kx] as i32;
+                                }
+                            }
+                        }
+                        let xu = super::super::qgemm::u8_params(x);
+                        let mult = xu.scale * ws[o] / y.scale;
+                        let q = ((acc as f32 * mult).round_ties_even() + 9.0).clamp(lo, hi) as u8;
+                        let idx = if c.nhwc {
+                            ((ni * oh + oy) * ow + ox) * c.cout + o
+                        } else {
+                            ((ni * c.cout + o) * oh + oy) * ow + ox
+                        };
+                        want[idx] = q;
+                    }
+                }
+            }
+        }
+        // Graph with constant input so eval-style running works.
+        let mut g = Graph {
+            opset: 17,
+            ..Default::default()
+        };
+        let xv = g.add_constant(
+            "x",
+            Tensor::new(
+                xshape,
+                if c.signed_in {
+                    TensorData::I8(xs.iter().map(|&b| b as i8).collect())
+                } else {
+                    TensorData::U8(xs.clone())
+                },
+            )
+            .unwrap(),
+        );
+        let wv = g.add_constant(
+            "w",
+            Tensor::new(vec![c.cout, cin_g, kh, kw], TensorData::I8(wt.clone())).unwrap(),
+        );
+        let bv = g.add_constant(
+            "b",
+            Tensor::new(vec![c.cout], TensorData::I32(bias.clone())).unwrap(),
+        );
+        let out = g.add_value("y", DataType::U8);
+        g.values[out].shape = Some(oshape.clone());
+        let node = Node {
+            name: "qc".into(),
+            op: Op::QConv(QConvAttrs {
+                conv: ConvAttrs {
+                    kernel_shape: vec![kh, kw],
+                    strides: vec![c.stride; 2],
+                    pads: c.pad.to_vec(),
+                    dilations: vec![c.dil; 2],
+                    group: c.group,
+                    auto_pad: AutoPad::NotSet,
+                    activation: c.act,
+                    layout: if c.nhwc { Layout::Nhwc } else { Layout::Nchw },
+                },
+                x,
+                y,
+                w_scales: ws.clone(),
+            }),
+            inputs: vec![Some(xv), Some(wv), Some(bv)],
+            outputs: vec![out],
+        };
+        assert_eq!(
+            crate::ir::shape::infer_node(&g, &node).unwrap()[0].1,
+            oshape
+        );
+        for isa in [QIsa::Portable, QIsa::Avx2, QIsa::AvxVnni, QIsa::Avx512Vnni] {
+            if !isa.available() {
+                println!("SKIP: QConv {isa:?} path because this CPU lacks it");
+                continue;
+            }
+            let k = build_with(&g, &node, isa).unwrap();
+            let mut scratch = vec![0u8; k.scratch_bytes() + 64];
+            let xt = g.constant(xv).unwrap();
+            let ins = [
+                Some(TensorRef {
+                    dtype: xdt,
+                    shape: &xt.shape,
+                    bytes: xt.as_bytes(),
+                }),
+                None,
+                None,
+            ];
+            let mut got = vec![0u8; want.len()];
+            let mut outs = [TensorMut {
+                dtype: DataType::U8,
+                shape: &oshape,
+                bytes: &mut got,
+            }];
+            k.run(&ins, &mut outs, &mut scratch).unwrap();
+            let bad = got.iter().zip(&want).position(|(a, b)| a != b);
+            assert!(
+                bad.is_none(),
+                "{isa:?} nhwc={} group={} k={:?}: element {:?} differs: {} vs {}",
+                c.nhwc,
+                c.group,
+                c.k,
+                bad,
+                got[bad.unwrap_or(0)],
+                want[bad.unwrap_or(0)]
+            );
+        }
+    }
+
+    #[test]
+    fn qconv_matches_naive_reference_on_all_paths() {
+        let mut rng = Rng(11);
+        let base = Case {
+            nhwc: true,
+            n: 1,
+            cin: 8,
+            h: 7,
+            w: 9,
+            cout: 20,
+            k: (3, 3),
+            stride: 1,
+            pad: [1, 1, 1, 1],
+            dil: 1,
+            group: 1,
+            signed_in: false,
+            act: None,
+        };
+        let cases = [
+            // im2col, odd channel counts, asymmetric padding, stride 2
+            Case {
+                cin: 3,
+                cout: 37,
+                pad: [0, 0, 1, 1],
+                stride: 2,
+                ..base
+            },
+            // pointwise in place (C % 4 == 0) and with an i8 input (copied and flipped)
+            Case {
+                k: (1, 1),
+                pad: [0; 4],
+                cin: 16,
+                cout: 33,
+                ..base
+            },
+            Case {
+                k: (1, 1),
+                pad: [0; 4],
+                cin: 16,
+                cout: 33,
+                signed_in: true,
+                act: Some(crate::ir::Activation::Relu),
+                ..base
+            },
+            // depthwise 3x3 and 5x5 stride 2, and more channels than one accumulation block
+            Case {
+                cin: 24,
+                cout: 24,
+                group: 24,
+                ..base
+            },
+            Case {
+                cin: 300,
+                cout: 300,
+                group: 300,
+                k: (5, 5),
+                stride: 2,
+                pad: [1, 1, 2, 2],
+                signed_in: true,
+                ..base
+            },
+            // grouped (not depthwise), dilated
+            Case {
+                cin: 8,
+                cout: 12,
+                group: 4,
+                dil: 2,
+                pad: [2, 2, 2, 2],
+                ..base
+            },
+            // NCHW, batch 2
+            Case {
+                nhwc: false,
+                n: 2,
+                cin: 5,
+                cout: 7,
+                ..base
+            },
+            Case {
+                nhwc: false,
+                cin: 6,
+                cout: 6,
+                group: 6,
+                ..base
+            },
+        ];
+        for c in &cases {
+            check(c, &mut rng);
+        }
+    }
+}

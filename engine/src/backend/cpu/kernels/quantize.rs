@@ -1,0 +1,437 @@
+//! CPU kernels: QuantizeLinear and DequantizeLinear (per-tensor and per-axis, int8/uint8, and
+//! int32 dequantization for biases), and the 256-entry lookup table that a folded
+//! `DQ → unary op → Q` chain becomes. These are the reference semantics of the INT8 path: the
+//! fused integer kernels (qconv/qgemm) agree with running these around the f32 op.
+
+use super::elementwise::{drive, input, norm_axis, numel, output, shape_err, unsupported, view};
+use super::{Kernel, TensorMut, TensorRef};
+use crate::error::{Error, Result};
+use crate::ir::{DataType, Graph, Node, Op};
+
+/// Compiles a QuantizeLinear, DequantizeLinear or QLut node.
+pub fn build(graph: &Graph, node: &Node) -> Result<Box<dyn Kernel>> {
+    let x = node
+        .input(0)
+        .ok_or_else(|| unsupported(node, "input 0 is missing"))?;
+    let shape = graph.shape(x)?.to_vec();
+    let in_dtype = graph.values[x].dtype;
+    let out = *node
+        .outputs
+        .first()
+        .ok_or_else(|| unsupported(node, "no output"))?;
+    let out_dtype = graph.values[out].dtype;
+    let (quantize, axis) = match &node.op {
+        Op::QuantizeLinear { axis, .. } => (true, *axis),
+        Op::DequantizeLinear { axis } => (false, *axis),
+        Op::QLut { table, dtype } => {
+            if table.len() != 256 || !matches!(in_dtype, DataType::U8 | DataType::I8) {
+                return Err(unsupported(
+                    node,
+                    "needs a 256-entry table and an 8-bit input",
+                ));
+            }
+            return Ok(Box::new(LutKernel {
+                table: table.clone(),
+                len: numel(&shape),
+                dtype: *dtype,
+                name: node.name.clone(),
+            }));
+        }
+        other => {
+            return Err(Error::Unsupported(format!(
+                "quantize kernels do not handle {}",
+                other.name()
+            )))
+        }
+    };
+    let scale_len = node
+        .input(1)
+        .map(|v| graph.shape(v).map(numel))
+        .transpose()?
+        .unwrap_or(1);
+    // Per-axis when the scale has more than one element (one element means the same either way).
+    let per_axis = scale_len > 1;
+    let (channels, inner) = if per_axis {
+        let a = norm_axis(node, axis, shape.len())?;
+        (shape[a], shape[a + 1..].iter().product::<usize>())
+    } else {
+        (1, 1)
+    };
+    if scale_len != channels {
+        return Err(shape_err(
+            node,
+            format_args!("{scale_len} scales for {channels} channels"),
+        ));
+    }
+    let zp_dtype = node.input(2).map(|v| graph.values[v].dtype);
+    if quantize {
+        if in_dtype != DataType::F32 || !matches!(out_dtype, DataType::U8 | DataType::I8) {
+            return Err(unsupported(
+                node,
+                format_args!("quantizing {in_dtype:?} to {out_dtype:?}"),
+            ));
+        }
+        if zp_dtype.is_some_and(|d| d != out_dtype) {
+            return Err(unsupported(node, "zero point type differs from the output"));
+        }
+    } else {
+        let ok = matches!(in_dtype, DataType::U8 | DataType::I8 | DataType::I32);
+        if !ok || zp_dtype.is_some_and(|d| d != in_dtype) || out_dtype != DataType::F32 {
+            return Err(unsupported(
+                node,
+                format_args!("dequantizing {in_dtype:?} to {out_dtype:?}"),
+            ));
+        }
+    }
+    Ok(Box::new(QdqKernel {
+        quantize,
+        in_dtype,
+        out_dtype,
+        len: numel(&shape),
+        channels,
+        inner,
+        name: node.name.clone(),
+    }))
+}
+
+/// Q or DQ over `len` elements with `channels` scale/zero-point pairs (1 = per tensor), the
+/// channel of element `i` being `(i / inner) % channels`.
+struct QdqKernel {
+    quantize: bool,
+    in_dtype: DataType,
+    out_dtype: DataType,
+    len: usize,
+    channels: usize,
+    inner: usize,
+    name: String,
+}
+
+/// Reads the (integer) zero points as i32, `channels` of them, or zeros when absent.
+fn zero_points(t: Option<TensorRef<'_>>, channels: usize, buf: &mut [i32]) -> Result<()> {
+    let buf = &mut buf[..channels];
+    match t {
+        None => buf.fill(0),
+        Some(t) => {
+            if t.len() != channels {
+                return Err(Error::Shape(format!(
+                    "{} zero points for {channels} channels",
+                    t.len()
+                )));
+            }
+            match t.dtype {
+                DataType::U8 => buf
+                    .iter_mut()
+                    .zip(t.bytes)
+                    .for_each(|(z, &b)| *z = b as i32),
+                DataType::I8 => buf
+                    .iter_mut()
+                    .zip(t.bytes)
+                    .for_each(|(z, &b)| *z = b as i8 as i32),
+                DataType::I32 => buf.copy_from_slice(t.i32()),
+                other => {
+                    return Err(Error::Type(format!("zero point of type {other:?}")));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Rounds half to even and saturates to `[lo, hi]` (ONNX QuantizeLinear semantics).
+#[inline(always)]
+pub(super) fn quantize_one(x: f32, scale: f32, zp: i32, lo: i32, hi: i32) -> i32 {
+    let q = (x / scale).round_ties_even();
+    // NaN maps to the zero point's saturation of 0 (as_ i32 of NaN is 0).
+    let q = q.clamp(i32::MIN as f32, i32::MAX as f32) as i64 + zp as i64;
+    q.clamp(lo as i64, hi as i64) as i32
+}
+
+/// Per-tensor quantization of `xs` into `out`: (scale, zero point, clamp low/high relative to the
+/// zero point, signed output). Runs the AVX-512 or AVX2 compilation of the same loop when present.
+fn quantize_slice(xs: &[f32], out: &mut [u8], p: (f32, f32, f32, f32, bool)) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") {
+            // SAFETY: the required CPU features were detected at run time.
+            return unsafe { quantize_slice_avx512(xs, out, p) };
+        }
+        if is_x86_feature_detected!("avx2") {
+            // SAFETY: as above.
+            return unsafe { quantize_slice_avx2(xs, out, p) };
+        }
+    }
+    quantize_slice_impl(xs, out, p)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn quantize_slice_avx512(xs: &[f32], out: &mut [u8], p: (f32, f32, f32, f32, bool)) {
+    quantize_slice_impl(xs, out, p)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn quantize_slice_avx2(xs: &[f32], out: &mut [u8], p: (f32, f32, f32, f32, bool)) {
+    quantize_slice_impl(xs, out, p)
+}
+
+#[inline(always)]
+fn quantize_slice_impl(xs: &[f32], out: &mut [u8], p: (f32, f32, f32, f32, bool)) {
+    // Round half to even by adding and subtracting 1.5 * 2^23 (exact once clamped to the 8-bit
+    // range); NaN maps to the zero point, as in the reference path.
+    const MAGIC: f32 = 12_582_912.0;
+    let (s, z, flo, fhi, signed) = p;
+    for (b, &x) in out.iter_mut().zip(xs) {
+        let v = x / s;
+        let v = if v.is_nan() { 0.0 } else { v.max(flo).min(fhi) };
+        // SAFETY: v is finite and within [-255, 255] here.
+        let q = unsafe { ((v + MAGIC) - MAGIC + z).to_int_unchecked::<i32>() };
+        *b = if signed { q as i8 as u8 } else { q as u8 };
+    }
+}
+
+/// Stack buffer size for per-axis parameters; larger axes use a heap buffer built once per run.
+const MAX_STACK_CHANNELS: usize = 64;
+
+impl Kernel for QdqKernel {
+    fn run(
+        &self,
+        inputs: &[Option<TensorRef<'_>>],
+        outputs: &mut [TensorMut<'_>],
+        _scratch: &mut [u8],
+    ) -> Result<()> {
+        let name = &self.name;
+        let x = input(inputs, 0, name)?;
+        let s = input(inputs, 1, name)?;
+        let zt = inputs.get(2).copied().flatten();
+        if s.dtype != DataType::F32 || s.len() != self.channels {
+            return Err(shape_err_name(
+                name,
+                "scale must be f32 with one value per channel",
+            ));
+        }
+        let scales: &[f32] = view(s.bytes, self.channels, name)?;
+        // Per-axis parameters of big axes need a heap buffer; ONNX node tests and real models
+        // use per-axis Q/DQ only on constant weights, which constant folding evaluates once.
+        let mut stack = [0i32; MAX_STACK_CHANNELS];
+        let mut heap = Vec::new();
+        let zps: &mut [i32] = if self.channels <= MAX_STACK_CHANNELS {
+            &mut stack[..]
+        } else {
+            heap.resize(self.channels, 0);
+            &mut heap[..]
+        };
+        zero_points(zt, self.channels, zps)?;
+        let zps = &zps[..self.channels];
+        let (c, inner) = (self.channels, self.inner);
+        let chan = move |i: usize| if c == 1 { 0 } else { (i / inner) % c };
+        let out = output(outputs, 0, name)?;
+        if self.quantize {
+            let xs: &[f32] = view(x.bytes, self.len, name)?;
+            let (lo, hi) = if self.out_dtype == DataType::U8 {
+                (0, 255)
+            } else {
+                (-128, 127)
+            };
+            let signed = self.out_dtype == DataType::I8;
+            let o: &mut [u8] = &mut out.bytes[..];
+            if o.len() != self.len {
+                return Err(shape_err_name(name, "output size"));
+            }
+            if c == 1 {
+                // Per tensor: divide, clamp, round half to even by the 1.5 * 2^23 trick
+                // (exact once clamped to the 8-bit range); vectorisable.
+                let (s, z) = (scales[0], zps[0] as f32);
+                let p = (s, z, lo as f32 - z, hi as f32 - z, signed);
+                drive(o, |start, chunk| quantize_slice(&xs[start..], chunk, p));
+            } else {
+                drive(o, |start, chunk| {
+                    for (j, b) in chunk.iter_mut().enumerate() {
+                        let i = start + j;
+                        let k = chan(i);
+                        let q = quantize_one(xs[i], scales[k], zps[k], lo, hi);
+                        *b = if signed { q as i8 as u8 } else { q as u8 };
+                    }
+                });
+            }
+        } else {
+            let o: &mut [f32] = super::elementwise::view_mut(out.bytes, self.len, name)?;
+            match self.in_dtype {
+                DataType::U8 => {
+                    let xs: &[u8] = view(x.bytes, self.len, name)?;
+                    drive(o, |start, chunk| {
+                        for (j, y) in chunk.iter_mut().enumerate() {
+                            let k = chan(start + j);
+                            *y = (xs[start + j] as i32 - zps[k]) as f32 * scales[k];
+                        }
+                    });
+                }
+                DataType::I8 => {
+                    let xs: &[i8] = view(x.bytes, self.len, name)?;
+                    drive(o, |start, chunk| {
+                        for (j, y) in chunk.iter_mut().enumerate() {
+                            let k = chan(start + j);
+                            *y = (xs[start + j] as i32 - zps[k]) as f32 * scales[k];
+                        }
+                    });
+                }
+                _ => {
+                    let xs: &[i32] = view(x.bytes, self.len, name)?;
+                    drive(o, |start, chunk| {
+                        for (j, y) in chunk.iter_mut().enumerate() {
+                            let k = chan(start + j);
+                            *y = (xs[start + j] as i64 - zps[k] as i64) as f32 * scales[k];
+                        }
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn shape_err_name(name: &str, what: &str) -> Error {
+    Error::Shape(format!("node '{name}': {what}"))
+}
+
+/// Maps each input byte through a 256-entry table.
+struct LutKernel {
+    table: Vec<u8>,
+    len: usize,
+    dtype: DataType,
+    name: String,
+}
+
+impl Kernel for LutKernel {
+    fn run(
+        &self,
+        inputs: &[Option<TensorRef<'_>>],
+        outputs: &mut [TensorMut<'_>],
+        _scratch: &mut [u8],
+    ) -> Result<()> {
+        let x = input(inputs, 0, &self.name)?;
+        let out = output(outputs, 0, &self.name)?;
+        if x.bytes.len() != self.len || out.bytes.len() != self.len || out.dtype != self.dtype {
+            return Err(shape_err_name(&self.name, "lookup table input/output size"));
+        }
+        let xs = x.bytes;
+        let t = &self.table;
+        drive(out.bytes, |start, chunk| {
+            for (j, y) in chunk.iter_mut().enumerate() {
+                *y = t[xs[start + j] as usize];
+            }
+        });
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::Tensor;
+
+    /// Runs a one-node Q/DQ graph with all inputs constant through `eval_node`.
+    fn eval(op: Op, ins: Vec<Tensor>) -> Tensor {
+        let mut g = Graph {
+            opset: 21,
+            ..Default::default()
+        };
+        let ids: Vec<Option<usize>> = ins
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| Some(g.add_constant(format!("i{i}"), t)))
+            .collect();
+        let out = g.add_value("y", DataType::F32);
+        let node = Node {
+            name: "n".into(),
+            op,
+            inputs: ids,
+            outputs: vec![out],
+        };
+        let types = crate::ir::shape::infer_node(&g, &node).unwrap_or_else(|e| panic!("{e}"));
+        g.values[out].dtype = types[0].0;
+        let r = crate::backend::cpu::eval_node(&g, &node);
+        r.map(|mut v| v.remove(0)).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn quantize_per_tensor_rounds_half_even_and_saturates() {
+        let x = Tensor::from_f32(vec![7], vec![0.0, 1.0, 3.0, 5.0, -1.0, 1000.0, -1000.0]).unwrap();
+        let s = Tensor::from_f32(vec![], vec![2.0]).unwrap();
+        let z = Tensor::new(vec![], crate::ir::TensorData::U8(vec![128])).unwrap();
+        let y = eval(
+            Op::QuantizeLinear {
+                axis: 1,
+                dtype: None,
+            },
+            vec![x.clone(), s.clone(), z],
+        );
+        // 1/2 = 0.5 -> 0, 3/2 = 1.5 -> 2, 5/2 = 2.5 -> 2, -1/2 -> -0 -> 0.
+        assert_eq!(
+            y.data,
+            crate::ir::TensorData::U8(vec![128, 128, 130, 130, 128, 255, 0])
+        );
+        let z = Tensor::new(vec![], crate::ir::TensorData::I8(vec![-1])).unwrap();
+        let y = eval(
+            Op::QuantizeLinear {
+                axis: 1,
+                dtype: None,
+            },
+            vec![x, s, z],
+        );
+        assert_eq!(
+            y.data,
+            crate::ir::TensorData::I8(vec![-1, -1, 1, 1, -1, 127, -128])
+        );
+    }
+
+    #[test]
+    fn per_axis_round_trip_matches_naive() {
+        // [2, 3, 2] quantized on axis 1 with 3 scales, then dequantized.
+        let xs: Vec<f32> = (0..12).map(|i| i as f32 * 0.37 - 2.0).collect();
+        let scales = [0.01f32, 0.05, 0.2];
+        let zps = [3i8, -4, 0];
+        let x = Tensor::from_f32(vec![2, 3, 2], xs.clone()).unwrap();
+        let s = Tensor::from_f32(vec![3], scales.to_vec()).unwrap();
+        let z = Tensor::new(vec![3], crate::ir::TensorData::I8(zps.to_vec())).unwrap();
+        let q = eval(
+            Op::QuantizeLinear {
+                axis: 1,
+                dtype: None,
+            },
+            vec![x, s.clone(), z.clone()],
+        );
+        let crate::ir::TensorData::I8(qv) = &q.data else {
+            panic!("not i8")
+        };
+        for (i, &v) in qv.iter().enumerate() {
+            let c = (i / 2) % 3;
+            let want = ((xs[i] / scales[c]).round_ties_even() + zps[c] as f32).clamp(-128.0, 127.0);
+            assert_eq!(v as f32, want, "element {i}");
+        }
+        let d = eval(Op::DequantizeLinear { axis: 1 }, vec![q.clone(), s, z]);
+        let dv = d.as_f32().unwrap();
+        for (i, &v) in dv.iter().enumerate() {
+            let c = (i / 2) % 3;
+            assert_eq!(v, (qv[i] as i32 - zps[c] as i32) as f32 * scales[c]);
+        }
+    }
+
+    #[test]
+    fn dequantize_i32_bias_and_lut() {
+        let x = Tensor::new(vec![3], crate::ir::TensorData::I32(vec![-5, 0, 1 << 20])).unwrap();
+        let s = Tensor::from_f32(vec![], vec![0.5]).unwrap();
+        let d = eval(Op::DequantizeLinear { axis: 1 }, vec![x, s]);
+        assert_eq!(d.as_f32().unwrap(), &[-2.5, 0.0, (1 << 19) as f32]);
+        let table: Vec<u8> = (0..=255u8).map(|b| b.wrapping_mul(3)).collect();
+        let x = Tensor::new(vec![4], crate::ir::TensorData::U8(vec![0, 1, 100, 255])).unwrap();
+        let y = eval(
+            Op::QLut {
+                table,
+                dtype: DataType::U8,
+            },
+            vec![x],
+        );
+        assert_eq!(y.data, crate::ir::TensorData::U8(vec![0, 3, 44, 253]));
+    }
+}
