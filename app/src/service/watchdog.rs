@@ -121,6 +121,77 @@ pub async fn run(state: Arc<AppState>, notifier: Arc<Notifier>, period: Duration
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::mpsc;
+
+    use crate::queue::ModelQueue;
+    use vigil_engine::vision::{DecodeLimits, ImageInference, Overrides, VisionSpec};
+
+    /// Reports each run on `started`, then blocks until `release` delivers; returns one tensor
+    /// holding the number of runs so far.
+    struct Gate {
+        started: mpsc::Sender<()>,
+        release: mpsc::Receiver<()>,
+        runs: f32,
+    }
+
+    impl Executor for Gate {
+        fn run(&mut self, _inputs: &[Tensor]) -> vigil_engine::Result<Vec<Tensor>> {
+            let _ = self.started.send(());
+            let _ = self.release.recv();
+            self.runs += 1.0;
+            Ok(vec![Tensor::from_f32(vec![1], vec![self.runs])?])
+        }
+
+        fn infer_image(
+            &mut self,
+            _spec: &VisionSpec,
+            _bytes: &[u8],
+            _limits: &DecodeLimits,
+            _overrides: &Overrides,
+        ) -> vigil_engine::Result<ImageInference> {
+            Err(vigil_engine::Error::Unsupported("no images".into()))
+        }
+    }
+
+    fn runs(out: vigil_engine::Result<Vec<Tensor>>) -> Option<f32> {
+        match out.ok()?.first()?.data {
+            vigil_engine::TensorData::F32(ref v) => v.first().copied(),
+            _ => None,
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn probes_run_only_on_free_executors_and_leave_client_slots_alone() {
+        let (started_tx, started_rx) = mpsc::channel();
+        let (release_tx, release_rx) = mpsc::channel();
+        let gate = Gate {
+            started: started_tx,
+            release: release_rx,
+            runs: 0.0,
+        };
+        let q = Arc::new(ModelQueue::new("m", 1, vec![Box::new(gate)]));
+
+        // A free executor: the probe runs on it, outside admission (no slot used).
+        release_tx.send(()).expect("release");
+        let probed = q.probe(|e| runs(e.run(&[]))).await.expect("probe");
+        assert_eq!(probed, Some(Some(1.0)));
+        assert_eq!(q.in_use(), 0);
+        started_rx.recv().expect("probe started");
+
+        // A client job holds the only executor: the probe returns at once without running.
+        let q2 = q.clone();
+        let busy = tokio::spawn(async move { q2.execute(|e| runs(e.run(&[]))).await });
+        tokio::task::spawn_blocking(move || started_rx.recv())
+            .await
+            .expect("join")
+            .expect("client job started");
+        let probed = q.probe(|e| runs(e.run(&[]))).await.expect("probe");
+        assert_eq!(probed, None);
+        assert_eq!(q.in_use(), 1);
+        release_tx.send(()).expect("release");
+        assert_eq!(busy.await.expect("join").expect("job"), Some(2.0));
+        assert_eq!(q.in_use(), 0);
+    }
 
     #[test]
     fn timings_are_a_quarter_and_a_half_of_the_period() {
