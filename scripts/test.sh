@@ -21,6 +21,14 @@ export VIGIL_ONNX_NODE_TESTS
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace -- --nocapture 2>&1 | tee target/test-output.log
+# Packaging: unit verification, aarch64 cross-build + glibc check, both .debs, and serve-and-infer
+# smoke tests of the installed packages (arm64 under qemu-user). VIGIL_SKIP_PACKAGING=1 skips it
+# locally (never in CI).
+if [ "${VIGIL_SKIP_PACKAGING:-0}" = 1 ] && [ "${CI:-}" != true ]; then
+    echo "SKIP: packaging checks because VIGIL_SKIP_PACKAGING=1" | tee -a target/test-output.log
+else
+    scripts/ci-packaging.sh 2>&1 | tee -a target/test-output.log
+fi
 grep -E "^conformance:|agreement|worst relative|allocations in|SKIP" target/test-output.log || true
 # One closing line with the totals over every test binary.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i; if ($(i+1) ~ /^ignored/) s += $i } }

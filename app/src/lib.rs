@@ -2,7 +2,7 @@
 //!
 //! [`config`] reads the TOML configuration, [`registry`] loads models into per-model
 //! [`queue`]s of execution contexts, [`http`] serves the image (`/v1`), KServe v2 (`/v2`) and
-//! metrics APIs, and [`cli`] implements the `vigil` subcommands.
+//! metrics APIs, [`cli`] implements the `vigil` subcommands and [`service`] the systemd integration.
 
 pub mod camera;
 pub mod cli;
@@ -10,3 +10,4 @@ pub mod config;
 pub mod http;
 pub mod queue;
 pub mod registry;
+pub mod service;

@@ -1,9 +1,6 @@
 //! `vigil`: command-line dispatch.
 
-use std::io::IsTerminal;
-
 use clap::{Parser, Subcommand};
-use tracing_subscriber::EnvFilter;
 use vigil::cli;
 
 #[derive(Parser)]
@@ -36,12 +33,8 @@ enum Command {
 }
 
 fn main() {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+    // The journal when systemd connected stderr to it, else human-readable stderr.
+    vigil::service::logging::init();
     let result = match Cli::parse().command {
         Command::Serve(a) => cli::serve::run(a),
         Command::Infer(a) => cli::infer::run(a),

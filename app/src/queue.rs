@@ -2,7 +2,9 @@
 //! each run borrows an executor (an engine `ExecutionContext`) from a pool and runs on the
 //! blocking thread pool, off the async runtime.
 
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use vigil_engine::vision::{self, DecodeLimits, ImageInference, Overrides, VisionSpec};
@@ -58,6 +60,37 @@ pub struct ModelQueue {
     admission: Arc<Semaphore>,
     workers: Arc<Semaphore>,
     pool: Pool,
+    heartbeat: Heartbeat,
+}
+
+/// When a model's workers last finished a job (a request, the warm-up or a watchdog probe), in
+/// milliseconds since a process-wide origin; the service watchdog reads its age.
+#[derive(Clone, Debug)]
+pub struct Heartbeat(Arc<AtomicU64>);
+
+fn origin() -> Instant {
+    static ORIGIN: OnceLock<Instant> = OnceLock::new();
+    *ORIGIN.get_or_init(Instant::now)
+}
+
+impl Heartbeat {
+    fn new() -> Heartbeat {
+        Heartbeat(Arc::new(AtomicU64::new(Heartbeat::now_ms())))
+    }
+
+    fn now_ms() -> u64 {
+        u64::try_from(origin().elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Records that a worker just finished a job.
+    pub fn tick(&self) {
+        self.0.fetch_max(Heartbeat::now_ms(), Ordering::Relaxed);
+    }
+
+    /// Time since the last tick (since creation when there was none).
+    pub fn age(&self) -> Duration {
+        Duration::from_millis(Heartbeat::now_ms().saturating_sub(self.0.load(Ordering::Relaxed)))
+    }
 }
 
 /// Holds one admission slot; releasing it updates the queue-depth gauge.
@@ -90,7 +123,7 @@ struct Lease {
     exec: Option<Box<dyn Executor>>,
     pool: Pool,
     _worker: OwnedSemaphorePermit,
-    _admission: Admission,
+    _admission: Option<Admission>,
 }
 
 impl Drop for Lease {
@@ -112,6 +145,7 @@ impl ModelQueue {
             admission: Arc::new(Semaphore::new(depth.max(1))),
             workers: Arc::new(Semaphore::new(n)),
             pool: Arc::new(Mutex::new(executors)),
+            heartbeat: Heartbeat::new(),
         };
         metrics::gauge!("vigil_queue_depth", "model" => q.name.clone()).set(0.0);
         q
@@ -126,6 +160,25 @@ impl ModelQueue {
     /// The configured depth.
     pub fn depth(&self) -> usize {
         self.depth
+    }
+
+    /// The workers' heartbeat: ticked whenever any executor of this model finishes a job.
+    pub fn heartbeat(&self) -> &Heartbeat {
+        &self.heartbeat
+    }
+
+    /// A liveness probe for the service watchdog: runs `job` on an executor that is free right
+    /// now, outside admission control (so it never takes a client's slot nor gets a 503).
+    /// Returns `Ok(None)` at once when every executor is busy: their jobs tick the heartbeat.
+    pub async fn probe<R, F>(&self, job: F) -> Result<Option<R>, QueueError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut dyn Executor) -> R + Send + 'static,
+    {
+        let Ok(worker) = self.workers.clone().try_acquire_owned() else {
+            return Ok(None);
+        };
+        self.run_leased(worker, None, job).await.map(Some)
     }
 
     /// Admits the job (or fails with [`QueueError::Full`] at once), waits for a free executor and
@@ -153,6 +206,21 @@ impl ModelQueue {
             .acquire_owned()
             .await
             .map_err(|_| QueueError::Worker("executor pool closed".into()))?;
+        self.run_leased(worker, Some(admission), job).await
+    }
+
+    /// Borrows an executor under `worker` and runs `job` on the blocking pool, ticking the
+    /// heartbeat when the job returns.
+    async fn run_leased<R, F>(
+        &self,
+        worker: OwnedSemaphorePermit,
+        admission: Option<Admission>,
+        job: F,
+    ) -> Result<R, QueueError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut dyn Executor) -> R + Send + 'static,
+    {
         let exec = {
             let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
             pool.pop()
@@ -164,8 +232,14 @@ impl ModelQueue {
             _worker: worker,
             _admission: admission,
         };
+        let heartbeat = self.heartbeat.clone();
         let handle = tokio::task::spawn_blocking(move || match lease.exec.as_deref_mut() {
-            Some(e) => Ok(job(e)),
+            Some(e) => {
+                crate::service::fault::before_job();
+                let r = job(e);
+                heartbeat.tick();
+                Ok(r)
+            }
             None => Err(QueueError::Worker("executor missing from lease".into())),
         });
         match handle.await {
