@@ -2,8 +2,7 @@
 //! (../shared/camera/vtest-640x480.{yuyv,nv12,rgb24}, 8 frames each), and every matrix/range
 //! combination against an independent floating-point reference.
 //!
-//! Why the ffmpeg files cannot be met within ±2 everywhere (measured with NumPy, see
-//! docs/benchmarks.md): the three files were made separately from the 768x576 original by swscale
+//! Why the ffmpeg files cannot be met within ±2 everywhere (measured with NumPy): the three files were made separately from the 768x576 original by swscale
 //! (scale + convert in one step), so the RGB24 was computed from higher-precision, unclipped
 //! intermediates. (1) YUYV: every pixel off by more than 4 has luma clipped to 0 or 255 in the file
 //! (the reference kept the overshoot); identical (Y, U, V) triples map to reference values up to 4

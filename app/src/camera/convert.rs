@@ -155,12 +155,12 @@ fn nv12_chroma_row(
 ) {
     let ch = height / 2;
     let i = (y / 2) as isize;
-    let taps: [isize; 4] = if y % 2 == 0 {
+    let taps: [isize; 4] = if y.is_multiple_of(2) {
         [i - 2, i - 1, i, i + 1]
     } else {
         [i - 1, i, i + 1, i + 2]
     };
-    let w: [i32; 4] = if y % 2 == 0 {
+    let w: [i32; 4] = if y.is_multiple_of(2) {
         CUBIC_EVEN
     } else {
         [CUBIC_EVEN[3], CUBIC_EVEN[2], CUBIC_EVEN[1], CUBIC_EVEN[0]]
