@@ -1,6 +1,8 @@
 //! The camera pipeline end to end: the MJPEG recording at full speed through the real NanoDet
 //! model (every frame inferred or counted as dropped; results identical to `vigil infer`'s
-//! engine path on the same JPEG), and reconnects after ENODEV mid-stream and after stalls.
+//! engine path on the same JPEG), the same file played serially (24 frames, each inferred, equal to
+//! `vision::infer_image` and to the `vigil infer` binary's JSON), and reconnects after ENODEV
+//! mid-stream and after stalls.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -362,4 +364,179 @@ fn corrupt_frames_are_counted_as_failed_not_fatal() {
     assert_eq!(s.frames_inferred + s.frames_dropped + s.frames_failed, 30);
     assert!(s.frames_failed >= 1, "{s:?}");
     assert!(s.status.last_error.unwrap_or_default().contains("JPEG"));
+}
+
+/// Wraps the real model runner and counts finished inferences (a test hook for serial playback).
+struct CountedInfer {
+    inner: Box<dyn FrameInfer>,
+    done: Arc<AtomicUsize>,
+}
+
+impl FrameInfer for CountedInfer {
+    fn infer_rgb(
+        &mut self,
+        img: &image::RgbImage,
+        spec: &VisionSpec,
+        o: &Overrides,
+        t: &mut FrameTimings,
+    ) -> vigil_engine::Result<Results> {
+        let r = self.inner.infer_rgb(img, spec, o, t);
+        self.done.fetch_add(1, Ordering::SeqCst);
+        r
+    }
+}
+
+/// The MJPEG file source, made serial: it hands out frame n+1 only after frame n was inferred,
+/// and ends after `limit` frames, so no frame is dropped.
+struct Serial {
+    inner: Box<dyn FrameSource>,
+    done: Arc<AtomicUsize>,
+    sent: usize,
+    limit: usize,
+}
+
+impl FrameSource for Serial {
+    fn info(&self) -> SourceInfo {
+        self.inner.info()
+    }
+    fn next_frame(&mut self, timeout: Duration) -> Result<RawFrame, SourceError> {
+        if self.sent == self.limit {
+            return Err(SourceError::new(SourceErrorKind::EndOfStream, "limit"));
+        }
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while self.done.load(Ordering::SeqCst) < self.sent {
+            if Instant::now() > deadline {
+                return Err(SourceError::new(
+                    SourceErrorKind::Stalled,
+                    "inference did not finish",
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.sent += 1;
+        self.inner.next_frame(timeout)
+    }
+}
+
+#[test]
+fn serial_mjpeg_playback_matches_infer_image_and_the_vigil_binary() {
+    const N: usize = 24;
+    let path = shared("camera/vtest-640x480-10fps.mjpeg");
+    let mcfg = default_models(&models_dir())
+        .into_iter()
+        .find(|m| m.name == "nanodet-m-416")
+        .unwrap();
+    let (model, spec) = load_model(&mcfg, &model_options(&mcfg)).unwrap();
+    let mut cam = CameraConfig::new("serial", SourceKind::MjpegFile, "nanodet-m-416");
+    cam.path = Some(path.clone());
+    cam.realtime = false;
+    cam.looping = false;
+    let max_pixels = Limits::default().max_pixels;
+    let done = Arc::new(AtomicUsize::new(0));
+    let transform = Transform {
+        infer: Box::new(CountedInfer {
+            inner: Box::new(model.new_context().unwrap()),
+            done: done.clone(),
+        }),
+        spec: spec.clone(),
+        max_pixels,
+    };
+    let mut inner_factory = factory_for(&cam, max_pixels);
+    let d = done.clone();
+    let factory: SourceFactory = Box::new(move || {
+        Ok(Box::new(Serial {
+            inner: inner_factory()?,
+            done: d.clone(),
+            sent: 0,
+            limit: N,
+        }) as Box<dyn FrameSource>)
+    });
+    let handle = start_camera(cam, factory, transform).unwrap();
+    let mut events = handle.subscribe();
+    wait_for("the serial playback to finish", &handle, |c| {
+        c.status().state == CameraState::Finished
+    });
+    handle.stop();
+    let s = handle.summary();
+    assert_eq!(s.frames_captured, N as u64);
+    assert_eq!(
+        (s.frames_inferred, s.frames_dropped, s.frames_failed),
+        (N as u64, 0, 0)
+    );
+    let mut seen = Vec::new();
+    while let Ok(r) = events.try_recv() {
+        seen.push(r);
+    }
+    assert_eq!(seen.len(), N, "one event per frame");
+
+    let mut reader = MjpegReader::new(std::fs::File::open(&path).unwrap());
+    let mut ctx = model.new_context().unwrap();
+    let mut detections = 0;
+    for (i, r) in seen.iter().enumerate() {
+        assert_eq!(r.seq as usize, i);
+        let jpeg = reader.next_jpeg().unwrap().unwrap();
+        let want = vision::infer_image(
+            &mut ctx,
+            &spec,
+            &jpeg,
+            &DecodeLimits::default(),
+            &Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(r.results, want.results, "frame {i}");
+        if let Results::Detections(d) = &r.results {
+            detections += d.len();
+        }
+    }
+    assert!(
+        detections > 0,
+        "the pedestrian video should yield person boxes"
+    );
+
+    // The real `vigil infer` on three of the frames, written out as JPEG files.
+    let dir = std::env::temp_dir().join(format!("vigil-camera-serial-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut reader = MjpegReader::new(std::fs::File::open(&path).unwrap());
+    let picks = [0usize, 11, 23];
+    let mut files = Vec::new();
+    for i in 0..N {
+        let jpeg = reader.next_jpeg().unwrap().unwrap();
+        if picks.contains(&i) {
+            let f = dir.join(format!("frame{i}.jpg"));
+            std::fs::write(&f, &jpeg).unwrap();
+            files.push(f);
+        }
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vigil"))
+        .arg("infer")
+        .arg("--models-dir")
+        .arg(models_dir())
+        .args(["--model", "nanodet-m-416"])
+        .args(&files)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        out.status.success(),
+        "vigil infer failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cli: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let cli = cli.as_array().unwrap();
+    assert_eq!(cli.len(), picks.len());
+    for (k, &i) in picks.iter().enumerate() {
+        assert_eq!(
+            cli[k]["results"],
+            // Through the JSON text, as the CLI's f32 numbers are printed (shortest round trip).
+            serde_json::from_str::<serde_json::Value>(
+                &serde_json::to_string(&seen[i].results).unwrap()
+            )
+            .unwrap(),
+            "frame {i}: vigil infer and the pipeline disagree"
+        );
+        assert_eq!(
+            (cli[k]["width"].as_u64(), cli[k]["height"].as_u64()),
+            (Some(640), Some(480))
+        );
+    }
 }

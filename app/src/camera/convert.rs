@@ -1,7 +1,9 @@
 //! Frame conversions to packed RGB8: MJPEG decoding (zune-jpeg, reusing the output buffer) and
 //! YUYV 4:2:2 / NV12 4:2:0 with BT.601 or BT.709 coefficients, limited or full range.
 //!
-//! The YUV paths are integer fixed point (14 fractional bits) on the CPU. A CUDA conversion for
+//! The YUV paths are integer fixed point (14 fractional bits) on the CPU, one pass per row. Chroma
+//! is replicated horizontally (as swscale does by default); NV12's half-height chroma is interpolated
+//! vertically with a 4-tap cubic ([`ChromaUpsampling`]), which tracks ffmpeg's output best. A CUDA conversion for
 //! when the CUDA backend is active does not exist yet; frames are converted here in every case.
 
 use image::RgbImage;
@@ -126,8 +128,59 @@ pub fn yuyv_to_rgb(
     Ok(())
 }
 
+/// How NV12's half-height chroma rows are brought to full height. Horizontally both YUYV and NV12
+/// replicate each chroma sample over its two pixels, as ffmpeg's swscale does by default.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ChromaUpsampling {
+    /// Vertical 4-tap cubic (Keys a = -0.75) with centre siting: the closest to ffmpeg's output.
+    #[default]
+    Cubic,
+    /// Each chroma row used for its two luma rows (the fastest).
+    Nearest,
+}
+
+/// Cubic weights (sum 1024, exact for Keys a = -0.75) of chroma rows `i-2..=i+1` for the even luma
+/// row `2i` (sited at `i - 0.25`); the odd row `2i+1` (at `i + 0.25`) uses them mirrored on rows
+/// `i-1..=i+2`.
+const CUBIC_EVEN: [i32; 4] = [-36, 268, 900, -108];
+
+/// Fills `row` (interleaved UV, `width` bytes) with the chroma for luma row `y` of an NV12 frame.
+fn nv12_chroma_row(
+    uv: &[u8],
+    stride: usize,
+    width: usize,
+    height: usize,
+    y: usize,
+    row: &mut [u8],
+) {
+    let ch = height / 2;
+    let i = (y / 2) as isize;
+    let taps: [isize; 4] = if y.is_multiple_of(2) {
+        [i - 2, i - 1, i, i + 1]
+    } else {
+        [i - 1, i, i + 1, i + 2]
+    };
+    let w: [i32; 4] = if y.is_multiple_of(2) {
+        CUBIC_EVEN
+    } else {
+        [CUBIC_EVEN[3], CUBIC_EVEN[2], CUBIC_EVEN[1], CUBIC_EVEN[0]]
+    };
+    let r = |t: isize| {
+        let t = t.clamp(0, ch as isize - 1) as usize;
+        &uv[t * stride..t * stride + width]
+    };
+    let (r0, r1, r2, r3) = (r(taps[0]), r(taps[1]), r(taps[2]), r(taps[3]));
+    for (x, o) in row[..width].iter_mut().enumerate() {
+        let v = w[0] * i32::from(r0[x])
+            + w[1] * i32::from(r1[x])
+            + w[2] * i32::from(r2[x])
+            + w[3] * i32::from(r3[x]);
+        *o = ((v + 512) >> 10).clamp(0, 255) as u8;
+    }
+}
+
 /// NV12 4:2:0 (a Y plane, then an interleaved UV plane at half resolution; both with `stride`
-/// bytes per row) → RGB8 into `out`.
+/// bytes per row) → RGB8 into `out`, with cubic vertical chroma interpolation.
 pub fn nv12_to_rgb(
     src: &[u8],
     width: usize,
@@ -136,9 +189,22 @@ pub fn nv12_to_rgb(
     k: &YuvCoeffs,
     out: &mut [u8],
 ) -> Result<(), String> {
-    if !width.is_multiple_of(2) || !height.is_multiple_of(2) || stride < width {
+    nv12_to_rgb_with(src, width, height, stride, k, ChromaUpsampling::Cubic, out)
+}
+
+/// NV12 → RGB8 as [`nv12_to_rgb`], with the chroma upsampling chosen.
+pub fn nv12_to_rgb_with(
+    src: &[u8],
+    width: usize,
+    height: usize,
+    stride: usize,
+    k: &YuvCoeffs,
+    up: ChromaUpsampling,
+    out: &mut [u8],
+) -> Result<(), String> {
+    if !width.is_multiple_of(2) || !height.is_multiple_of(2) || height == 0 || stride < width {
         return Err(format!(
-            "NV12 needs even dimensions and stride >= width ({width}x{height}, stride {stride})"
+            "NV12 needs even, non-zero dimensions and stride >= width ({width}x{height}, stride {stride})"
         ));
     }
     let uv_base = stride * height;
@@ -148,9 +214,21 @@ pub fn nv12_to_rgb(
         uv_base + stride * (height / 2 - 1) + width,
     )?;
     check_len("RGB output", out.len(), width * height * 3)?;
+    let uv_plane = &src[uv_base..];
+    let mut interp = if up == ChromaUpsampling::Cubic {
+        vec![0u8; width]
+    } else {
+        Vec::new()
+    };
     for row in 0..height {
         let ys = &src[row * stride..row * stride + width];
-        let uv = &src[uv_base + (row / 2) * stride..uv_base + (row / 2) * stride + width];
+        let uv: &[u8] = match up {
+            ChromaUpsampling::Nearest => &uv_plane[(row / 2) * stride..(row / 2) * stride + width],
+            ChromaUpsampling::Cubic => {
+                nv12_chroma_row(uv_plane, stride, width, height, row, &mut interp);
+                &interp
+            }
+        };
         let o = &mut out[row * width * 3..(row + 1) * width * 3];
         for ((yp, c), op) in ys
             .chunks_exact(2)
@@ -167,6 +245,7 @@ pub fn nv12_to_rgb(
 /// Turns raw frames of any supported format into RGB images, reusing its buffers.
 pub struct Converter {
     coeffs: YuvCoeffs,
+    chroma: ChromaUpsampling,
     max_pixels: u64,
     spare: Vec<u8>,
 }
@@ -176,9 +255,16 @@ impl Converter {
     pub fn new(matrix: YuvMatrix, range: YuvRange, max_pixels: u64) -> Converter {
         Converter {
             coeffs: YuvCoeffs::new(matrix, range),
+            chroma: ChromaUpsampling::default(),
             max_pixels,
             spare: Vec::new(),
         }
+    }
+
+    /// Chooses NV12's vertical chroma upsampling (default [`ChromaUpsampling::Cubic`]).
+    pub fn with_chroma(mut self, chroma: ChromaUpsampling) -> Converter {
+        self.chroma = chroma;
+        self
     }
 
     /// Hands a finished image's buffer back for reuse by the next conversion.
@@ -215,7 +301,7 @@ impl Converter {
             PixelFormat::Nv12 => {
                 buf = self.take_buffer(w * h * 3);
                 let stride = if f.stride == 0 { w } else { f.stride };
-                nv12_to_rgb(&f.data, w, h, stride, &self.coeffs, &mut buf)?;
+                nv12_to_rgb_with(&f.data, w, h, stride, &self.coeffs, self.chroma, &mut buf)?;
                 (w, h)
             }
             PixelFormat::Rgb24 => {
