@@ -2,7 +2,7 @@
 //! each photo and matching detections (same label, IoU >= 0.5) for every confident box.
 //! Prints "SKIP: no CUDA device: <reason>" where no CUDA device is usable.
 //! Photos: `VIGIL_EVAL_IMAGES` (a directory) or `shared/images/eval`; models: `VIGIL_MODELS`
-//! or the repository's `models/`.
+//! or the repository's `models/`; binary: `VIGIL_BIN` or the one cargo built.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -48,7 +48,11 @@ fn serve(device: &str) -> Server {
         .and_then(|l| l.local_addr())
         .expect("free port")
         .port();
-    let child = Command::new(env!("CARGO_BIN_EXE_vigil"))
+    // VIGIL_BIN: the binary copied to another machine (the build path is baked in).
+    let bin = std::env::var_os("VIGIL_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_vigil")));
+    let child = Command::new(bin)
         .args(["serve", "--device", device, "--listen"])
         .arg(format!("127.0.0.1:{port}"))
         .arg("--models-dir")
