@@ -486,7 +486,11 @@ fn bench_one(item: &str, prec: &str) {
             c.run_ref(&[&x]).expect("warm-up");
         }
         let (mut wall, mut dev) = (Vec::new(), Vec::new());
-        for _ in 0..200 {
+        let iters: usize = std::env::var("VIGIL_CUDA_BENCH_ITERS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(200);
+        for _ in 0..iters {
             let t = std::time::Instant::now();
             let out = c.run_ref(&[&x]).expect("run");
             wall.push(t.elapsed().as_secs_f64() * 1e3);

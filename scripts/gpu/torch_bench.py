@@ -28,6 +28,8 @@ for name, m in models.items():
     torch.onnx.export(m, torch.randn(1, 3, 224, 224), path, input_names=["x"], output_names=["y"],
                       dynamic_axes={"x": {0: "n"}, "y": {0: "n"}}, opset_version=17, dynamo=False)
     print(f"EXPORTED {path}", flush=True)
+    if os.environ.get("VIGIL_EXPORT_ONLY"):
+        continue
     for dt in (torch.float32, torch.float16):
         mm = m.to("cuda", dt)
         for b in (1, 32):

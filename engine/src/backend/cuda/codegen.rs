@@ -278,8 +278,8 @@ impl Gen {
         }
     }
 
-    /// Bias + activation epilogue applied in place on `y` (channel `c` of each element from
-    /// the layout); `bias` may be absent.
+    /// Bias + residual + activation epilogue applied in place on `y` (channel `c` of each
+    /// element from the layout); `bias` and `residual` (same shape as `y`) may be absent.
     pub fn epilogue(
         &mut self,
         y: ValueId,
@@ -287,6 +287,7 @@ impl Gen {
         channel_axis: usize,
         bias: Option<Arg>,
         act: Option<Activation>,
+        residual: Option<Arg>,
     ) -> GenKernel {
         let n: usize = shape.iter().product();
         let inner: usize = shape[channel_axis + 1..].iter().product();
@@ -295,7 +296,16 @@ impl Gen {
         let mut body = String::from("float v = p0[i];");
         if let Some(b) = bias {
             params.push((b, "const F".into()));
-            let _ = write!(body, " v += p1[(i / {inner}LL) % {c}LL];");
+            let k = params.len() - 1;
+            if inner == 1 {
+                let _ = write!(body, " v += p{k}[i % {c}LL];");
+            } else {
+                let _ = write!(body, " v += p{k}[(i / {inner}LL) % {c}LL];");
+            }
+        }
+        if let Some(z) = residual {
+            params.push((z, "const F".into()));
+            let _ = write!(body, " v += (float)p{}[i];", params.len() - 1);
         }
         if let Some(a) = act {
             let _ = write!(body, " v = {};", act_expr(a, "v"));

@@ -177,15 +177,48 @@ impl Drop for ConvDescs {
     }
 }
 
-/// A chosen algorithm and its workspace size.
+/// A benchmarked algorithm: its workspace size, measured time and math type.
 #[derive(Clone, Copy, Debug)]
 pub struct AlgoChoice {
     pub algo: dnn_sys::cudnnConvolutionFwdAlgo_t,
     pub workspace: usize,
+    /// Milliseconds cudnnFind measured.
+    pub time_ms: f32,
+    pub math: dnn_sys::cudnnMathType_t,
 }
 
-fn cache() -> &'static Mutex<HashMap<ConvGeom, AlgoChoice>> {
-    static C: OnceLock<Mutex<HashMap<ConvGeom, AlgoChoice>>> = OnceLock::new();
+impl ConvDescs {
+    /// Sets the fused activation used by `cudnnConvolutionBiasActivationForward`.
+    pub fn set_activation(&self, mode: dnn_sys::cudnnActivationMode_t, coef: f64) -> Result<()> {
+        // SAFETY: a live descriptor owned by self.
+        unsafe {
+            dnn::set_activation_descriptor(
+                self.act,
+                mode,
+                dnn_sys::cudnnNanPropagation_t::CUDNN_NOT_PROPAGATE_NAN,
+                coef,
+            )
+        }
+        .map_err(dnn_err("activation desc"))
+    }
+
+    /// Sets the math type the chosen algorithm was measured with.
+    pub fn set_math(&self, math: dnn_sys::cudnnMathType_t) -> Result<()> {
+        // SAFETY: a live descriptor owned by self.
+        unsafe { dnn::set_convolution_math_type(self.conv, math) }.map_err(dnn_err("math type"))
+    }
+}
+
+/// The cuDNN library version (e.g. 91400).
+pub fn cudnn_version() -> usize {
+    // SAFETY: a plain query.
+    unsafe { dnn_sys::cudnnGetVersion() }
+}
+
+type AlgoCache = Mutex<HashMap<ConvGeom, Vec<AlgoChoice>>>;
+
+fn cache() -> &'static AlgoCache {
+    static C: OnceLock<AlgoCache> = OnceLock::new();
     C.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
@@ -194,8 +227,8 @@ pub fn algo_cache_len() -> usize {
     cache().lock().map(|c| c.len()).unwrap_or(0)
 }
 
-/// Picks (once per shape, process-wide) the fastest algorithm by running the candidates on
-/// the given buffers (cudnnFindConvolutionForwardAlgorithmEx).
+/// Benchmarks (once per shape, process-wide) the algorithms by running the candidates on the
+/// given buffers (cudnnFindConvolutionForwardAlgorithmEx); usable ones, fastest first.
 #[allow(clippy::too_many_arguments)]
 pub fn choose_algo(
     h: &DnnHandle,
@@ -206,11 +239,11 @@ pub fn choose_algo(
     y: u64,
     ws: u64,
     ws_limit: usize,
-) -> Result<AlgoChoice> {
-    if let Some(c) = cache().lock().ok().and_then(|c| c.get(geom).copied()) {
+) -> Result<Vec<AlgoChoice>> {
+    if let Some(c) = cache().lock().ok().and_then(|c| c.get(geom).cloned()) {
         return Ok(c);
     }
-    const N: usize = 8;
+    const N: usize = 16;
     let mut count = 0i32;
     // SAFETY: zeroed plain-old-data result structs.
     let mut perf: [dnn_sys::cudnnConvolutionFwdAlgoPerf_t; N] = unsafe { std::mem::zeroed() };
@@ -234,18 +267,114 @@ pub fn choose_algo(
         .result()
         .map_err(dnn_err("algorithm search"))?;
     }
-    let best = perf[..count.max(0) as usize]
+    let c: Vec<AlgoChoice> = perf[..(count.max(0) as usize).min(N)]
         .iter()
-        .find(|p| p.status == dnn_sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS && p.memory <= ws_limit)
-        .ok_or_else(|| {
-            Error::Unsupported(format!("cuDNN has no algorithm for convolution {geom:?}"))
-        })?;
-    let c = AlgoChoice {
-        algo: best.algo,
-        workspace: best.memory,
-    };
+        .filter(|p| {
+            p.status == dnn_sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS && p.memory <= ws_limit
+        })
+        .map(|p| AlgoChoice {
+            algo: p.algo,
+            workspace: p.memory,
+            time_ms: p.time,
+            math: p.mathType,
+        })
+        .collect();
+    if c.is_empty() {
+        return Err(Error::Unsupported(format!(
+            "cuDNN has no algorithm for convolution {geom:?}"
+        )));
+    }
+    // cudnnFind runs each candidate once, so a kernel's first (lazy module load) launch is in
+    // its time: it then prefers kernels an earlier search already loaded (the slow non-tensor-op
+    // implicit GEMM for fp16 1x1 convolutions). Re-time every candidate after warm-up runs.
+    let mut c = c;
+    for a in c.iter_mut() {
+        if let Ok(t) = time_algo(h, d, a, x, w, y, ws) {
+            a.time_ms = t;
+        } else {
+            a.time_ms = f32::INFINITY;
+        }
+    }
+    c.retain(|a| a.time_ms.is_finite());
+    c.sort_by(|a, b| a.time_ms.total_cmp(&b.time_ms));
+    if c.is_empty() {
+        return Err(Error::Unsupported(format!(
+            "cuDNN: no algorithm ran for convolution {geom:?}"
+        )));
+    }
     if let Ok(mut m) = cache().lock() {
-        m.insert(geom.clone(), c);
+        m.insert(geom.clone(), c.clone());
     }
     Ok(c)
+}
+
+/// Mean milliseconds of one convolution with algorithm `a` on the given buffers (after two
+/// warm-up runs; CUDA events on the handle's stream).
+#[allow(clippy::too_many_arguments)]
+fn time_algo(
+    h: &DnnHandle,
+    d: &ConvDescs,
+    a: &AlgoChoice,
+    x: u64,
+    w: u64,
+    y: u64,
+    ws: u64,
+) -> Result<f32> {
+    use cudarc::driver::result as drv;
+    use cudarc::driver::sys as dsys;
+    const REPS: usize = 8;
+    d.set_math(a.math)?;
+    let drv_e = |e: drv::DriverError| Error::Unsupported(format!("CUDA event: {e}"));
+    let mut stream: dnn_sys::cudaStream_t = std::ptr::null_mut();
+    // SAFETY: a live handle.
+    unsafe { dnn_sys::cudnnGetStream(h.0, &mut stream) }
+        .result()
+        .map_err(dnn_err("get stream"))?;
+    let s = stream as dsys::CUstream;
+    let e0 = drv::event::create(dsys::CUevent_flags::CU_EVENT_DEFAULT).map_err(drv_e)?;
+    let e1 = drv::event::create(dsys::CUevent_flags::CU_EVENT_DEFAULT).map_err(drv_e)?;
+    let (one, zero) = (1f32, 0f32);
+    let run = || {
+        // SAFETY: descriptors and buffers are valid and sized for this convolution.
+        unsafe {
+            dnn::convolution_forward(
+                h.0,
+                &one as *const f32 as *const std::ffi::c_void,
+                d.x,
+                x as *const _,
+                d.w,
+                w as *const _,
+                d.conv,
+                a.algo,
+                ws as *mut _,
+                a.workspace,
+                &zero as *const f32 as *const std::ffi::c_void,
+                d.y,
+                y as *mut _,
+            )
+        }
+        .map_err(dnn_err("convolution (timing)"))
+    };
+    let r = (|| -> Result<f32> {
+        run()?;
+        run()?;
+        // SAFETY: live events and stream.
+        unsafe { drv::event::record(e0, s) }.map_err(drv_e)?;
+        for _ in 0..REPS {
+            run()?;
+        }
+        // SAFETY: as above.
+        unsafe {
+            drv::event::record(e1, s).map_err(drv_e)?;
+            drv::event::synchronize(e1).map_err(drv_e)?;
+            drv::event::elapsed(e0, e1).map_err(drv_e)
+        }
+        .map(|t| t / REPS as f32)
+    })();
+    // SAFETY: created above, destroyed once, after the synchronisation.
+    unsafe {
+        let _ = drv::event::destroy(e0);
+        let _ = drv::event::destroy(e1);
+    }
+    r
 }

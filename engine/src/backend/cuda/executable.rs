@@ -7,7 +7,7 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use cudarc::cublas::{result as blas, sys as blas_sys};
-use cudarc::cudnn::result as dnn;
+use cudarc::cudnn::{result as dnn, sys as dnn_sys};
 use cudarc::driver::{result as drv, sys, CudaContext, CudaEvent, CudaGraph, CudaStream};
 
 use super::codegen::{Arg, Gen, GenKernel};
@@ -32,7 +32,10 @@ struct ConvStep {
     y: ValueId,
     w: DeviceBuffer,
     bias: Option<Arg>,
-    fused_relu: bool,
+    /// Residual input added before the activation (same shape as y).
+    z: Option<Arg>,
+    /// cuDNN applies bias, residual and activation itself (cudnnConvolutionBiasActivationForward).
+    fused: bool,
     descs: ConvDescs,
     algo: AlgoChoice,
     /// Byte offset of the workspace inside the node's scratch slot.
@@ -87,6 +90,8 @@ pub struct CudaExecutable {
     consts: HashMap<ValueId, DeviceBuffer>,
     extras: Vec<DeviceBuffer>,
     steps: Vec<Step>,
+    /// What each step is (node, op, conv algorithm), for `VIGIL_CUDA_PROFILE`.
+    descs: Vec<String>,
 }
 
 fn value_bytes(g: &Graph, v: ValueId) -> Result<usize> {
@@ -157,6 +162,11 @@ struct Builder<'a> {
     dnn: DnnHandle,
     tmp: Option<DeviceBuffer>,
     fp16: bool,
+    /// Fuse bias/residual/activation into cuDNN calls and pick algorithms for it.
+    fuse: bool,
+    descs: Vec<String>,
+    /// Extra description of the current node's conv (algorithm, workspace).
+    note: String,
 }
 
 impl Builder<'_> {
@@ -187,6 +197,16 @@ impl Builder<'_> {
     }
 
     fn node(&mut self, idx: usize, node: &Node) -> Result<()> {
+        self.note.clear();
+        let r = self.node_steps(idx, node);
+        let d = format!("{} '{}'{}", node.op.name(), node.name, self.note);
+        while self.descs.len() < self.steps.len() {
+            self.descs.push(d.clone());
+        }
+        r
+    }
+
+    fn node_steps(&mut self, idx: usize, node: &Node) -> Result<()> {
         let g = self.g;
         match &node.op {
             Op::Conv(_) => self.conv(idx, node),
@@ -352,7 +372,7 @@ impl Builder<'_> {
         let xb = alit(xdims.iter().product::<usize>() * 4);
         let yb = alit(yd.iter().product::<usize>() * 4);
         let t = self.tmp(xb + yb + DNN_WS_LIMIT)?;
-        let algo = choose_algo(
+        let algos = choose_algo(
             &self.dnn,
             &geom,
             &descs,
@@ -362,12 +382,93 @@ impl Builder<'_> {
             t + (xb + yb) as u64,
             DNN_WS_LIMIT,
         )?;
-        let bias = node.input(2).map(|b| {
-            self.const_ptr(b)
-                .map(|_| Arg::Val(b))
-                .unwrap_or(Arg::Val(b))
-        });
-        let fused_relu = bias.is_some() && a.activation == Some(Activation::Relu);
+        let best = algos[0];
+        let bias_ptr = node.input(2).and_then(|b| self.const_ptr(b));
+        let bias = node.input(2).map(Arg::Val);
+        let z = node.input(3).map(Arg::Val);
+        use dnn_sys::cudnnActivationMode_t as Am;
+        let mode = match (bias_ptr.is_some(), a.activation) {
+            (true, Some(Activation::Relu)) => Some((Am::CUDNN_ACTIVATION_RELU, 0.0)),
+            (true, None) if self.fuse => Some((Am::CUDNN_ACTIVATION_IDENTITY, 0.0)),
+            (true, Some(Activation::Clip { min, max }))
+                if self.fuse && min == 0.0 && max.is_finite() =>
+            {
+                Some((Am::CUDNN_ACTIVATION_CLIPPED_RELU, f64::from(max)))
+            }
+            _ => None,
+        };
+        let pg =
+            dnn_sys::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
+        // cuDNN fuses bias + residual + activation into the convolution kernel only with the
+        // implicit precomputed GEMM; other algorithms run extra generic kernels. Use it when it
+        // costs less than the best algorithm plus one epilogue pass.
+        let ybytes = yd.iter().product::<usize>() * if self.fp16 { 2 } else { 4 };
+        let epi_ms = 0.003 + 3.0 * ybytes as f32 / 3.0e9;
+        let candidate = match mode {
+            Some(_) if !self.fuse => Some(best),
+            Some(_) => algos
+                .iter()
+                .find(|c| c.algo == pg && c.time_ms <= best.time_ms + epi_ms)
+                .copied(),
+            None => None,
+        };
+        let mut fused = None;
+        if let (Some((m, coef)), Some(c), Some(bp)) = (mode, candidate, bias_ptr) {
+            descs.set_activation(m, coef)?;
+            descs.set_math(c.math)?;
+            let (one, zero) = (1f32, 0f32);
+            let alpha2 = if z.is_some() { 1f32 } else { 0f32 };
+            let yp = t + xb as u64;
+            // SAFETY: trial call on the search buffers (sized for this convolution in f32).
+            let ok = unsafe {
+                dnn::convolution_bias_activation_forward(
+                    self.dnn.0,
+                    &one as *const f32 as *const c_void,
+                    descs.x,
+                    t as *const c_void,
+                    descs.w,
+                    wbuf.ptr() as *const c_void,
+                    descs.conv,
+                    c.algo,
+                    (t + (xb + yb) as u64) as *mut c_void,
+                    c.workspace,
+                    &alpha2 as *const f32 as *const c_void,
+                    descs.y,
+                    yp as *const c_void,
+                    descs.bias,
+                    bp as *const c_void,
+                    descs.act,
+                    descs.y,
+                    yp as *mut c_void,
+                )
+            }
+            .is_ok();
+            let _ = zero;
+            if ok {
+                fused = Some(c);
+            }
+        }
+        let fused_relu = fused.is_some();
+        let algo = fused.unwrap_or(best);
+        descs.set_math(algo.math)?;
+        self.note = format!(
+            " algo {:?} ws {} KiB find {:.4} ms (best {:?} {:.4} ms) fused {} {}x{}x{}x{}{} k{}x{} g{} s{}",
+            algo.algo,
+            algo.workspace >> 10,
+            algo.time_ms,
+            best.algo,
+            best.time_ms,
+            fused_relu,
+            yd[0],
+            yd[1],
+            yd[2],
+            yd[3],
+            if nhwc { " nhwc" } else { " nchw" },
+            w4[2],
+            w4[3],
+            a.group,
+            stride[0],
+        );
         let ws_offset = scratch;
         scratch += alit(algo.workspace);
         self.scratch[idx] = scratch;
@@ -377,14 +478,15 @@ impl Builder<'_> {
             y,
             w: wbuf,
             bias,
-            fused_relu,
+            z,
+            fused: fused_relu,
             descs,
             algo,
             ws_offset,
         })));
-        if !fused_relu && (bias.is_some() || a.activation.is_some()) {
+        if !fused_relu && (bias.is_some() || a.activation.is_some() || z.is_some()) {
             let caxis = if nhwc { ys.len() - 1 } else { 1 };
-            let k = self.gen.epilogue(y, &ys, caxis, bias, a.activation);
+            let k = self.gen.epilogue(y, &ys, caxis, bias, a.activation, z);
             self.launch(idx, k);
         }
         Ok(())
@@ -487,6 +589,12 @@ impl CudaExecutable {
     /// half (convolutions and GEMMs accumulate in float; inputs and outputs stay f32).
     pub fn new(graph: Arc<Graph>, ordinal: usize, fp16: bool) -> Result<Self> {
         let ctx = CudaContext::new(ordinal).map_err(drv_err("context creation"))?;
+        let fuse = std::env::var("VIGIL_CUDA_FUSE").map_or(true, |v| v != "0");
+        let graph = if fuse {
+            Arc::new(fuse_residual(&graph)?)
+        } else {
+            graph
+        };
         let g: &Graph = &graph;
         let stream = ctx.default_stream();
         let mut consts = HashMap::new();
@@ -508,6 +616,9 @@ impl CudaExecutable {
             dnn: DnnHandle::new(stream.cu_stream())?,
             tmp: None,
             fp16,
+            fuse,
+            descs: Vec::new(),
+            note: String::new(),
         };
         for (i, n) in g.nodes.iter().enumerate() {
             b.node(i, n)?;
@@ -516,6 +627,7 @@ impl CudaExecutable {
         // fp16: inputs arrive as f32 in the io area and are converted into their slots first;
         // outputs are converted back into the io area last.
         let body = std::mem::take(&mut b.steps);
+        let body_descs = std::mem::take(&mut b.descs);
         let mut io_bytes = 0usize;
         let mut in_args = Vec::new();
         for &v in &g.inputs {
@@ -529,7 +641,9 @@ impl CudaExecutable {
                 in_args.push(Arg::Val(v));
             }
         }
+        b.descs = vec!["input conversion".to_string(); b.steps.len()];
         b.steps.extend(body);
+        b.descs.extend(body_descs);
         let mut out_args = Vec::new();
         for &v in &g.outputs {
             if g.values[v].constant.is_some() {
@@ -544,6 +658,9 @@ impl CudaExecutable {
                 out_args.push(Some(Arg::Val(v)));
             }
         }
+        while b.descs.len() < b.steps.len() {
+            b.descs.push("output conversion".to_string());
+        }
         let plan = plan::plan(g, &b.scratch)?;
         let module = Module::compile(&ctx, &b.gen.src)?;
         let functions = b
@@ -557,7 +674,12 @@ impl CudaExecutable {
             .iter()
             .map(|e| DeviceBuffer::upload(&ctx, e))
             .collect::<Result<Vec<_>>>()?;
-        let Builder { steps, consts, .. } = b;
+        let Builder {
+            steps,
+            consts,
+            descs,
+            ..
+        } = b;
         Ok(CudaExecutable {
             ctx,
             graph,
@@ -571,6 +693,7 @@ impl CudaExecutable {
             consts,
             extras,
             steps,
+            descs,
         })
     }
 
@@ -610,6 +733,7 @@ enum Resolved {
         x: u64,
         y: u64,
         bias: u64,
+        z: u64,
         ws: u64,
     },
     Gemm {
@@ -672,6 +796,15 @@ struct CudaRun {
     use_graph: bool,
     /// Timing events around the compute part of each inference.
     events: (CudaEvent, CudaEvent),
+    /// `VIGIL_CUDA_PROFILE`: an event before every step (inside the captured graph too).
+    prof: Option<Prof>,
+}
+
+/// Per-step device times accumulated over replays (`VIGIL_CUDA_PROFILE=1`).
+struct Prof {
+    events: Vec<CudaEvent>,
+    sum_ms: Vec<f64>,
+    runs: usize,
 }
 
 // SAFETY: every handle inside is used only through `&mut self` (one thread at a time), with
@@ -759,6 +892,7 @@ impl CudaRun {
                     x: resolve(c.x, c.node)?,
                     y: slot(c.y)?,
                     bias: c.bias.map(|b| resolve(b, c.node)).transpose()?.unwrap_or(0),
+                    z: c.z.map(|b| resolve(b, c.node)).transpose()?.unwrap_or(0),
                     ws: exe.plan.scratch[c.node]
                         .map(|s| base + (s.offset + c.ws_offset) as u64)
                         .unwrap_or(0),
@@ -782,6 +916,15 @@ impl CudaRun {
                 .map_err(drv_err("event creation"))
         };
         let events = (ev()?, ev()?);
+        let prof = if std::env::var("VIGIL_CUDA_PROFILE").is_ok_and(|v| v == "1") {
+            Some(Prof {
+                events: (0..=resolved.len()).map(|_| ev()).collect::<Result<_>>()?,
+                sum_ms: vec![0.0; resolved.len()],
+                runs: 0,
+            })
+        } else {
+            None
+        };
         Ok(CudaRun {
             exe,
             stream,
@@ -797,6 +940,7 @@ impl CudaRun {
             runs: 0,
             use_graph,
             events,
+            prof,
         })
     }
 
@@ -810,7 +954,10 @@ impl CudaRun {
                 .map_err(drv_err("input copy"))?;
         }
         record(&self.events.0, s, capturing)?;
-        for r in &self.resolved {
+        for (k, r) in self.resolved.iter().enumerate() {
+            if let Some(p) = &self.prof {
+                record(&p.events[k], s, capturing)?;
+            }
             match r {
                 Resolved::Launch { f, grid, args } => {
                     if *grid == 0 {
@@ -842,16 +989,18 @@ impl CudaRun {
                     x,
                     y,
                     bias,
+                    z,
                     ws,
                 } => {
                     let Step::Conv(c) = &self.exe.steps[*step] else {
                         continue;
                     };
                     let (one, zero) = (1f32, 0f32);
+                    let (alpha2, zp) = if *z != 0 { (1f32, *z) } else { (0f32, *y) };
                     let d = &c.descs;
                     // SAFETY: descriptors match the buffers, which the plan sized.
                     unsafe {
-                        if c.fused_relu {
+                        if c.fused {
                             dnn::convolution_bias_activation_forward(
                                 self.dnn.0,
                                 &one as *const f32 as *const c_void,
@@ -863,9 +1012,9 @@ impl CudaRun {
                                 c.algo.algo,
                                 *ws as *mut c_void,
                                 c.algo.workspace,
-                                &zero as *const f32 as *const c_void,
+                                &alpha2 as *const f32 as *const c_void,
                                 d.y,
-                                *y as *const c_void,
+                                zp as *const c_void,
                                 d.bias,
                                 *bias as *const c_void,
                                 d.act,
@@ -975,6 +1124,9 @@ impl CudaRun {
                 }
             }
         }
+        if let Some(p) = &self.prof {
+            record(&p.events[self.resolved.len()], s, capturing)?;
+        }
         record(&self.events.1, s, capturing)?;
         let sout = self.staging_out.bytes();
         for &(src, off, n) in self.outs.iter().flatten() {
@@ -1016,6 +1168,11 @@ impl BackendContext for CudaRun {
             }
             self.staging_in.bytes_mut()[off..off + n].copy_from_slice(t.as_bytes());
         }
+        let ncu = self.prof.is_some() && self.runs == 3;
+        if ncu {
+            // SAFETY: plain profiler range marker (for `ncu --profile-from-start off`).
+            let _ = unsafe { sys::cuProfilerStart() };
+        }
         if let Some(graph) = &self.graph {
             graph.launch().map_err(drv_err("graph launch"))?;
         } else if self.use_graph && self.runs > 0 {
@@ -1041,6 +1198,20 @@ impl BackendContext for CudaRun {
         // SAFETY: both events were recorded by the work just synchronised.
         let ms = unsafe { drv::event::elapsed(self.events.0.cu_event(), self.events.1.cu_event()) };
         LAST_DEVICE_MS.with(|c| c.set(ms.ok().map(f64::from)));
+        if ncu {
+            // SAFETY: as above.
+            let _ = unsafe { sys::cuProfilerStop() };
+        }
+        if let (Some(p), true) = (&mut self.prof, self.runs >= 2) {
+            for k in 0..p.sum_ms.len() {
+                // SAFETY: both events were recorded by the work just synchronised.
+                let t = unsafe {
+                    drv::event::elapsed(p.events[k].cu_event(), p.events[k + 1].cu_event())
+                };
+                p.sum_ms[k] += f64::from(t.unwrap_or(f32::NAN));
+            }
+            p.runs += 1;
+        }
         self.runs += 1;
         for ((&v, t), o) in g.outputs.iter().zip(outputs.iter_mut()).zip(&self.outs) {
             let value = &g.values[v];
@@ -1065,10 +1236,146 @@ impl BackendContext for CudaRun {
     }
 }
 
+impl CudaRun {
+    /// Prints the per-step profile (`VIGIL_CUDA_PROFILE=1`) to stderr.
+    fn report(&self) {
+        let Some(p) = &self.prof else { return };
+        if p.runs == 0 {
+            return;
+        }
+        let n = p.runs as f64;
+        let total: f64 = p.sum_ms.iter().sum::<f64>() / n;
+        let g = &self.exe.graph;
+        let mut lines = vec![format!(
+            "PROFILE {} steps, {} graph input(s) {:?}, fp16 {}, cuDNN {}, {} replays: {:.4} ms per inference",
+            p.sum_ms.len(),
+            g.inputs.len(),
+            g.inputs.first().and_then(|&v| g.shape(v).ok()),
+            self.exe.fp16,
+            super::dnn::cudnn_version(),
+            p.runs,
+            total
+        )];
+        let mut by_kind: Vec<(String, f64, usize)> = Vec::new();
+        for (k, d) in self.exe.descs.iter().enumerate() {
+            let kind = d.split(' ').next().unwrap_or("?").to_string()
+                + match self.resolved.get(k) {
+                    Some(Resolved::Launch { .. }) => "/kernel",
+                    Some(Resolved::Conv { .. }) => "/cudnn",
+                    Some(Resolved::Gemm { .. }) => "/cublas",
+                    Some(Resolved::Copy { .. }) => "/copy",
+                    None => "",
+                };
+            let t = p.sum_ms[k] / n;
+            match by_kind.iter_mut().find(|e| e.0 == kind) {
+                Some(e) => {
+                    e.1 += t;
+                    e.2 += 1;
+                }
+                None => by_kind.push((kind, t, 1)),
+            }
+            lines.push(format!("PSTEP {k:3} {:8.1} us  {d}", t * 1e3));
+        }
+        by_kind.sort_by(|a, b| b.1.total_cmp(&a.1));
+        for (kind, t, c) in by_kind {
+            lines.push(format!("PKIND {kind:28} {c:4} steps {:9.1} us", t * 1e3));
+        }
+        eprintln!("{}", lines.join("\n"));
+    }
+}
+
 impl Drop for CudaRun {
     fn drop(&mut self) {
+        self.report();
         let _ = self.exe.ctx.bind_to_thread();
         let _ = self.stream.synchronize();
         let _ = &self.arena;
     }
+}
+
+/// Folds `Add(conv(x), z)` and `Relu(Add(conv(x), z))` (conv with constant bias and no
+/// activation, its output read only by the add) into one conv node with `z` as a fourth input,
+/// placed where the add was (so every input is computed before it and stays live until it).
+/// cuDNN then computes `act(conv(x) + bias + z)` in one call.
+fn fuse_residual(g: &Graph) -> Result<Graph> {
+    use crate::ir::{BinaryOp, ChainStep, UnaryOp};
+    let consumers = g.consumers();
+    let mut out = g.clone();
+    let mut dead = vec![false; g.nodes.len()];
+    let producer: HashMap<ValueId, usize> = g
+        .nodes
+        .iter()
+        .enumerate()
+        .flat_map(|(i, n)| n.outputs.iter().map(move |&o| (o, i)))
+        .collect();
+    for (j, add) in g.nodes.iter().enumerate() {
+        let relu = match &add.op {
+            Op::Binary(BinaryOp::Add) => false,
+            Op::Elementwise(steps) => match steps.as_slice() {
+                [ChainStep::Binary {
+                    op: BinaryOp::Add,
+                    operand: 1,
+                    ..
+                }] => false,
+                [ChainStep::Binary {
+                    op: BinaryOp::Add,
+                    operand: 1,
+                    ..
+                }, ChainStep::Unary(UnaryOp::Act(Activation::Relu))] => true,
+                _ => continue,
+            },
+            _ => continue,
+        };
+        let (Some(Some(a)), Some(Some(b)), 2, 1) = (
+            add.inputs.first(),
+            add.inputs.get(1),
+            add.inputs.len(),
+            add.outputs.len(),
+        ) else {
+            continue;
+        };
+        let out_v = add.outputs[0];
+        for (y, z) in [(*a, *b), (*b, *a)] {
+            let Some(&i) = producer.get(&y) else {
+                continue;
+            };
+            let conv = &g.nodes[i];
+            let Op::Conv(attrs) = &conv.op else {
+                continue;
+            };
+            let ok = !dead[i]
+                && y != z
+                && attrs.activation.is_none()
+                && conv.inputs.len() == 3
+                && conv.input(2).is_some_and(|bv| g.constant(bv).is_some())
+                && consumers[y].len() == 1
+                && !g.outputs.contains(&y)
+                && [y, z, out_v]
+                    .iter()
+                    .all(|&v| g.values[v].dtype == DataType::F32)
+                && g.shape(y).ok() == g.shape(z).ok()
+                && g.shape(y).ok() == g.shape(out_v).ok();
+            if !ok {
+                continue;
+            }
+            let mut attrs = attrs.clone();
+            attrs.activation = relu.then_some(Activation::Relu);
+            let mut inputs = conv.inputs.clone();
+            inputs.push(Some(z));
+            out.nodes[j] = Node {
+                name: format!("{}+{}", conv.name, add.name),
+                op: Op::Conv(attrs),
+                inputs,
+                outputs: vec![out_v],
+            };
+            dead[i] = true;
+            break;
+        }
+    }
+    let mut k = 0;
+    out.nodes.retain(|_| {
+        k += 1;
+        !dead[k - 1]
+    });
+    Ok(out)
 }
