@@ -45,6 +45,19 @@ pub struct Config {
     /// Cameras to capture from and run models on (`[[cameras]]`).
     #[serde(default)]
     pub cameras: Vec<crate::camera::CameraConfig>,
+    /// Memory pools (`[memory]`).
+    #[serde(default)]
+    pub memory: MemoryConfig,
+}
+
+/// Memory pools (`[memory]`).
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct MemoryConfig {
+    /// Host pool reserved at start-up for every CPU execution context's activation arena, in
+    /// MiB. Unset: each context reserves its own arena. Too small a pool fails start-up with
+    /// an out-of-memory error stating the pool's state.
+    pub pool_mb: Option<usize>,
 }
 
 fn default_listen() -> String {
@@ -383,11 +396,17 @@ impl Config {
             limits: Limits::default(),
             models: default_models(models_dir),
             cameras: Vec::new(),
+            memory: MemoryConfig::default(),
         }
     }
 
     /// Checks value ranges and name uniqueness.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.memory.pool_mb == Some(0) {
+            return Err(ConfigError::Invalid(
+                "memory.pool_mb must be at least 1 (leave it unset for per-context arenas)".into(),
+            ));
+        }
         let l = &self.limits;
         if l.queue_depth == 0 || l.workers == 0 || l.max_body_bytes == 0 || l.max_pixels == 0 {
             return Err(ConfigError::Invalid(

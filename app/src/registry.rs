@@ -3,6 +3,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use vigil_engine::memory::HostPool;
+
 use vigil_engine::vision::{Task, VisionSpec};
 use vigil_engine::{Model, ModelOptions, TensorInfo};
 
@@ -80,10 +82,23 @@ pub fn model_options(cfg: &ModelConfig) -> ModelOptions {
 impl LoadedModel {
     /// Loads a model entry: the ONNX file, its labels, and `workers` execution contexts.
     pub fn load(cfg: &ModelConfig, limits: &Limits) -> Result<LoadedModel, String> {
+        Self::load_in(cfg, limits, None)
+    }
+
+    /// Like [`load`](Self::load), with CPU activation arenas taken from `pool` when given.
+    pub fn load_in(
+        cfg: &ModelConfig,
+        limits: &Limits,
+        pool: Option<&Arc<HostPool>>,
+    ) -> Result<LoadedModel, String> {
         let (model, spec) = load_model(cfg, &model_options(cfg))?;
         let mut executors: Vec<Box<dyn Executor>> = Vec::with_capacity(limits.workers);
         for _ in 0..limits.workers.max(1) {
-            let ctx = model.new_context().map_err(|e| {
+            let ctx = match pool {
+                Some(p) => model.new_context_in(p),
+                None => model.new_context(),
+            };
+            let ctx = ctx.map_err(|e| {
                 format!(
                     "model '{}': cannot create an execution context: {e}",
                     cfg.name
@@ -132,6 +147,7 @@ impl LoadedModel {
 #[derive(Default)]
 pub struct Registry {
     models: BTreeMap<String, Arc<LoadedModel>>,
+    host_pool: Option<Arc<HostPool>>,
 }
 
 impl Registry {
@@ -142,15 +158,38 @@ impl Registry {
 
     /// Loads every configured model; the first failure is returned.
     pub fn load_all(models: &[ModelConfig], limits: &Limits) -> Result<Registry, String> {
+        Self::load_all_in(models, limits, None)
+    }
+
+    /// Loads every configured model with CPU arenas from one host pool of `pool_mb` MiB (one
+    /// reservation at start-up), or per-context arenas when `None`.
+    pub fn load_all_in(
+        models: &[ModelConfig],
+        limits: &Limits,
+        pool_mb: Option<usize>,
+    ) -> Result<Registry, String> {
         let mut r = Registry::new();
+        if let Some(mb) = pool_mb {
+            let bytes = mb
+                .checked_mul(1 << 20)
+                .ok_or_else(|| format!("memory.pool_mb = {mb} is too large"))?;
+            let pool = vigil_engine::memory::host_pool(bytes)
+                .map_err(|e| format!("cannot reserve the {mb} MiB host pool: {e}"))?;
+            r.host_pool = Some(pool);
+        }
         for m in models {
             let started = std::time::Instant::now();
-            let loaded = LoadedModel::load(m, limits)?;
+            let loaded = LoadedModel::load_in(m, limits, r.host_pool.as_ref())?;
             tracing::info!(model = %m.name, path = %m.path.display(), task = loaded.task_name(),
                 ms = started.elapsed().as_millis() as u64, "model loaded");
             r.insert(loaded);
         }
         Ok(r)
+    }
+
+    /// The host pool CPU arenas come from, when `memory.pool_mb` is set.
+    pub fn host_pool(&self) -> Option<&Arc<HostPool>> {
+        self.host_pool.as_ref()
     }
 
     /// Adds (or replaces) a model.

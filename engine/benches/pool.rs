@@ -266,9 +266,7 @@ mod device {
                 .expect("cuMemFreeAsync");
         }
         fn peak_reserved(&mut self) -> usize {
-            let reserved =
-                self.attr(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH) as usize;
-            reserved
+            self.attr(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH) as usize
         }
         fn reset_peak(&mut self) {
             for s in &self.streams {

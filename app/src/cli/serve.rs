@@ -61,7 +61,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         let listener = tokio::net::TcpListener::bind(&listen)
             .await
             .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
-        let registry = Registry::load_all(&cfg.models, &cfg.limits)?;
+        let registry = Registry::load_all_in(&cfg.models, &cfg.limits, cfg.memory.pool_mb)?;
         notifier.status(&format!("warming up {} models", registry.len()));
         watchdog::warm_up(&registry).await?;
         let cameras = crate::camera::CameraHub::start_all(

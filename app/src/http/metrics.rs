@@ -64,6 +64,16 @@ fn describe() {
         "vigil_queue_depth",
         "Requests waiting or executing per model."
     );
+    metrics::describe_gauge!(
+        "vigil_memory_pool_bytes",
+        metrics::Unit::Bytes,
+        "Memory pool occupancy by pool and kind (reserved, in_use, peak_in_use, free, largest_free, pending)."
+    );
+    metrics::describe_gauge!("vigil_memory_pool_blocks", "Live blocks in a memory pool.");
+    metrics::describe_gauge!(
+        "vigil_memory_pool_fragmentation",
+        "1 - largest free span / free bytes of a memory pool."
+    );
     crate::camera::describe_metrics();
 }
 
@@ -78,8 +88,29 @@ pub fn spawn_upkeep(handle: PrometheusHandle) -> tokio::task::JoinHandle<()> {
     })
 }
 
+/// Publishes the host pool's occupancy as gauges (read at scrape time).
+fn record_pool(state: &AppState) {
+    let Some(pool) = state.registry.host_pool() else {
+        return;
+    };
+    let s = pool.stats();
+    for (kind, v) in [
+        ("reserved", s.reserved),
+        ("in_use", s.in_use),
+        ("peak_in_use", s.peak_in_use),
+        ("free", s.free_bytes),
+        ("largest_free", s.largest_free),
+        ("pending", s.pending_bytes),
+    ] {
+        metrics::gauge!("vigil_memory_pool_bytes", "pool" => "host", "kind" => kind).set(v as f64);
+    }
+    metrics::gauge!("vigil_memory_pool_blocks", "pool" => "host").set(s.blocks as f64);
+    metrics::gauge!("vigil_memory_pool_fragmentation", "pool" => "host").set(s.fragmentation);
+}
+
 /// `GET /metrics`: Prometheus text exposition.
 pub async fn render(State(state): State<Arc<AppState>>) -> Response {
+    record_pool(&state);
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         state.metrics.render(),
