@@ -161,6 +161,14 @@ impl Region for FakeRegion {
     }
 }
 
+/// Repetitions of each pool row, interleaved across configurations; the median is reported.
+const REPS: usize = 3;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
 fn pool_rows<R: Region>(
     label: &str,
     make: &mut dyn FnMut(bool, usize) -> Arc<FixedPool<R>>,
@@ -168,37 +176,45 @@ fn pool_rows<R: Region>(
     iters: usize,
     rows: &mut Vec<Row>,
 ) {
-    for (safe, streams, tag) in [
+    let variants = [
         (false, 1, "stream safety off, 1 stream"),
         (true, 1, "stream-safe, default stream"),
         (true, 2, "stream-safe, 2 streams"),
-    ] {
-        let mut p = Pool {
-            pool: make(safe, FULL_REGION),
-        };
-        let ns = run_pair(&mut p, w, iters, streams);
+    ];
+    let mut pair = vec![Vec::new(); variants.len()];
+    let mut window = vec![Vec::new(); variants.len()];
+    let mut ratio = vec![0.0; variants.len()];
+    for _ in 0..REPS {
+        for (k, &(safe, streams, _)) in variants.iter().enumerate() {
+            let mut p = Pool {
+                pool: make(safe, FULL_REGION),
+            };
+            pair[k].push(run_pair(&mut p, w, iters, streams));
+            let mut p = Pool {
+                pool: make(safe, FULL_REGION),
+            };
+            let (ns, r) = run_window(&mut p, w, iters, streams);
+            window[k].push(ns);
+            if ratio[k] == 0.0 {
+                ratio[k] = r;
+                // Rerun the window in a region exactly the footprint (plus one alignment unit
+                // per block) to show that a pool of that size serves it without running out.
+                let footprint = p.pool.stats().footprint + WINDOW * DEFAULT_ALIGN;
+                drop(p);
+                let mut tight = Pool {
+                    pool: make(safe, footprint),
+                };
+                let _ = run_window(&mut tight, w, iters, streams);
+            }
+        }
+    }
+    for (k, &(_, streams, tag)) in variants.iter().enumerate() {
         rows.push(Row {
             allocator: format!("{label} ({tag})"),
-            workload: if streams == 1 {
-                "pair"
-            } else {
-                "pair, 2 streams"
-            },
-            ns_per_pair: ns,
+            workload: if streams == 1 { "pair" } else { "pair, 2 streams" },
+            ns_per_pair: median(std::mem::take(&mut pair[k])),
             reserved_over_live: None,
         });
-        let mut p = Pool {
-            pool: make(safe, FULL_REGION),
-        };
-        let (ns, ratio) = run_window(&mut p, w, iters, streams);
-        // Rerun the window in a region exactly the footprint (plus one alignment unit per
-        // block) to show that a pool of that size serves it without running out.
-        let footprint = p.pool.stats().footprint + WINDOW * DEFAULT_ALIGN;
-        drop(p);
-        let mut tight = Pool {
-            pool: make(safe, footprint),
-        };
-        let _ = run_window(&mut tight, w, iters, streams);
         rows.push(Row {
             allocator: format!("{label} ({tag})"),
             workload: if streams == 1 {
@@ -206,8 +222,8 @@ fn pool_rows<R: Region>(
             } else {
                 "window, 2 streams"
             },
-            ns_per_pair: ns,
-            reserved_over_live: Some(ratio),
+            ns_per_pair: median(std::mem::take(&mut window[k])),
+            reserved_over_live: Some(ratio[k]),
         });
     }
 }
@@ -384,7 +400,7 @@ fn main() {
             &mut rows,
         );
     }
-    println!("iterations per row: {iters}");
+    println!("iterations per row: {iters}; pool rows: median of {REPS} interleaved runs");
     println!("| allocator | workload | ns per alloc+free | peak reserved / peak live |");
     println!("| --- | --- | --- | --- |");
     for r in &rows {
