@@ -38,13 +38,9 @@ pub fn task_name(spec: &VisionSpec) -> &'static str {
 /// Loads a model entry's ONNX file (with its batch/threads options) and builds its vision spec
 /// (labels read, input size taken from the model when the config gives none).
 pub fn load_model(cfg: &ModelConfig, opts: &ModelOptions) -> Result<(Model, VisionSpec), String> {
-    let model = Model::load(&cfg.path, opts).map_err(|e| {
-        format!(
-            "model '{}': cannot load {}: {e}",
-            cfg.name,
-            cfg.path.display()
-        )
-    })?;
+    let path = model_file(cfg, opts)?;
+    let model = Model::load(&path, opts)
+        .map_err(|e| format!("model '{}': cannot load {}: {e}", cfg.name, path.display()))?;
     let labels = match &cfg.labels {
         Some(p) => read_labels(p).map_err(|e| {
             format!(
@@ -66,6 +62,45 @@ pub fn load_model(cfg: &ModelConfig, opts: &ModelOptions) -> Result<(Model, Visi
         .vision_spec(labels, input_hw)
         .map_err(|e| e.to_string())?;
     Ok((model, spec))
+}
+
+/// The ONNX file to load: the configured one, or for `precision = "int8"` on a float model,
+/// the QDQ model `vigil calibrate` cached next to it (keyed by the model's hash).
+fn model_file(cfg: &ModelConfig, opts: &ModelOptions) -> Result<std::path::PathBuf, String> {
+    if opts.precision != vigil_engine::Precision::Int8 {
+        return Ok(cfg.path.clone());
+    }
+    let graph = vigil_engine::onnx::load_file(&cfg.path).map_err(|e| {
+        format!(
+            "model '{}': cannot load {}: {e}",
+            cfg.name,
+            cfg.path.display()
+        )
+    })?;
+    let quantized = graph
+        .nodes
+        .iter()
+        .any(|n| matches!(n.op.name(), "QuantizeLinear" | "DequantizeLinear"));
+    if quantized {
+        return Ok(cfg.path.clone());
+    }
+    match vigil_engine::quant::find_artefacts(&cfg.path) {
+        Ok(Some(a)) => {
+            tracing::info!(model = %cfg.name, qdq = %a.qdq_onnx.display(), "int8: using the calibrated QDQ model");
+            Ok(a.qdq_onnx)
+        }
+        Ok(None) => Err(format!(
+            "model '{}': precision = \"int8\" needs a QDQ model or calibration artefacts; run \
+             `vigil calibrate --model {} --images DIR` first",
+            cfg.name,
+            cfg.path.display()
+        )),
+        Err(e) => Err(format!(
+            "model '{}': cannot look up INT8 artefacts for {}: {e}",
+            cfg.name,
+            cfg.path.display()
+        )),
+    }
 }
 
 /// The load options a config entry asks for.

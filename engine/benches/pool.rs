@@ -211,7 +211,11 @@ fn pool_rows<R: Region>(
     for (k, &(_, streams, tag)) in variants.iter().enumerate() {
         rows.push(Row {
             allocator: format!("{label} ({tag})"),
-            workload: if streams == 1 { "pair" } else { "pair, 2 streams" },
+            workload: if streams == 1 {
+                "pair"
+            } else {
+                "pair, 2 streams"
+            },
             ns_per_pair: median(std::mem::take(&mut pair[k])),
             reserved_over_live: None,
         });
