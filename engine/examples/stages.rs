@@ -13,10 +13,14 @@ fn main() -> vigil_engine::Result<()> {
         .and_then(|s| s.parse().ok())
         .unwrap_or(1);
     let t = Instant::now();
-    let bytes = std::fs::read(&path)
-        .map_err(|e| vigil_engine::Error::BadInput(format!("{path}: {e}")))?;
+    let bytes =
+        std::fs::read(&path).map_err(|e| vigil_engine::Error::BadInput(format!("{path}: {e}")))?;
     let graph = vigil_engine::onnx::load_model(&bytes)?;
-    eprintln!("load_model: {:?} ({} nodes)", t.elapsed(), graph.nodes.len());
+    eprintln!(
+        "load_model: {:?} ({} nodes)",
+        t.elapsed(),
+        graph.nodes.len()
+    );
     let t = Instant::now();
     let mut g2 = graph.clone();
     passes::annotate_shapes(&mut g2, 1)?;
