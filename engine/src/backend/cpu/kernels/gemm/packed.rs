@@ -376,7 +376,11 @@ unsafe fn dispatch(isa: Isa, wide: bool, rows: usize, t: &Tile) {
                 rows_match!(mk_avx2, 1, 1, 2, 3, 4, 5, 6)
             }
         }
-        Isa::Portable => rows_match!(mk_portable, 16, 1, 2, 3, 4),
+        Isa::Portable => {
+            // One panel width (tail == full), so `wide` does not change the kernel.
+            let _ = wide;
+            rows_match!(mk_portable, 16, 1, 2, 3, 4)
+        }
         #[cfg(not(target_arch = "x86_64"))]
         _ => {}
     }
