@@ -31,12 +31,7 @@ pub struct ServeArgs {
 
 /// The `STATUS=` line once serving: models loaded and cameras up.
 fn serving_status(state: &AppState, addr: &str) -> String {
-    let names: Vec<&str> = state.registry.iter().map(|m| m.name.as_str()).collect();
-    format!(
-        "serving {} models ({}) on {addr}; cameras up: 0",
-        names.len(),
-        names.join(", ")
-    )
+    format!("{} on {addr}", crate::service::watchdog::status_line(state))
 }
 
 /// Runs the daemon; returns when shut down by a signal. Under systemd (`Type=notify`) it reports

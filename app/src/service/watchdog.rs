@@ -65,6 +65,7 @@ pub async fn run(state: Arc<AppState>, notifier: Arc<Notifier>, period: Duration
         .map(|m| (m.name.clone(), Arc::new(AtomicBool::new(false))))
         .collect();
     let mut withheld = false;
+    let mut cameras_up = cameras_running(&state);
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -95,6 +96,11 @@ pub async fn run(state: Arc<AppState>, notifier: Arc<Notifier>, period: Duration
                 });
             }
         }
+        let up = cameras_running(&state);
+        if up != cameras_up && !withheld {
+            cameras_up = up;
+            notifier.status(&status_line(&state));
+        }
         match unresponsive {
             None => {
                 notifier.watchdog();
@@ -116,6 +122,27 @@ pub async fn run(state: Arc<AppState>, notifier: Arc<Notifier>, period: Duration
             Some(_) => {}
         }
     }
+}
+
+/// Cameras whose pipeline is running (capturing) now.
+fn cameras_running(state: &AppState) -> usize {
+    state
+        .cameras
+        .iter()
+        .filter(|c| c.status().state == crate::camera::pipeline::CameraState::Running)
+        .count()
+}
+
+/// The STATUS= line while serving: the models loaded and the cameras up.
+pub fn status_line(state: &AppState) -> String {
+    let names: Vec<&str> = state.registry.iter().map(|m| m.name.as_str()).collect();
+    format!(
+        "serving {} models ({}); cameras up: {}/{}",
+        names.len(),
+        names.join(", "),
+        cameras_running(state),
+        state.cameras.len()
+    )
 }
 
 #[cfg(test)]
