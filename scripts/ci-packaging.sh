@@ -16,6 +16,9 @@ cd "$(dirname "$0")/.."
 for d in "$HOME/.cargo/bin"; do
     if [ -d "$d" ]; then PATH="$d:$PATH"; fi
 done
+# dpkg needs ldconfig and start-stop-daemon, which live in the sbin directories that a bare CI
+# environment may leave off PATH.
+PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"
 export PATH
 T0=$(date +%s)
 step() { echo; echo "== packaging: $* (t+$(( $(date +%s) - T0 ))s)"; }
