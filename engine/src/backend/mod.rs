@@ -11,6 +11,7 @@ use crate::ir::{Graph, Tensor};
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub(crate) mod resize_taps;
 
 /// Where a model runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -36,6 +37,34 @@ pub enum Precision {
     Fp16,
     /// 8-bit integer weights and activations from explicit Q/DQ nodes or calibration.
     Int8,
+}
+
+/// Checks a run's tensors against the graph's signature (counts, and each input's type and
+/// shape) before a backend touches its buffers; every backend's `run` starts with it.
+pub fn check_signature(graph: &Graph, inputs: &[&Tensor], outputs: &[Tensor]) -> Result<()> {
+    if inputs.len() != graph.inputs.len() || outputs.len() != graph.outputs.len() {
+        return Err(crate::error::Error::BadInput(format!(
+            "model takes {} inputs and gives {} outputs, got {} and {}",
+            graph.inputs.len(),
+            graph.outputs.len(),
+            inputs.len(),
+            outputs.len()
+        )));
+    }
+    for (&v, t) in graph.inputs.iter().zip(inputs) {
+        let value = &graph.values[v];
+        if t.dtype() != value.dtype || Some(t.shape.as_slice()) != value.shape.as_deref() {
+            return Err(crate::error::Error::BadInput(format!(
+                "input '{}' must be {:?} {:?}, got {:?} {:?}",
+                value.name,
+                value.dtype,
+                value.shape.as_deref().unwrap_or(&[]),
+                t.dtype(),
+                t.shape
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Compiles `graph` on the backend `device` selects; `Auto` falls back to the CPU with a log line.

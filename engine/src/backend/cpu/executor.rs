@@ -170,29 +170,10 @@ impl BackendContext for CpuContext {
     fn run(&mut self, inputs: &[&Tensor], outputs: &mut [Tensor]) -> Result<()> {
         let exe = Arc::clone(&self.exe);
         let g = &exe.graph;
-        if inputs.len() != g.inputs.len() || outputs.len() != g.outputs.len() {
-            return Err(Error::BadInput(format!(
-                "model takes {} inputs and gives {} outputs, got {} and {}",
-                g.inputs.len(),
-                g.outputs.len(),
-                inputs.len(),
-                outputs.len()
-            )));
-        }
+        crate::backend::check_signature(g, inputs, outputs)?;
         let (ptr, arena_len) = self.arena.bytes();
         let base = ArenaPtr(ptr);
         for (&v, t) in g.inputs.iter().zip(inputs) {
-            let value = &g.values[v];
-            if t.dtype() != value.dtype || Some(t.shape.as_slice()) != value.shape.as_deref() {
-                return Err(Error::BadInput(format!(
-                    "input '{}' must be {:?} {:?}, got {:?} {:?}",
-                    value.name,
-                    value.dtype,
-                    value.shape.as_deref().unwrap_or(&[]),
-                    t.dtype(),
-                    t.shape
-                )));
-            }
             let slot = self.slot(v)?;
             let src = t.as_bytes();
             // SAFETY: the slot lies inside the arena (the plan sized it) and holds src.len() bytes.

@@ -10,7 +10,7 @@ use crate::ir::{
     UnaryOp, ValueId,
 };
 
-use super::resize_taps::{taps, Tap};
+use crate::backend::resize_taps::{taps, Tap};
 
 /// Where a kernel argument points.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1144,28 +1144,9 @@ impl BackendContext for CudaRun {
     fn run(&mut self, inputs: &[&Tensor], outputs: &mut [Tensor]) -> Result<()> {
         let exe = Arc::clone(&self.exe);
         let g = &exe.graph;
-        if inputs.len() != g.inputs.len() || outputs.len() != g.outputs.len() {
-            return Err(Error::BadInput(format!(
-                "model takes {} inputs and gives {} outputs, got {} and {}",
-                g.inputs.len(),
-                g.outputs.len(),
-                inputs.len(),
-                outputs.len()
-            )));
-        }
+        crate::backend::check_signature(g, inputs, outputs)?;
         exe.ctx.bind_to_thread().map_err(drv_err("bind context"))?;
-        for ((&v, t), &(_, off, n)) in g.inputs.iter().zip(inputs).zip(&self.ins) {
-            let value = &g.values[v];
-            if t.dtype() != value.dtype || Some(t.shape.as_slice()) != value.shape.as_deref() {
-                return Err(Error::BadInput(format!(
-                    "input '{}' must be {:?} {:?}, got {:?} {:?}",
-                    value.name,
-                    value.dtype,
-                    value.shape.as_deref().unwrap_or(&[]),
-                    t.dtype(),
-                    t.shape
-                )));
-            }
+        for (t, &(_, off, n)) in inputs.iter().zip(&self.ins) {
             self.staging_in.bytes_mut()[off..off + n].copy_from_slice(t.as_bytes());
         }
         let ncu = self.prof.is_some() && self.runs == 3;

@@ -7,7 +7,6 @@ mod codegen;
 mod device;
 mod dnn;
 mod executable;
-mod resize_taps;
 
 pub use device::alloc_counts;
 pub use dnn::algo_cache_len;

@@ -5,99 +5,12 @@ use rayon::prelude::*;
 
 use super::gemm::{check_f32, in_shape, input_f32, out_shape, output_f32};
 use super::{Kernel, TensorMut, TensorRef};
+use crate::backend::resize_taps::{taps, Tap};
 use crate::error::{Error, Result};
-use crate::ir::{CoordMode, Graph, Layout, NearestMode, Node, Op, ResizeAttrs, ResizeMode};
+use crate::ir::{Graph, Layout, Node, Op, ResizeMode};
 
 /// Elements below which the kernel runs on the calling thread.
 const PAR_MIN: usize = 1 << 14;
-
-/// Maps an output coordinate to the input coordinate (ONNX `coordinate_transformation_mode`).
-fn source_coord(coord: CoordMode, x: usize, scale: f32, in_len: usize, out_len: usize) -> f32 {
-    let x = x as f32;
-    match coord {
-        CoordMode::HalfPixel => (x + 0.5) / scale - 0.5,
-        CoordMode::PytorchHalfPixel => {
-            if out_len > 1 {
-                (x + 0.5) / scale - 0.5
-            } else {
-                0.0
-            }
-        }
-        CoordMode::AlignCorners => {
-            if out_len > 1 {
-                x * (in_len as f32 - 1.0) / (out_len as f32 - 1.0)
-            } else {
-                0.0
-            }
-        }
-        CoordMode::Asymmetric => x / scale,
-        CoordMode::TfHalfPixelForNn => (x + 0.5) / scale,
-    }
-}
-
-/// Rounds a source coordinate to an input index (ONNX `nearest_mode`), clamped into range.
-fn nearest_index(mode: NearestMode, x: f32, in_len: usize) -> usize {
-    let f = x.floor();
-    let r = match mode {
-        NearestMode::RoundPreferFloor => {
-            if x - f == 0.5 {
-                f
-            } else {
-                x.round()
-            }
-        }
-        NearestMode::RoundPreferCeil => {
-            if x - f == 0.5 {
-                f + 1.0
-            } else {
-                x.round()
-            }
-        }
-        NearestMode::Floor => f,
-        NearestMode::Ceil => x.ceil(),
-    };
-    (r.max(0.0) as usize).min(in_len.saturating_sub(1))
-}
-
-/// Per output index along one axis: two input indices and their weights (nearest: w1 = 0).
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct Tap {
-    i0: usize,
-    i1: usize,
-    w0: f32,
-    w1: f32,
-}
-
-fn taps(a: &ResizeAttrs, scale: f32, in_len: usize, out_len: usize) -> Vec<Tap> {
-    (0..out_len)
-        .map(|o| {
-            let x = source_coord(a.coord, o, scale, in_len, out_len);
-            match a.mode {
-                ResizeMode::Nearest => {
-                    let i = nearest_index(a.nearest, x, in_len);
-                    Tap {
-                        i0: i,
-                        i1: i,
-                        w0: 1.0,
-                        w1: 0.0,
-                    }
-                }
-                ResizeMode::Linear => {
-                    let x = x.clamp(0.0, in_len.saturating_sub(1) as f32);
-                    let i0 = (x.floor() as usize).min(in_len.saturating_sub(1));
-                    let i1 = (i0 + 1).min(in_len.saturating_sub(1));
-                    let w1 = x - i0 as f32;
-                    Tap {
-                        i0,
-                        i1,
-                        w0: 1.0 - w1,
-                        w1,
-                    }
-                }
-            }
-        })
-        .collect()
-}
 
 struct ResizeKernel {
     nhwc: bool,
@@ -249,6 +162,7 @@ impl Kernel for ResizeKernel {
 mod tests {
     use super::super::gemm::tests::{assert_close, run_node, In, Rng};
     use super::*;
+    use crate::ir::{CoordMode, NearestMode, ResizeAttrs};
 
     fn attrs(
         mode: ResizeMode,

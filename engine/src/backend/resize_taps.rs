@@ -1,8 +1,9 @@
-//! Resize tap tables (source indices and weights per output row/column), the same arithmetic as
-//! the CPU resize kernel so both backends agree bit for bit on the coordinates.
+//! Resize tap tables (source indices and weights per output row or column), shared by the CPU
+//! and CUDA backends so both map coordinates with the same arithmetic, bit for bit.
 
 use crate::ir::{CoordMode, NearestMode, ResizeAttrs, ResizeMode};
 
+/// Maps an output coordinate to the input coordinate (ONNX `coordinate_transformation_mode`).
 fn source_coord(coord: CoordMode, x: usize, scale: f32, in_len: usize, out_len: usize) -> f32 {
     let x = x as f32;
     match coord {
@@ -50,7 +51,6 @@ fn nearest_index(mode: NearestMode, x: f32, in_len: usize) -> usize {
     (r.max(0.0) as usize).min(in_len.saturating_sub(1))
 }
 
-/// Per output index along one axis: two input indices and their weights (nearest: w1 = 0).
 /// Two source indices and their weights for one output row or column.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Tap {
