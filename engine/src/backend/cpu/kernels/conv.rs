@@ -31,25 +31,25 @@ pub fn build(graph: &Graph, node: &Node) -> Result<Box<dyn Kernel>> {
 
 /// 2-D convolution geometry (1-D is H = 1).
 #[derive(Clone, Copy, Debug)]
-struct Geom {
-    n: usize,
-    cin: usize,
-    h: usize,
-    w: usize,
-    cout: usize,
-    oh: usize,
-    ow: usize,
-    kh: usize,
-    kw: usize,
-    sh: usize,
-    sw: usize,
-    dh: usize,
-    dw: usize,
-    pt: usize,
-    pl: usize,
-    groups: usize,
-    cin_g: usize,
-    cout_g: usize,
+pub(super) struct Geom {
+    pub(super) n: usize,
+    pub(super) cin: usize,
+    pub(super) h: usize,
+    pub(super) w: usize,
+    pub(super) cout: usize,
+    pub(super) oh: usize,
+    pub(super) ow: usize,
+    pub(super) kh: usize,
+    pub(super) kw: usize,
+    pub(super) sh: usize,
+    pub(super) sw: usize,
+    pub(super) dh: usize,
+    pub(super) dw: usize,
+    pub(super) pt: usize,
+    pub(super) pl: usize,
+    pub(super) groups: usize,
+    pub(super) cin_g: usize,
+    pub(super) cout_g: usize,
 }
 
 /// Splits an activation shape into (N, C, H, W) for the given layout (rank 3 = 1-D, rank 4 = 2-D).
@@ -152,10 +152,10 @@ struct ConvKernel {
     packed: Vec<PackedB>,
 }
 
-fn build_conv(graph: &Graph, node: &Node, a: &ConvAttrs) -> Result<Box<dyn Kernel>> {
-    check_f32(graph, node, &[0, 1, 2])?;
-    let name = format!("Conv '{}'", node.name);
-    let (n, cin, h, w) = split_shape(in_shape(graph, node, 0)?, a.layout, &name)?;
+/// Validates a convolution's input, weight and output shapes against its attributes and derives
+/// its geometry; the float and the int8 kernels both build from it.
+pub(super) fn geometry(graph: &Graph, node: &Node, a: &ConvAttrs, name: &str) -> Result<Geom> {
+    let (n, cin, h, w) = split_shape(in_shape(graph, node, 0)?, a.layout, name)?;
     let spatial = in_shape(graph, node, 0)?.len() - 2;
     let ws = in_shape(graph, node, 1)?;
     if ws.len() != spatial + 2 {
@@ -195,14 +195,14 @@ fn build_conv(graph: &Graph, node: &Node, a: &ConvAttrs) -> Result<Box<dyn Kerne
             )))
         }
     };
-    let (on, oc, ohh, oww) = split_shape(out_shape(graph, node, 0)?, a.layout, &name)?;
+    let (on, oc, ohh, oww) = split_shape(out_shape(graph, node, 0)?, a.layout, name)?;
     if (on, oc, ohh, oww) != (n, cout, oh, ow) {
         return Err(Error::Shape(format!(
             "{name}: output shape {:?} disagrees with computed [{n}, {cout}, {oh}, {ow}]",
             out_shape(graph, node, 0)?
         )));
     }
-    let g = Geom {
+    Ok(Geom {
         n,
         cin,
         h,
@@ -221,7 +221,29 @@ fn build_conv(graph: &Graph, node: &Node, a: &ConvAttrs) -> Result<Box<dyn Kerne
         groups,
         cin_g,
         cout_g: cout / groups,
-    };
+    })
+}
+
+fn build_conv(graph: &Graph, node: &Node, a: &ConvAttrs) -> Result<Box<dyn Kernel>> {
+    check_f32(graph, node, &[0, 1, 2])?;
+    let name = format!("Conv '{}'", node.name);
+    let g = geometry(graph, node, a, &name)?;
+    let Geom {
+        n,
+        cin,
+        cout,
+        oh,
+        ow,
+        kh,
+        kw,
+        h,
+        w,
+        sh,
+        sw,
+        groups,
+        cin_g,
+        ..
+    } = g;
     let wsrc = weights(graph, node)?;
     if wsrc.len() != cout * cin_g * kh * kw {
         return Err(Error::Shape(format!(
@@ -232,10 +254,12 @@ fn build_conv(graph: &Graph, node: &Node, a: &ConvAttrs) -> Result<Box<dyn Kerne
     let threads = rayon::current_num_threads().clamp(1, 64);
     let rows = n * oh * ow;
     let kk = kh * kw;
+    // A 1x1, stride-1 conv keeps the spatial size exactly when it has no padding: a plain GEMM.
+    let pointwise = kk == 1 && sh == 1 && sw == 1 && oh == h && ow == w;
     let (wp, imp) = if a.layout == Layout::Nchw {
         let kg = cin_g * kk;
         let p = oh * ow;
-        let direct = kk == 1 && sh == 1 && sw == 1 && pt + pl + pb + pr == 0;
+        let direct = pointwise;
         let tile = if direct {
             0
         } else {
@@ -268,7 +292,7 @@ fn build_conv(graph: &Graph, node: &Node, a: &ConvAttrs) -> Result<Box<dyn Kerne
             }
         }
         let per_thread = rows.div_ceil(threads).max(1);
-        if kk == 1 && sh == 1 && sw == 1 && pt + pl + pb + pr == 0 {
+        if pointwise {
             (wp, ConvImpl::Pointwise)
         } else {
             let tile_rows = (SCRATCH_BUDGET / threads / (kg * 4).max(1))

@@ -11,7 +11,7 @@ use super::elementwise::{input, output};
 use super::qgemm::{bias_i32, copy_row, u8_params, weights_i8, PackedQB, QEpilogue, QIsa};
 use super::{Kernel, TensorMut, TensorRef};
 use crate::error::{Error, Result};
-use crate::ir::{AutoPad, DataType, Graph, Layout, Node, Op};
+use crate::ir::{DataType, Graph, Layout, Node, Op};
 
 /// Output rows (pixels) per im2col tile.
 const TILE_ROWS: usize = 96;
@@ -78,65 +78,35 @@ fn build_with(graph: &Graph, node: &Node, isa: QIsa) -> Result<Box<dyn Kernel>> 
     let a = &q.conv;
     let bad = |what: &str| Error::Unsupported(format!("{name}: {what}"));
     let xv = node.input(0).ok_or_else(|| bad("no input"))?;
-    let xs = graph.shape(xv)?;
-    let ws = graph.shape(node.input(1).ok_or_else(|| bad("no weights"))?)?;
-    let os = graph.shape(*node.outputs.first().ok_or_else(|| bad("no output"))?)?;
-    if xs.len() != 4 || ws.len() != 4 || os.len() != 4 {
+    if graph.shape(xv)?.len() != 4 {
         return Err(bad("only 2-D convolutions are supported"));
     }
-    if a.auto_pad != AutoPad::NotSet && a.auto_pad != AutoPad::Valid {
-        return Err(bad("auto_pad must be resolved by shape inference first"));
-    }
-    let nhwc = a.layout == Layout::Nhwc;
-    let (n, cin, h, w) = if nhwc {
-        (xs[0], xs[3], xs[1], xs[2])
-    } else {
-        (xs[0], xs[1], xs[2], xs[3])
-    };
-    let (cout, oh, ow) = if nhwc {
-        (os[3], os[1], os[2])
-    } else {
-        (os[1], os[2], os[3])
-    };
-    let groups = a.group.max(1);
-    let two = |v: &[usize], d: usize| match v {
-        [a, b] => (*a, *b),
-        _ => (d, d),
-    };
-    let (sh, sw) = two(&a.strides, 1);
-    let (dh, dw) = two(&a.dilations, 1);
-    let (pt, pl) = match a.pads.as_slice() {
-        [t, l, _, _] => (*t, *l),
-        _ => (0, 0),
-    };
-    if ws[0] != cout || ws[1] * groups != cin || cout % groups != 0 || sh == 0 || sw == 0 {
-        return Err(Error::Shape(format!(
-            "{name}: weight {ws:?}, input {xs:?} and group {groups} do not fit"
-        )));
-    }
+    let c = super::conv::geometry(graph, node, a, &name)?;
+    let (cin, cout, groups) = (c.cin, c.cout, c.groups);
     if q.w_scales.len() != cout || !matches!(graph.values[xv].dtype, DataType::U8 | DataType::I8) {
         return Err(bad(
             "needs one weight scale per output channel and an 8-bit input",
         ));
     }
+    let nhwc = a.layout == Layout::Nhwc;
     let g = Geom {
-        n,
+        n: c.n,
         cin,
-        h,
-        w,
+        h: c.h,
+        w: c.w,
         cout,
-        oh,
-        ow,
-        kh: ws[2],
-        kw: ws[3],
-        sh,
-        sw,
-        dh,
-        dw,
-        pt,
-        pl,
-        cin_g: cin / groups,
-        cout_g: cout / groups,
+        oh: c.oh,
+        ow: c.ow,
+        kh: c.kh,
+        kw: c.kw,
+        sh: c.sh,
+        sw: c.sw,
+        dh: c.dh,
+        dw: c.dw,
+        pt: c.pt,
+        pl: c.pl,
+        cin_g: c.cin_g,
+        cout_g: c.cout_g,
         nhwc,
     };
     let wt = weights_i8(graph, node)?;
@@ -197,8 +167,8 @@ fn build_with(graph: &Graph, node: &Node, isa: QIsa) -> Result<Box<dyn Kernel>> 
     }
     let pointwise = nhwc
         && taps == 1
-        && (sh, sw, pt, pl) == (1, 1, 0, 0)
-        && (oh, ow) == (h, w)
+        && (g.sh, g.sw, g.pt, g.pl) == (1, 1, 0, 0)
+        && (g.oh, g.ow) == (g.h, g.w)
         && groups == 1
         && cin % 4 == 0
         && !flip;
@@ -475,7 +445,7 @@ impl Kernel for QConvKernel {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ir::{ConvAttrs, QConvAttrs, QParams, Tensor, TensorData};
+    use crate::ir::{AutoPad, ConvAttrs, QConvAttrs, QParams, Tensor, TensorData};
 
     struct Rng(u64);
     impl Rng {
