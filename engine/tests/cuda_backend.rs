@@ -281,6 +281,26 @@ fn nanodet_gpu_matches_cpu() {
     }
 }
 
+/// Models named in `VIGIL_CUDA_COMPARE` (`path:batch,...`, e.g. the torchvision ResNet-50 and
+/// MobileNetV3 the device run exports) against the CPU backend: fp32 tightly, fp16 by rel. L2.
+/// They exercise what the shared models lack: cuBLASLt pointwise convs with residual + ReLU.
+#[test]
+fn listed_models_match_cpu() {
+    let Ok(list) = std::env::var("VIGIL_CUDA_COMPARE") else {
+        println!("SKIP: VIGIL_CUDA_COMPARE is not set (the device run sets it)");
+        return;
+    };
+    if !gpu() {
+        return;
+    }
+    for item in list.split(',').filter(|s| !s.is_empty()) {
+        let (path, batch) = item.rsplit_once(':').expect("path:batch");
+        let batch: usize = batch.parse().expect("batch");
+        compare_model(path, batch);
+        compare_fp16(path, batch);
+    }
+}
+
 #[test]
 fn steady_state_makes_no_device_allocations() {
     if !gpu() {

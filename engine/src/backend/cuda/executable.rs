@@ -15,6 +15,7 @@ use super::device::{alloc_arena, drv_err, Arena, DeviceBuffer, Function, Module,
 use super::dnn::{
     blas_err, choose_algo, dnn_err, AlgoChoice, BlasHandle, ConvDescs, ConvGeom, DnnHandle,
 };
+use super::lt::{Epilogue, LtHandle, LtMatmul, PointwiseShape, SearchBuffers};
 use crate::backend::{BackendContext, Executable};
 use crate::error::{Error, Result};
 use crate::ir::{Activation, DataType, Graph, Layout, Node, Op, Tensor, ValueId};
@@ -42,6 +43,17 @@ struct ConvStep {
     ws_offset: usize,
 }
 
+/// A pointwise NHWC convolution run as one cuBLASLt GEMM with its epilogue fused.
+struct PointwiseStep {
+    x: Arg,
+    y: ValueId,
+    /// Residual added through the GEMM's C operand.
+    z: Option<Arg>,
+    /// OHWI weights, i.e. a row-major [Cout, Cin] matrix.
+    w: DeviceBuffer,
+    mm: LtMatmul,
+}
+
 struct GemmStep {
     a: Arg,
     b: Arg,
@@ -64,6 +76,7 @@ enum Step {
         args: Vec<Arg>,
     },
     Conv(Box<ConvStep>),
+    Pointwise(Box<PointwiseStep>),
     Gemm(GemmStep),
     Copy {
         dst: ValueId,
@@ -160,6 +173,9 @@ struct Builder<'a> {
     scratch: Vec<usize>,
     consts: HashMap<ValueId, DeviceBuffer>,
     dnn: DnnHandle,
+    lt: &'a LtHandle,
+    /// The stream algorithm searches run on.
+    stream: sys::CUstream,
     tmp: Option<DeviceBuffer>,
     fp16: bool,
     /// Fuse bias/residual/activation into cuDNN calls and pick algorithms for it.
@@ -451,6 +467,77 @@ impl Builder<'_> {
         let fused_relu = fused.is_some();
         let algo = fused.unwrap_or(best);
         descs.set_math(algo.math)?;
+        // A pointwise (1x1, stride 1, unpadded) NHWC convolution is a GEMM: run it through
+        // cuBLASLt with bias, residual and ReLU in the GEMM's epilogue when that is faster.
+        let needs_epi = bias.is_some() || a.activation.is_some() || z.is_some();
+        let cudnn_ms = if fused_relu {
+            algo.time_ms
+        } else {
+            best.time_ms + if needs_epi { epi_ms } else { 0.0 }
+        };
+        let pointwise = nhwc
+            && w4[2] == 1
+            && w4[3] == 1
+            && stride == [1, 1]
+            && dil == [1, 1]
+            && pad == [0, 0]
+            && symmetric
+            && a.group == 1
+            && (bias.is_none() || bias_ptr.is_some())
+            && std::env::var("VIGIL_CUDA_LT").map_or(true, |v| v != "0");
+        if pointwise {
+            let relu = a.activation == Some(Activation::Relu);
+            let shape = PointwiseShape {
+                m: yd[0] * yd[2] * yd[3],
+                n: yd[1],
+                k: xd[1],
+                half: self.fp16,
+                epilogue: Epilogue {
+                    bias: bias_ptr.is_some(),
+                    residual: z.is_some(),
+                    relu,
+                },
+            };
+            let rest = if relu { None } else { a.activation };
+            // Offset by the plan's alignment so the search sees pointers aligned no better
+            // than the arena's.
+            let t = self.tmp(xb + 2 * yb + BLAS_WS + 4 * ALIGNMENT + 256)? + ALIGNMENT as u64;
+            let bufs = SearchBuffers {
+                x: t,
+                w: wbuf.ptr(),
+                y: t + (xb + ALIGNMENT) as u64,
+                z: t + (xb + yb + 2 * ALIGNMENT) as u64,
+                ws: (t + (xb + 2 * yb + 3 * ALIGNMENT) as u64).div_ceil(256) * 256,
+                ws_limit: BLAS_WS,
+            };
+            let mm = LtMatmul::build(self.lt, shape, bias_ptr.unwrap_or(0), self.stream, &bufs);
+            let lt_ms = |mm: &LtMatmul| mm.time_ms + if rest.is_some() { epi_ms } else { 0.0 };
+            if let Some(mm) = mm.ok().filter(|mm| lt_ms(mm) < cudnn_ms) {
+                self.note = format!(
+                    " cublasLt ws {} KiB {:.4} ms (cuDNN {:?} {:.4} ms) m{} n{} k{}{}",
+                    mm.workspace >> 10,
+                    mm.time_ms,
+                    algo.algo,
+                    cudnn_ms,
+                    shape.m,
+                    shape.n,
+                    shape.k,
+                    if rest.is_some() { " +act" } else { "" },
+                );
+                self.steps.push(Step::Pointwise(Box::new(PointwiseStep {
+                    x: xarg,
+                    y,
+                    z,
+                    w: wbuf,
+                    mm,
+                })));
+                if rest.is_some() {
+                    let k = self.gen.epilogue(y, &ys, ys.len() - 1, None, rest, None);
+                    self.launch(idx, k);
+                }
+                return Ok(());
+            }
+        }
         self.note = format!(
             " algo {:?} ws {} KiB find {:.4} ms (best {:?} {:.4} ms) fused {} {}x{}x{}x{}{} k{}x{} g{} s{}",
             algo.algo,
@@ -605,6 +692,7 @@ impl CudaExecutable {
                 }
             }
         }
+        let lt = LtHandle::new()?;
         let mut b = Builder {
             ctx: &ctx,
             g,
@@ -614,6 +702,8 @@ impl CudaExecutable {
             scratch: vec![0; g.nodes.len()],
             consts,
             dnn: DnnHandle::new(stream.cu_stream())?,
+            lt: &lt,
+            stream: stream.cu_stream(),
             tmp: None,
             fp16,
             fuse,
@@ -736,6 +826,15 @@ enum Resolved {
         z: u64,
         ws: u64,
     },
+    Pointwise {
+        /// This context's own copy of the step's matmul.
+        mm: Box<LtMatmul>,
+        x: u64,
+        w: u64,
+        y: u64,
+        z: u64,
+        ws: u64,
+    },
     Gemm {
         step: usize,
         a: u64,
@@ -785,6 +884,7 @@ struct CudaRun {
     arena: Arena,
     dnn: DnnHandle,
     blas: BlasHandle,
+    lt: LtHandle,
     staging_in: PinnedBuffer,
     staging_out: PinnedBuffer,
     /// (arena address, staging offset, bytes) per graph input / output.
@@ -817,15 +917,15 @@ impl CudaRun {
         ctx.bind_to_thread().map_err(drv_err("bind context"))?;
         let stream = ctx.new_stream().map_err(drv_err("stream creation"))?;
         let io_base = alit(exe.plan.arena_bytes);
-        let arena_bytes = io_base + exe.io_bytes + BLAS_WS;
+        // The cuBLAS(Lt) workspace starts 256-byte aligned (cuBLAS's requirement).
+        let ws_off = (io_base + exe.io_bytes).div_ceil(256) * 256;
+        let arena_bytes = ws_off + BLAS_WS;
         let arena = alloc_arena(ctx, &stream, arena_bytes)?;
         let base = arena.ptr();
-        let blas = BlasHandle::new(
-            stream.cu_stream(),
-            base + (io_base + exe.io_bytes) as u64,
-            BLAS_WS,
-        )?;
+        let blas_ws = base + ws_off as u64;
+        let blas = BlasHandle::new(stream.cu_stream(), blas_ws, BLAS_WS)?;
         let dnn = DnnHandle::new(stream.cu_stream())?;
+        let lt = LtHandle::new()?;
         let g = &exe.graph;
         let slot = |v: ValueId| -> Result<u64> {
             exe.plan.values[v]
@@ -897,6 +997,14 @@ impl CudaRun {
                         .map(|s| base + (s.offset + c.ws_offset) as u64)
                         .unwrap_or(0),
                 },
+                Step::Pointwise(p) => Resolved::Pointwise {
+                    mm: Box::new(p.mm.instance()?),
+                    x: resolve(p.x, 0)?,
+                    w: p.w.ptr(),
+                    y: slot(p.y)?,
+                    z: p.z.map(|z| resolve(z, 0)).transpose()?.unwrap_or(0),
+                    ws: blas_ws,
+                },
                 Step::Gemm(gm) => Resolved::Gemm {
                     step: i,
                     a: resolve(gm.a, 0)?,
@@ -931,6 +1039,7 @@ impl CudaRun {
             arena,
             dnn,
             blas,
+            lt,
             staging_in,
             staging_out,
             ins,
@@ -1040,6 +1149,9 @@ impl CudaRun {
                         }
                     }
                     .map_err(dnn_err("convolution"))?;
+                }
+                Resolved::Pointwise { mm, x, w, y, z, ws } => {
+                    mm.run(&self.lt, s, *x, *w, *z, *y, *ws)?;
                 }
                 Resolved::Gemm { step, a, b, y } => {
                     let Step::Gemm(gm) = &self.exe.steps[*step] else {
@@ -1244,6 +1356,7 @@ impl CudaRun {
                     Some(Resolved::Launch { .. }) => "/kernel",
                     Some(Resolved::Conv { .. }) => "/cudnn",
                     Some(Resolved::Gemm { .. }) => "/cublas",
+                    Some(Resolved::Pointwise { .. }) => "/cublaslt",
                     Some(Resolved::Copy { .. }) => "/copy",
                     None => "",
                 };

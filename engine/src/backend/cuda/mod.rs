@@ -7,6 +7,7 @@ mod codegen;
 mod device;
 mod dnn;
 mod executable;
+mod lt;
 
 pub use device::alloc_counts;
 pub use dnn::algo_cache_len;
@@ -37,6 +38,7 @@ pub fn probe(ordinal: usize) -> Result<()> {
         [
             ("cuDNN", cudarc::cudnn::sys::is_culib_present()),
             ("cuBLAS", cudarc::cublas::sys::is_culib_present()),
+            ("cuBLASLt", cudarc::cublaslt::sys::is_culib_present()),
             ("NVRTC", cudarc::nvrtc::sys::is_culib_present()),
         ]
     };
