@@ -7,6 +7,7 @@ mod codegen;
 mod device;
 mod dnn;
 mod executable;
+pub mod vision;
 
 pub use device::alloc_counts;
 pub use dnn::algo_cache_len;
