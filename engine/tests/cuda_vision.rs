@@ -88,7 +88,7 @@ fn host_nv12(src: &[u8], k: &GpuYuvCoeffs, cubic: bool) -> Vec<u8> {
             return at((y / 2) as i64) * 16;
         }
         let i = (y / 2) as i64;
-        let s: i64 = if y % 2 == 0 {
+        let s: i64 = if y.is_multiple_of(2) {
             (0..4)
                 .map(|t| i64::from(NV12_CUBIC_EVEN[t]) * at(i - 2 + t as i64))
                 .sum()
