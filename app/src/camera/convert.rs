@@ -6,8 +6,8 @@
 //! luma gain is rounded up so nominal white still maps to 255). Chroma is replicated horizontally
 //! (swscale's default); NV12's half-height chroma is interpolated vertically with a 4-tap cubic
 //! ([`ChromaUpsampling`]) kept at 4 fractional bits. Against ffmpeg's RGB24 of the shared frames this
-//! is the closest of the variants measured (see docs/camera.md); the same math runs on the GPU in
-//! `vigil_engine::backend::cuda::vision` when the camera's model runs on CUDA.
+//! is the closest of the variants measured (see docs/camera.md); the same math exists on the GPU in
+//! `vigil_engine::backend::cuda::vision` (not yet used by the camera pipeline).
 
 use image::RgbImage;
 use serde::Deserialize;
