@@ -2,14 +2,15 @@
 //! (../shared/camera/vtest-640x480.{yuyv,nv12,rgb24}, 8 frames each), and every matrix/range
 //! combination against an independent floating-point reference.
 //!
-//! Why the ffmpeg files cannot be met within ±2 everywhere (measured with NumPy): the three files were made separately from the 768x576 original by swscale
-//! (scale + convert in one step), so the RGB24 was computed from higher-precision, unclipped
-//! intermediates. (1) YUYV: every pixel off by more than 4 has luma clipped to 0 or 255 in the file
-//! (the reference kept the overshoot); identical (Y, U, V) triples map to reference values up to 4
-//! apart, and even the best-fitting affine map leaves thousands of pixels at 3. (2) NV12: its 240
-//! chroma rows lost vertical detail the reference has (from 288 source rows); even a least-squares
-//! optimal 4-tap vertical filter fitted to the reference leaves a worst pixel of 23. The tests
-//! therefore pin the measured bounds of this implementation, so a regression fails.
+//! Why ±2 on every pixel is out of reach from these inputs (see docs/camera.md): all three files
+//! were cut directly from the 768x576 `vtest.avi` (OpenCV samples) by ffmpeg 5.1 in one scale +
+//! convert step each (`ffmpeg -ss 10 -i vtest.avi -frames:v 8 -s 640x480 -pix_fmt X`, reproduced
+//! byte for byte). The RGB24 therefore never passed through the 8-bit YUYV/NV12 samples: swscale
+//! built it from its own intermediates (different rounding than the YUYV writer, luma not yet
+//! clipped, NV12's chroma from 288 source rows instead of 240). ffmpeg's own conversion of the
+//! YUYV file differs from the RGB24 by up to 13, and [`no_per_pixel_function_meets_2_on_yuyv`]
+//! proves that no conversion of a pixel's (Y, U, V) can be within ±2 everywhere. The tests assert
+//! ±2 on at least 99% (YUYV) / 85% (NV12) of the pixels and pin the measured worst cases.
 
 use std::path::PathBuf;
 
@@ -34,11 +35,12 @@ fn shared(rel: &str) -> Vec<u8> {
 
 /// Error statistics of one format against the ffmpeg RGB24.
 struct Stats {
+    /// Max abs diff over every channel of every pixel of the 8 frames.
     worst: i32,
     /// Worst error over pixels whose luma sample is neither 0 nor 255.
     worst_unclipped: i32,
-    /// Pixels with some channel off by 5 or more.
-    over4: usize,
+    /// Fraction of pixels with every channel within ±2.
+    within2: f64,
     mean: f64,
 }
 
@@ -52,13 +54,8 @@ fn compare(format: PixelFormat, file: &str, chroma: ChromaUpsampling) -> Stats {
     assert_eq!(src.len(), frame_bytes * 8, "{file} should hold 8 frames");
     assert_eq!(rgb.len(), W * H * 3 * 8);
     let mut conv = Converter::new(YuvMatrix::Bt601, YuvRange::Limited, 1 << 24).with_chroma(chroma);
-    let mut s = Stats {
-        worst: 0,
-        worst_unclipped: 0,
-        over4: 0,
-        mean: 0.0,
-    };
-    let mut sum = 0u64;
+    let (mut worst, mut worst_unclipped, mut ok2, mut sum) = (0i32, 0i32, 0usize, 0u64);
+    let mut hist = [0usize; 6];
     for i in 0..8 {
         let data = &src[i * frame_bytes..(i + 1) * frame_bytes];
         let f = RawFrame::new(format, W as u32, H as u32, data.to_vec());
@@ -82,20 +79,29 @@ fn compare(format: PixelFormat, file: &str, chroma: ChromaUpsampling) -> Stats {
                 })
                 .max()
                 .unwrap_or(0);
-            s.worst = s.worst.max(d);
+            worst = worst.max(d);
             if luma != 0 && luma != 255 {
-                s.worst_unclipped = s.worst_unclipped.max(d);
+                worst_unclipped = worst_unclipped.max(d);
             }
-            if d >= 5 {
-                s.over4 += 1;
+            if d <= 2 {
+                ok2 += 1;
             }
+            hist[(d as usize).min(5)] += 1;
         }
         conv.recycle(img);
     }
-    s.mean = sum as f64 / (W * H * 3 * 8) as f64;
+    let s = Stats {
+        worst,
+        worst_unclipped,
+        within2: ok2 as f64 / (W * H * 8) as f64,
+        mean: sum as f64 / (W * H * 3 * 8) as f64,
+    };
     println!(
-        "{format:?} {chroma:?}: worst {}, worst where luma is not clipped {}, pixels off by >= 5: {}, mean {:.3}",
-        s.worst, s.worst_unclipped, s.over4, s.mean
+        "{format:?} {chroma:?} vs ffmpeg rgb24: max abs diff {} (luma not clipped: {}), within ±2: {:.3}%, mean {:.3}, pixels by max diff 0,1,2,3,4,>=5: {hist:?}",
+        s.worst,
+        s.worst_unclipped,
+        100.0 * s.within2,
+        s.mean
     );
     s
 }
@@ -107,14 +113,15 @@ fn yuyv_matches_ffmpeg_within_its_measured_bounds() {
         "camera/vtest-640x480.yuyv",
         ChromaUpsampling::Cubic,
     );
-    // Errors above 4 occur only where the file's luma is clipped (see the module comment).
+    assert!(s.within2 >= 0.99, "within ±2: {}", s.within2);
+    // Errors above 3 occur only where the file's luma is clipped to 0 or 255.
     assert!(
-        s.worst_unclipped <= 4,
+        s.worst_unclipped <= 3,
         "worst unclipped {}",
         s.worst_unclipped
     );
-    assert!(s.worst <= 11, "worst {}", s.worst);
-    assert!(s.mean <= 1.25, "mean {}", s.mean);
+    assert!(s.worst <= 12, "worst {}", s.worst);
+    assert!(s.mean <= 0.9, "mean {}", s.mean);
 }
 
 #[test]
@@ -122,16 +129,47 @@ fn nv12_matches_ffmpeg_within_its_measured_bounds_and_beats_nearest() {
     let file = "camera/vtest-640x480.nv12";
     let cubic = compare(PixelFormat::Nv12, file, ChromaUpsampling::Cubic);
     let nearest = compare(PixelFormat::Nv12, file, ChromaUpsampling::Nearest);
-    assert!(cubic.worst <= 25, "worst {}", cubic.worst);
-    assert!(cubic.mean <= 1.52, "mean {}", cubic.mean);
+    assert!(cubic.within2 >= 0.85, "within ±2: {}", cubic.within2);
+    assert!(cubic.worst <= 24, "worst {}", cubic.worst);
+    assert!(cubic.mean <= 1.1, "mean {}", cubic.mean);
     assert!(cubic.worst < nearest.worst);
-    assert!(
-        cubic.over4 * 3 < nearest.over4,
-        "{} vs {}",
-        cubic.over4,
-        nearest.over4
-    );
+    assert!(cubic.within2 > nearest.within2);
     assert!(cubic.mean < nearest.mean);
+}
+
+/// Pixels of the YUYV file with the same (Y, U, V) triple (chroma of the pair) have reference RGB
+/// values more than 4 apart, so any conversion that maps a pixel's (Y, U, V) to RGB is off by
+/// at least 3 somewhere: ±2 on every pixel is impossible from this file.
+#[test]
+fn no_per_pixel_function_meets_2_on_yuyv() {
+    let src = shared("camera/vtest-640x480.yuyv");
+    let rgb = shared("camera/vtest-640x480.rgb24");
+    let mut keyed: Vec<(u32, [u8; 3])> = Vec::with_capacity(W * H * 8);
+    for (p, px) in rgb.chunks_exact(3).enumerate() {
+        let pair = &src[(p / 2) * 4..(p / 2) * 4 + 4];
+        let y = src[p * 2];
+        let key = (u32::from(y) << 16) | (u32::from(pair[1]) << 8) | u32::from(pair[3]);
+        keyed.push((key, [px[0], px[1], px[2]]));
+    }
+    keyed.sort_unstable_by_key(|k| k.0);
+    let (mut spread, mut spread_unclipped) = (0i32, 0i32);
+    for group in keyed.chunk_by(|a, b| a.0 == b.0) {
+        for c in 0..3 {
+            let lo = group.iter().map(|g| i32::from(g.1[c])).min().unwrap_or(0);
+            let hi = group.iter().map(|g| i32::from(g.1[c])).max().unwrap_or(0);
+            spread = spread.max(hi - lo);
+            let y = group[0].0 >> 16;
+            if y != 0 && y != 255 {
+                spread_unclipped = spread_unclipped.max(hi - lo);
+            }
+        }
+    }
+    println!(
+        "largest spread of ffmpeg rgb24 over identical YUYV triples: {spread} (luma not clipped: {spread_unclipped}); best possible worst error {}",
+        (spread + 1) / 2
+    );
+    assert!(spread > 4, "spread {spread}");
+    assert!(spread_unclipped <= 4, "spread unclipped {spread_unclipped}");
 }
 
 /// Independent float conversion of one pixel (Kr/Kb definition of the matrices).
@@ -215,7 +253,8 @@ fn all_matrices_and_ranges_match_a_float_reference() {
                     }
                 }
             }
-            assert!(worst <= 1.0, "YUYV {m:?} {r:?}: worst {worst}");
+            // Truncation to 8 bits: up to 1 below the float value (+ coefficient rounding).
+            assert!(worst <= 1.05, "YUYV {m:?} {r:?}: worst {worst}");
             // NV12: chroma interpolated vertically (rows sited at i -/+ 0.25, edges clamped).
             for chroma in [ChromaUpsampling::Cubic, ChromaUpsampling::Nearest] {
                 let mut conv = Converter::new(m, r, 1 << 20).with_chroma(chroma);
@@ -260,11 +299,11 @@ fn all_matrices_and_ranges_match_a_float_reference() {
                         }
                     }
                 }
-                // Cubic rounds the interpolated chroma to 8 bits (+-0.5), worth < 2 in RGB.
+                // Truncation (< 1) plus, for cubic, chroma rounded to 1/16 (< 0.1 in RGB).
                 let bound = if chroma == ChromaUpsampling::Nearest {
-                    1.0
+                    1.05
                 } else {
-                    2.0
+                    1.15
                 };
                 assert!(worst <= bound, "NV12 {chroma:?} {m:?} {r:?}: worst {worst}");
             }

@@ -9,7 +9,7 @@ mod classify;
 mod decode;
 mod detect;
 mod pipeline;
-mod preprocess;
+pub(crate) mod preprocess;
 #[cfg(test)]
 mod tests;
 

@@ -14,19 +14,24 @@ use crate::error::{Error, Result};
 use crate::ir::Tensor;
 
 /// Pillow's fixed-point precision for 8-bit resampling (`32 - 8 - 2`).
-const PRECISION_BITS: u32 = 22;
+pub(crate) const PRECISION_BITS: u32 = 22;
 
 /// Filter weights for one axis: for each output index, the first source index, the number of
 /// taps, and `ksize` fixed-point weights (unused taps are zero).
-struct Coeffs {
-    bounds: Vec<(usize, usize)>,
-    weights: Vec<i32>,
-    ksize: usize,
+pub(crate) struct Coeffs {
+    pub(crate) bounds: Vec<(usize, usize)>,
+    pub(crate) weights: Vec<i32>,
+    pub(crate) ksize: usize,
 }
 
 /// Pillow's `precompute_coeffs` for the bilinear (triangle) filter, restricted to output indices
 /// `first..first + count` of a full `in_size → out_size` resize (used to resize-and-crop in one go).
-fn precompute_coeffs(in_size: usize, out_size: usize, first: usize, count: usize) -> Coeffs {
+pub(crate) fn precompute_coeffs(
+    in_size: usize,
+    out_size: usize,
+    first: usize,
+    count: usize,
+) -> Coeffs {
     let scale = in_size as f64 / out_size as f64;
     let filterscale = scale.max(1.0);
     let support = filterscale; // bilinear support is 1.0
@@ -203,18 +208,18 @@ impl ImageTransform {
 }
 
 /// Where the resized image lands inside the model input.
-struct Placement {
+pub(crate) struct Placement {
     /// Full resized size.
-    resized_w: usize,
-    resized_h: usize,
+    pub(crate) resized_w: usize,
+    pub(crate) resized_h: usize,
     /// Window of the resized image that is used (crop), as (x0, y0, w, h).
-    window: (usize, usize, usize, usize),
+    pub(crate) window: (usize, usize, usize, usize),
     /// Top-left of the window inside the model input (letterbox padding).
-    dst_x: usize,
-    dst_y: usize,
+    pub(crate) dst_x: usize,
+    pub(crate) dst_y: usize,
 }
 
-fn placement(w: usize, h: usize, p: &Preprocess) -> Result<(Placement, ImageTransform)> {
+pub(crate) fn placement(w: usize, h: usize, p: &Preprocess) -> Result<(Placement, ImageTransform)> {
     let (tw, th) = (p.width as usize, p.height as usize);
     let (orig_width, orig_height) = (w as u32, h as u32);
     Ok(match p.resize {

@@ -8,6 +8,7 @@ mod device;
 mod dnn;
 mod executable;
 mod lt;
+pub mod vision;
 
 pub use device::alloc_counts;
 pub use dnn::algo_cache_len;
