@@ -85,6 +85,20 @@ fn compare_fp16(file: &str, batch: usize) {
     for seed in 0..3u64 {
         let x = input(&cpu.inputs()[0].shape, seed + 21);
         let want = cc.run(std::slice::from_ref(&x)).expect("cpu run");
+        // Half's smallest normal number is 6.1e-5: outputs below it (randomly initialised
+        // torchvision MobileNetV3 gives ~1e-9 logits; torch's own fp16 is just as far off)
+        // cannot be compared, so say so instead of passing or failing.
+        let peak = want
+            .iter()
+            .filter_map(|t| t.as_f32().ok())
+            .flat_map(|v| v.iter().map(|x| x.abs()))
+            .fold(0f32, f32::max);
+        if peak < 6.1e-5 {
+            println!(
+                "SKIP: {file} fp16: CPU fp32 outputs peak at {peak:.1e}, below half's normal range"
+            );
+            return;
+        }
         for rep in 0..3 {
             let got = gc.run(std::slice::from_ref(&x)).expect("gpu run");
             for (o, (g, w)) in got.iter().zip(&want).enumerate() {
