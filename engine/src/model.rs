@@ -3,10 +3,12 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::backend::{compile_for, BackendContext, Device, Executable, Precision};
+use crate::backend::{
+    compile_for, prefers_nhwc, resolve_device, BackendContext, Device, Executable, Precision,
+};
 use crate::error::{Error, Result};
 use crate::ir::{DataType, Graph, Tensor};
-use crate::passes::{prepare, OptimizeReport};
+use crate::passes::{prepare_with, OptimizeReport};
 
 /// How a model is loaded.
 #[derive(Clone, Debug)]
@@ -72,7 +74,9 @@ impl Model {
         if opts.batch == 0 {
             return Err(Error::BadInput("batch size must be at least 1".into()));
         }
-        let report = prepare(&mut graph, opts.batch, opts.optimize)?;
+        let device = resolve_device(opts.device);
+        let nhwc = prefers_nhwc(device, opts.precision, opts.batch);
+        let report = prepare_with(&mut graph, opts.batch, opts.optimize, nhwc)?;
         let info = |ids: &[usize]| -> Result<Vec<TensorInfo>> {
             ids.iter()
                 .map(|&v| {
@@ -87,12 +91,7 @@ impl Model {
         let inputs = info(&graph.inputs)?;
         let outputs = info(&graph.outputs)?;
         let graph = Arc::new(graph);
-        let executable = compile_for(
-            opts.device,
-            opts.precision,
-            opts.threads,
-            Arc::clone(&graph),
-        )?;
+        let executable = compile_for(device, opts.precision, opts.threads, Arc::clone(&graph))?;
         Ok(Model {
             graph,
             executable,

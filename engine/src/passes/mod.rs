@@ -24,7 +24,7 @@ pub use fuse_activation::fuse_activation;
 pub use fuse_elementwise::fuse_elementwise;
 pub use layout::{layout, TO_NCHW, TO_NHWC};
 pub use pad_fold::pad_fold;
-pub use pipeline::{annotate_shapes, prepare, OptimizeReport};
+pub use pipeline::{annotate_shapes, prepare, prepare_with, OptimizeReport};
 pub use quant_fold::quant_fold;
 pub use transpose_cancel::transpose_cancel;
 
@@ -92,6 +92,11 @@ fn run_to_fixed_point(
 /// Runs the optimizer (after constant folding): cleanup, pad/BN folding and fusions to a fixed
 /// point, then the NHWC layout rewrite, then transpose cancellation and cleanup to a fixed point.
 pub fn optimize_after_folding(graph: &mut Graph) -> Result<PassReport> {
+    optimize_after_folding_with(graph, true)
+}
+
+/// [`optimize_after_folding`], with the NHWC layout rewrite only when `nhwc` is set.
+pub fn optimize_after_folding_with(graph: &mut Graph, nhwc: bool) -> Result<PassReport> {
     let mut report = PassReport::default();
     let local: [(&'static str, Pass); 5] = [
         ("cleanup", cleanup),
@@ -101,8 +106,10 @@ pub fn optimize_after_folding(graph: &mut Graph) -> Result<PassReport> {
         ("fuse_elementwise", fuse_elementwise),
     ];
     report.rounds = run_to_fixed_point(graph, &local, &mut report)?;
-    let n = layout(graph)?;
-    report.add("layout", n);
+    if nhwc {
+        let n = layout(graph)?;
+        report.add("layout", n);
+    }
     let post: [(&'static str, Pass); 2] =
         [("transpose_cancel", transpose_cancel), ("cleanup", cleanup)];
     run_to_fixed_point(graph, &post, &mut report)?;

@@ -1,7 +1,7 @@
 //! The optimizer's pass order: pin the batch, fold constants (inferring shapes as it goes),
 //! run the structural passes, then re-infer every shape for the backend.
 
-use super::{const_fold, optimize_after_folding, PassReport};
+use super::{const_fold, optimize_after_folding_with, PassReport};
 use crate::error::Result;
 use crate::ir::{shape, Graph};
 
@@ -14,8 +14,19 @@ pub struct OptimizeReport {
 
 /// Prepares a freshly imported graph for a backend: static shapes for `batch`, constant folding
 /// (always: shape-computing subgraphs must become constants), and, when `optimize` is set, the
-/// fusion and layout passes.
+/// fusion and (NHWC) layout passes.
 pub fn prepare(graph: &mut Graph, batch: usize, optimize: bool) -> Result<OptimizeReport> {
+    prepare_with(graph, batch, optimize, true)
+}
+
+/// [`prepare`], with the NHWC layout rewrite only when `nhwc` is set (see
+/// `backend::prefers_nhwc`).
+pub fn prepare_with(
+    graph: &mut Graph,
+    batch: usize,
+    optimize: bool,
+    nhwc: bool,
+) -> Result<OptimizeReport> {
     shape::pin_inputs(graph, batch)?;
     // QDQ patterns fold into integer ops before constant folding dequantizes their weights.
     let quant = if optimize {
@@ -28,7 +39,7 @@ pub fn prepare(graph: &mut Graph, batch: usize, optimize: bool) -> Result<Optimi
         ..Default::default()
     };
     if optimize {
-        report.passes = optimize_after_folding(graph)?;
+        report.passes = optimize_after_folding_with(graph, nhwc)?;
         report.passes.add("quant_fold", quant);
     }
     shape::infer(graph)?;
