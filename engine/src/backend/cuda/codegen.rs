@@ -21,6 +21,8 @@ pub enum Arg {
     Extra(usize),
     /// The node's scratch slot in the arena.
     Scratch,
+    /// A byte offset into the node's scratch slot.
+    ScratchAt(usize),
     /// A byte offset into the context's f32 input/output area (fp16 mode).
     Io(usize),
 }
@@ -400,6 +402,10 @@ impl Gen {
             Op::Expand => self.expand(g, node).map(|k| vec![k]),
             Op::Gather { axis } => self.gather(g, node, *axis).map(|k| vec![k]),
             Op::Pad { mode } => self.pad(g, node, *mode).map(|k| vec![k]),
+            Op::QuantizeLinear { axis, .. } => self.qdq(g, node, true, *axis).map(|k| vec![k]),
+            Op::DequantizeLinear { axis } => self.qdq(g, node, false, *axis).map(|k| vec![k]),
+            Op::QLut { table, dtype } => self.qlut(g, node, table, *dtype).map(|k| vec![k]),
+            Op::ConvTranspose(a) => self.conv_transpose(g, node, a).map(|k| vec![k]),
             _ => Err(unsupported(node, "no CUDA kernel for this op")),
         }
     }
@@ -429,119 +435,150 @@ impl Gen {
             let _ = this;
             Ok(())
         };
-        let result = match &node.op {
-            Op::Unary(u) => {
-                load(self, 0, input(node, 0)?, &mut body)?;
-                unary_expr(*u, "v0")
-            }
-            Op::Binary(b) => {
-                load(self, 0, input(node, 0)?, &mut body)?;
-                load(self, 1, input(node, 1)?, &mut body)?;
-                binary_expr(*b, "v0", "v1")
-            }
-            Op::Where => {
-                for k in 0..3 {
-                    load(self, k, input(node, k)?, &mut body)?;
+        let result = 'bn: {
+            match &node.op {
+                Op::Unary(u) => {
+                    load(self, 0, input(node, 0)?, &mut body)?;
+                    unary_expr(*u, "v0")
                 }
-                "(v0 ? v1 : v2)".to_string()
-            }
-            Op::Cast { to } => {
-                load(self, 0, input(node, 0)?, &mut body)?;
-                if *to == DataType::Bool {
-                    "(u8)(v0 != 0)".into()
-                } else {
-                    "v0".into()
+                Op::Binary(b) => {
+                    load(self, 0, input(node, 0)?, &mut body)?;
+                    load(self, 1, input(node, 1)?, &mut body)?;
+                    binary_expr(*b, "v0", "v1")
                 }
-            }
-            Op::Clip => {
-                load(self, 0, input(node, 0)?, &mut body)?;
-                let bound = |i: usize| -> Result<Option<f32>> {
-                    match node.input(i) {
-                        None => Ok(None),
-                        Some(v) => match g.constant(v) {
-                            Some(t) => Ok(t.to_f32_vec().first().copied()),
-                            None => Err(unsupported(node, "runtime Clip bounds")),
-                        },
+                Op::Where => {
+                    for k in 0..3 {
+                        load(self, k, input(node, k)?, &mut body)?;
                     }
-                };
-                let mut e = "v0".to_string();
-                if let Some(lo) = bound(1)? {
-                    e = format!("({e} < ({ylt}){} ? ({ylt}){} : {e})", flit(lo), flit(lo));
+                    "(v0 ? v1 : v2)".to_string()
                 }
-                if let Some(hi) = bound(2)? {
-                    e = format!("({e} > ({ylt}){} ? ({ylt}){} : {e})", flit(hi), flit(hi));
-                }
-                e
-            }
-            Op::BatchNormalization { epsilon } => {
-                load(self, 0, input(node, 0)?, &mut body)?;
-                let get = |i: usize| -> Result<Vec<f32>> {
-                    let v = input(node, i)?;
-                    g.constant(v)
-                        .map(|t| t.to_f32_vec())
-                        .ok_or_else(|| unsupported(node, "runtime BatchNormalization parameters"))
-                };
-                let (sc, b, m, var) = (get(1)?, get(2)?, get(3)?, get(4)?);
-                if ys.len() < 2 || sc.len() != ys[1] {
-                    return Err(unsupported(node, "parameters do not match the channels"));
-                }
-                let mul: Vec<f32> = sc
-                    .iter()
-                    .zip(&var)
-                    .map(|(s, v)| s / (v + epsilon).sqrt())
-                    .collect();
-                let add: Vec<f32> = b
-                    .iter()
-                    .zip(&m)
-                    .zip(&mul)
-                    .map(|((b, m), k)| b - m * k)
-                    .collect();
-                let a1 = self.extra(f32_bytes(&mul));
-                let a2 = self.extra(f32_bytes(&add));
-                params.push((a1, "const float".into()));
-                params.push((a2, "const float".into()));
-                let k = params.len();
-                format!("(v0 * p{}[c1] + p{}[c1])", k - 2, k - 1)
-            }
-            Op::Elementwise(steps) => {
-                let present: Vec<ValueId> = node
-                    .inputs
-                    .iter()
-                    .map(|i| i.unwrap_or(usize::MAX))
-                    .collect();
-                for (k, &v) in present.iter().enumerate() {
-                    if v == usize::MAX {
-                        return Err(unsupported(node, "omitted chain input"));
+                Op::Cast { to } => {
+                    load(self, 0, input(node, 0)?, &mut body)?;
+                    if *to == DataType::Bool {
+                        "(u8)(v0 != 0)".into()
+                    } else {
+                        "v0".into()
                     }
-                    load(self, k, v, &mut body)?;
                 }
-                body.push_str(" auto a0 = v0;");
-                let mut cur = 0;
-                for st in steps {
-                    let e = match *st {
-                        ChainStep::Unary(u) => unary_expr(u, &format!("a{cur}")),
-                        ChainStep::Binary {
-                            op,
-                            operand,
-                            acc_on_right,
-                        } => {
-                            if operand >= present.len() {
-                                return Err(unsupported(node, "chain operand out of range"));
-                            }
-                            let (a, b) = if acc_on_right {
-                                (format!("v{operand}"), format!("a{cur}"))
-                            } else {
-                                (format!("a{cur}"), format!("v{operand}"))
-                            };
-                            binary_expr(op, &a, &b)
+                Op::Clip => {
+                    load(self, 0, input(node, 0)?, &mut body)?;
+                    let bound = |i: usize| -> Result<Option<f32>> {
+                        match node.input(i) {
+                            None => Ok(None),
+                            Some(v) => match g.constant(v) {
+                                Some(t) => Ok(t.to_f32_vec().first().copied()),
+                                None => Err(unsupported(node, "runtime Clip bounds")),
+                            },
                         }
                     };
-                    let _ = write!(body, " auto a{} = {e};", cur + 1);
-                    cur += 1;
+                    let mut e = "v0".to_string();
+                    if let Some(lo) = bound(1)? {
+                        e = format!("({e} < ({ylt}){} ? ({ylt}){} : {e})", flit(lo), flit(lo));
+                    }
+                    if let Some(hi) = bound(2)? {
+                        e = format!("({e} > ({ylt}){} ? ({ylt}){} : {e})", flit(hi), flit(hi));
+                    }
+                    e
                 }
-                format!("a{cur}")
+                Op::BatchNormalization { epsilon } => {
+                    load(self, 0, input(node, 0)?, &mut body)?;
+                    if ys.len() < 2 || node.outputs.len() > 1 {
+                        return Err(unsupported(node, "input rank below 2 or training outputs"));
+                    }
+                    let runtime = (1..5).any(|i| g.const_input(node, i).is_none());
+                    if runtime {
+                        // Parameters computed by the graph: folded per element from their slots.
+                        for i in 1..5 {
+                            let v = input(node, i)?;
+                            if g.values[v].dtype != DataType::F32
+                                || shape_of(g, v)?.iter().product::<usize>() != ys[1]
+                            {
+                                return Err(unsupported(
+                                    node,
+                                    "parameters do not match the channels",
+                                ));
+                            }
+                            params.push((Arg::Val(v), "const F".into()));
+                        }
+                        let k = params.len() - 4;
+                        let _ = write!(
+                        body,
+                        " float s_ = (float)p{k}[c1] / sqrtf((float)p{}[c1] + {}); float b_ = (float)p{}[c1] - (float)p{}[c1] * s_;",
+                        k + 3,
+                        flit(*epsilon),
+                        k + 1,
+                        k + 2
+                    );
+                        break 'bn "(v0 * s_ + b_)".to_string();
+                    }
+                    let get = |i: usize| -> Result<Vec<f32>> {
+                        let v = input(node, i)?;
+                        g.constant(v).map(|t| t.to_f32_vec()).ok_or_else(|| {
+                            unsupported(node, "runtime BatchNormalization parameters")
+                        })
+                    };
+                    let (sc, b, m, var) = (get(1)?, get(2)?, get(3)?, get(4)?);
+                    if ys.len() < 2 || sc.len() != ys[1] {
+                        return Err(unsupported(node, "parameters do not match the channels"));
+                    }
+                    let mul: Vec<f32> = sc
+                        .iter()
+                        .zip(&var)
+                        .map(|(s, v)| s / (v + epsilon).sqrt())
+                        .collect();
+                    let add: Vec<f32> = b
+                        .iter()
+                        .zip(&m)
+                        .zip(&mul)
+                        .map(|((b, m), k)| b - m * k)
+                        .collect();
+                    let a1 = self.extra(f32_bytes(&mul));
+                    let a2 = self.extra(f32_bytes(&add));
+                    params.push((a1, "const float".into()));
+                    params.push((a2, "const float".into()));
+                    let k = params.len();
+                    format!("(v0 * p{}[c1] + p{}[c1])", k - 2, k - 1)
+                }
+                Op::Elementwise(steps) => {
+                    let present: Vec<ValueId> = node
+                        .inputs
+                        .iter()
+                        .map(|i| i.unwrap_or(usize::MAX))
+                        .collect();
+                    for (k, &v) in present.iter().enumerate() {
+                        if v == usize::MAX {
+                            return Err(unsupported(node, "omitted chain input"));
+                        }
+                        load(self, k, v, &mut body)?;
+                    }
+                    body.push_str(" auto a0 = v0;");
+                    let mut cur = 0;
+                    for st in steps {
+                        let e = match *st {
+                            ChainStep::Unary(u) => unary_expr(u, &format!("a{cur}")),
+                            ChainStep::Binary {
+                                op,
+                                operand,
+                                acc_on_right,
+                            } => {
+                                if operand >= present.len() {
+                                    return Err(unsupported(node, "chain operand out of range"));
+                                }
+                                let (a, b) = if acc_on_right {
+                                    (format!("v{operand}"), format!("a{cur}"))
+                                } else {
+                                    (format!("a{cur}"), format!("v{operand}"))
+                                };
+                                binary_expr(op, &a, &b)
+                            }
+                        };
+                        let _ = write!(body, " auto a{} = {e};", cur + 1);
+                        cur += 1;
+                    }
+                    format!("a{cur}")
+                }
+                _ => return Err(unsupported(node, "not elementwise")),
             }
-            _ => return Err(unsupported(node, "not elementwise")),
         };
         let _ = write!(body, " p0[i] = ({yt})({result});");
         Ok(self.kernel(&params, n, &body))
@@ -673,25 +710,42 @@ impl Gen {
         }
         let x = input(node, 0)?;
         let y = output(node, 0)?;
-        let xs = shape_of(g, x)?.to_vec();
-        let ys = shape_of(g, y)?.to_vec();
-        if xs.len() != 4 || a.kernel_shape.len() != 2 {
-            return Err(unsupported(node, "only 2-D pooling"));
-        }
         let nhwc = a.layout == Layout::Nhwc;
+        // 1-D pooling runs as 2-D with H = 1 (a unit axis inserted before W).
+        let lift = |s: &[usize]| -> Vec<usize> {
+            match (s.len(), nhwc) {
+                (3, false) => vec![s[0], s[1], 1, s[2]],
+                (3, true) => vec![s[0], 1, s[1], s[2]],
+                _ => s.to_vec(),
+            }
+        };
+        let (xs0, ys0) = (shape_of(g, x)?, shape_of(g, y)?);
+        let one_d = xs0.len() == 3 && a.kernel_shape.len() == 1;
+        if !(one_d || xs0.len() == 4 && a.kernel_shape.len() == 2) || ys0.len() != xs0.len() {
+            return Err(unsupported(node, "only 1-D and 2-D pooling"));
+        }
+        let (xs, ys) = (lift(xs0), lift(ys0));
         let (h, w) = if nhwc { (xs[1], xs[2]) } else { (xs[2], xs[3]) };
         let c = if nhwc { xs[3] } else { xs[1] };
-        let (kh, kw) = (a.kernel_shape[0], a.kernel_shape[1]);
-        let (sh, sw) = (
-            a.strides.first().copied().unwrap_or(1),
-            a.strides.get(1).copied().unwrap_or(1),
-        );
-        let (dh, dw) = (
-            a.dilations.first().copied().unwrap_or(1),
-            a.dilations.get(1).copied().unwrap_or(1),
-        );
+        let pair = |v: &[usize], d: usize| -> (usize, usize) {
+            if one_d {
+                (d, v.first().copied().unwrap_or(d))
+            } else {
+                (
+                    v.first().copied().unwrap_or(d),
+                    v.get(1).copied().unwrap_or(d),
+                )
+            }
+        };
+        let (kh, kw) = pair(&a.kernel_shape, 1);
+        let (sh, sw) = pair(&a.strides, 1);
+        let (dh, dw) = pair(&a.dilations, 1);
         let p = |k: usize| a.pads.get(k).copied().unwrap_or(0);
-        let (pt, pl, pb, pr) = (p(0), p(1), p(2), p(3));
+        let (pt, pl, pb, pr) = if one_d {
+            (0, p(0), 0, p(1))
+        } else {
+            (p(0), p(1), p(2), p(3))
+        };
         let (cn, cc, cy, cx) = if nhwc { (0, 3, 1, 2) } else { (0, 1, 2, 3) };
         let idx = if nhwc {
             format!("((q{cn}*{h}LL + iy)*{w}LL + ix)*{c}LL + q{cc}")
@@ -1171,5 +1225,300 @@ impl Gen {
             ys.iter().product(),
             &body,
         ))
+    }
+
+    /// Copies `x` (shape `xs`, numpy-broadcast to `ys`) into `dst` as a dense `ys` tensor of the
+    /// activation storage type (broadcast MatMul operands for a strided batched GEMM).
+    pub fn broadcast_into(
+        &mut self,
+        x: ValueId,
+        xs: &[usize],
+        ys: &[usize],
+        dst: Arg,
+    ) -> GenKernel {
+        let body = format!(
+            "{} p1[i] = p0[{}];",
+            decompose(ys, "c"),
+            bcast_off(xs, ys, "c")
+        );
+        self.kernel(
+            &[(Arg::Val(x), "const F".into()), (dst, "F".into())],
+            ys.iter().product(),
+            &body,
+        )
+    }
+
+    /// QuantizeLinear (f32 to int8/uint8, round half to even, saturating) or DequantizeLinear
+    /// (int8/uint8/int32 to f32), per tensor or per axis, as the CPU's reference kernels.
+    fn qdq(&mut self, g: &Graph, node: &Node, quantize: bool, axis: i64) -> Result<GenKernel> {
+        let x = input(node, 0)?;
+        let sv = input(node, 1)?;
+        let y = output(node, 0)?;
+        let xs = shape_of(g, x)?.to_vec();
+        let (xt, yt) = (g.values[x].dtype, g.values[y].dtype);
+        let scale_len: usize = shape_of(g, sv)?.iter().product();
+        let per_axis = scale_len > 1;
+        let (channels, inner) = if per_axis {
+            let a = norm_axis(axis, xs.len(), node)?;
+            (xs[a], xs[a + 1..].iter().product::<usize>())
+        } else {
+            (1, 1)
+        };
+        if scale_len != channels || g.values[sv].dtype != DataType::F32 {
+            return Err(unsupported(node, "scale must be f32, one per channel"));
+        }
+        let zp = node.input(2);
+        if let Some(z) = zp {
+            let want = if quantize { yt } else { xt };
+            if g.values[z].dtype != want || shape_of(g, z)?.iter().product::<usize>() != channels {
+                return Err(unsupported(node, "zero point type or size"));
+            }
+        }
+        let ok = if quantize {
+            xt == DataType::F32 && matches!(yt, DataType::U8 | DataType::I8)
+        } else {
+            matches!(xt, DataType::U8 | DataType::I8 | DataType::I32) && yt == DataType::F32
+        };
+        if !ok {
+            return Err(unsupported(node, &format!("{xt:?} to {yt:?}")));
+        }
+        let mut params = vec![
+            (Arg::Val(x), format!("const {}", ctype(xt))),
+            (Arg::Val(y), ctype(yt).to_string()),
+        ];
+        // Constant scales stay exact f32 (also in fp16 mode); computed ones are read as stored.
+        match g.constant(sv) {
+            Some(t) => {
+                let a = self.extra(f32_bytes(&t.to_f32_vec()));
+                params.push((a, "const float".into()));
+            }
+            None => params.push((Arg::Val(sv), "const F".into())),
+        }
+        let ch = if per_axis {
+            format!("(i / {inner}LL) % {channels}LL")
+        } else {
+            "0".into()
+        };
+        let mut body = format!("i64 k = {ch}; float s = (float)p2[k];");
+        match zp {
+            Some(z) => {
+                let zt = ctype(g.values[z].dtype);
+                params.push((Arg::Val(z), format!("const {zt}")));
+                body.push_str(" i64 z = (i64)p3[k];");
+            }
+            None => body.push_str(" i64 z = 0;"),
+        }
+        if quantize {
+            let (lo, hi) = if yt == DataType::U8 {
+                (0, 255)
+            } else {
+                (-128, 127)
+            };
+            let _ = write!(
+                body,
+                " float v = (float)p0[i] / s; if (v != v) v = 0.f; v = fminf(fmaxf(v, (float)({lo}LL - z)), (float)({hi}LL - z)); p1[i] = ({})((i64)rintf(v) + z);",
+                ctype(yt)
+            );
+        } else {
+            body.push_str(" p1[i] = (float)((i64)p0[i] - z) * s;");
+        }
+        Ok(self.kernel(&params, xs.iter().product(), &body))
+    }
+
+    /// A folded `DQ → unary → Q` chain: each 8-bit input byte maps through a 256-entry table.
+    fn qlut(&mut self, g: &Graph, node: &Node, table: &[u8], dtype: DataType) -> Result<GenKernel> {
+        let x = input(node, 0)?;
+        let y = output(node, 0)?;
+        let ok8 = |d: DataType| matches!(d, DataType::U8 | DataType::I8);
+        if table.len() != 256 || !ok8(g.values[x].dtype) || !ok8(dtype) {
+            return Err(unsupported(
+                node,
+                "needs a 256-entry table and 8-bit tensors",
+            ));
+        }
+        let t = self.extra(table.to_vec());
+        Ok(self.kernel(
+            &[
+                (Arg::Val(x), "const u8".into()),
+                (Arg::Val(y), "u8".into()),
+                (t, "const u8".into()),
+            ],
+            shape_of(g, x)?.iter().product(),
+            "p1[i] = p2[p0[i]];",
+        ))
+    }
+
+    /// ScatterND (reduction none) on `y`, which already holds a copy of the data: one thread
+    /// per update element; index tuples out of range are skipped.
+    pub fn scatter_nd(&mut self, g: &Graph, node: &Node) -> Result<GenKernel> {
+        let d = input(node, 0)?;
+        let ix = input(node, 1)?;
+        let up = input(node, 2)?;
+        let y = output(node, 0)?;
+        let dt = g.values[d].dtype;
+        if g.values[up].dtype != dt || g.values[y].dtype != dt {
+            return Err(unsupported(node, "data, updates and output types differ"));
+        }
+        let it = match g.values[ix].dtype {
+            DataType::I64 => "const i64",
+            DataType::I32 => "const int",
+            _ => return Err(unsupported(node, "indices must be int32 or int64")),
+        };
+        let (sd, si, su) = (shape_of(g, d)?, shape_of(g, ix)?, shape_of(g, up)?);
+        let k = si.last().copied().unwrap_or(0);
+        if k == 0 || k > sd.len() || shape_of(g, y)? != sd {
+            return Err(unsupported(node, "index depth or output shape"));
+        }
+        let want: Vec<usize> = si[..si.len() - 1].iter().chain(&sd[k..]).copied().collect();
+        if su != want.as_slice() {
+            return Err(unsupported(node, "updates do not match indices and data"));
+        }
+        let slice: usize = sd[k..].iter().product();
+        let st = strides(sd);
+        let mut body = format!(
+            "i64 t = i / {s}LL, j = i % {s}LL; {it}* ix = p0 + t*{k}LL; i64 off = j;",
+            s = slice.max(1)
+        );
+        for (dd, (&dim, &stride)) in sd[..k].iter().zip(&st).enumerate() {
+            let _ = write!(
+                body,
+                " {{ i64 v = (i64)ix[{dd}]; if (v < 0) v += {dim}LL; if (v < 0 || v >= {dim}LL) return; off += v*{stride}LL; }}"
+            );
+        }
+        body.push_str(" p2[off] = p1[i];");
+        let t = ctype(dt);
+        Ok(self.kernel(
+            &[
+                (Arg::Val(ix), it.into()),
+                (Arg::Val(up), format!("const {t}")),
+                (Arg::Val(y), t.to_string()),
+            ],
+            su.iter().product(),
+            &body,
+        ))
+    }
+
+    /// ConvTranspose (1-D as H = 1, 2-D; groups, strides, pads, dilations, output padding and
+    /// output shape as the CPU kernel) in gather form: one thread per output element sums the
+    /// input pixels whose scatter reaches it; bias and the fused activation applied at the end.
+    fn conv_transpose(
+        &mut self,
+        g: &Graph,
+        node: &Node,
+        a: &crate::ir::ConvTransposeAttrs,
+    ) -> Result<GenKernel> {
+        let c = &a.conv;
+        let x = input(node, 0)?;
+        let wv = input(node, 1)?;
+        let y = output(node, 0)?;
+        for v in [Some(x), Some(wv), node.input(2), Some(y)]
+            .into_iter()
+            .flatten()
+        {
+            if g.values[v].dtype != DataType::F32 {
+                return Err(unsupported(node, "non-f32 tensors"));
+            }
+        }
+        let nhwc = c.layout == Layout::Nhwc;
+        let split = |s: &[usize]| -> Result<[usize; 4]> {
+            Ok(match (s.len(), nhwc) {
+                (3, false) => [s[0], s[1], 1, s[2]],
+                (3, true) => [s[0], s[2], 1, s[1]],
+                (4, false) => [s[0], s[1], s[2], s[3]],
+                (4, true) => [s[0], s[3], s[1], s[2]],
+                _ => {
+                    return Err(unsupported(
+                        node,
+                        "only 1-D and 2-D transposed convolutions",
+                    ))
+                }
+            })
+        };
+        let xs = shape_of(g, x)?;
+        let spatial = xs.len() - 2;
+        let [n, cin, h, w] = split(xs)?;
+        let [on, cout, oh, ow] = split(shape_of(g, y)?)?;
+        let ws = shape_of(g, wv)?;
+        let groups = c.group.max(1);
+        if ws.len() != xs.len() || ws[0] != cin || cin % groups != 0 {
+            return Err(unsupported(node, "weights do not fit the input"));
+        }
+        let cout_g = ws[1];
+        let (kh, kw) = if spatial == 1 {
+            (1, ws[2])
+        } else {
+            (ws[2], ws[3])
+        };
+        let hw = |v: &[usize], d: usize| -> (usize, usize) {
+            match (spatial, v.len()) {
+                (1, 1) => (d, v[0]),
+                (2, 2) => (v[0], v[1]),
+                _ => (d, d),
+            }
+        };
+        let (sh, sw) = hw(&c.strides, 1);
+        let (dh, dw) = hw(&c.dilations, 1);
+        if on != n || cout != cout_g * groups || sh == 0 || sw == 0 || dh == 0 || dw == 0 {
+            return Err(unsupported(node, "output shape does not fit"));
+        }
+        let (pt, pl) = if a.output_shape.is_some() {
+            let (oph, opw) = hw(&a.output_padding, 0);
+            let begin = |inp: usize, s: usize, op: usize, k: usize, d: usize, out: usize| {
+                let total = (s * (inp.max(1) - 1) + op + (k - 1) * d + 1).saturating_sub(out);
+                if c.auto_pad == crate::ir::AutoPad::SameUpper {
+                    total / 2
+                } else {
+                    total - total / 2
+                }
+            };
+            (
+                begin(h, sh, oph, kh.max(1), dh, oh),
+                begin(w, sw, opw, kw.max(1), dw, ow),
+            )
+        } else {
+            match (spatial, c.pads.len()) {
+                (1, 2) => (0, c.pads[0]),
+                (2, 4) => (c.pads[0], c.pads[1]),
+                _ => (0, 0),
+            }
+        };
+        let cin_g = cin / groups;
+        let yshape = if nhwc {
+            vec![n, oh, ow, cout]
+        } else {
+            vec![n, cout, oh, ow]
+        };
+        let (qc, qy, qx) = if nhwc { (3, 1, 2) } else { (1, 2, 3) };
+        let xidx = if nhwc {
+            format!("((q0*{h}LL + iy)*{w}LL + ix)*{cin}LL + ci")
+        } else {
+            format!("((q0*{cin}LL + ci)*{h}LL + iy)*{w}LL + ix")
+        };
+        let mut params = vec![
+            (Arg::Val(x), "const F".to_string()),
+            (Arg::Val(wv), "const F".to_string()),
+            (Arg::Val(y), "F".to_string()),
+        ];
+        let mut body = decompose(&yshape, "q");
+        let _ = write!(
+            body,
+            " i64 co = q{qc}, gi = co / {cout_g}LL, cg = co % {cout_g}LL; float acc = 0.f;
+  for (int ky = 0; ky < {kh}; ++ky) {{ i64 ty = q{qy} + {pt}LL - (i64)ky*{dh}LL; if (ty < 0 || ty % {sh}LL) continue; i64 iy = ty / {sh}LL; if (iy >= {h}LL) continue;
+    for (int kx = 0; kx < {kw}; ++kx) {{ i64 tx = q{qx} + {pl}LL - (i64)kx*{dw}LL; if (tx < 0 || tx % {sw}LL) continue; i64 ix = tx / {sw}LL; if (ix >= {w}LL) continue;
+      for (i64 cl = 0; cl < {cin_g}LL; ++cl) {{ i64 ci = gi*{cin_g}LL + cl;
+        acc += (float)p0[{xidx}] * (float)p1[((ci*{cout_g}LL + cg)*{kh}LL + ky)*{kw}LL + kx]; }} }} }}"
+        );
+        if let Some(b) = node.input(2) {
+            if shape_of(g, b)?.iter().product::<usize>() != cout {
+                return Err(unsupported(node, "bias does not match the channels"));
+            }
+            params.push((Arg::Val(b), "const F".into()));
+            body.push_str(" acc += (float)p3[co];");
+        }
+        if let Some(act) = c.activation {
+            let _ = write!(body, " acc = {};", act_expr(act, "acc"));
+        }
+        body.push_str(" p2[i] = acc;");
+        Ok(self.kernel(&params, yshape.iter().product(), &body))
     }
 }

@@ -55,6 +55,8 @@ struct PointwiseStep {
 }
 
 struct GemmStep {
+    /// The node (whose scratch slot holds broadcast operands).
+    node: usize,
     a: Arg,
     b: Arg,
     y: ValueId,
@@ -250,8 +252,21 @@ impl Builder<'_> {
             {
                 self.host_eval(idx, node)
             }
-            Op::ConvTranspose(_) | Op::ScatterND => {
-                Err(unsupported(node, "no CUDA kernel for this op yet"))
+            Op::ScatterND => {
+                // The output starts as a copy of the data; the updates are then scattered in.
+                let k = self.gen.scatter_nd(g, node)?;
+                let x = node
+                    .input(0)
+                    .ok_or_else(|| unsupported(node, "missing input"))?;
+                let y = node.outputs[0];
+                let bytes = stored_bytes(g, y, self.fp16)?;
+                self.steps.push(Step::Copy {
+                    dst: y,
+                    src: Arg::Val(x),
+                    bytes,
+                });
+                self.launch(idx, k);
+                Ok(())
             }
             _ => {
                 let ks = self.gen.node(g, node)?;
@@ -610,6 +625,7 @@ impl Builder<'_> {
                 };
                 let n = if *trans_b { bs[0] } else { bs[1] };
                 self.steps.push(Step::Gemm(GemmStep {
+                    node: idx,
                     a: Arg::Val(a),
                     b: Arg::Val(b),
                     y,
@@ -633,37 +649,110 @@ impl Builder<'_> {
                 Ok(())
             }
             _ => {
-                if as_.len() < 2 || bs.len() < 2 {
-                    return Err(unsupported(node, "1-D MatMul operands"));
+                // numpy matmul: a 1-D A is a row [1, K], a 1-D B a column [K, 1] (the unit
+                // axis is absent from Y, which does not change its layout).
+                if as_.is_empty() || bs.is_empty() {
+                    return Err(unsupported(node, "scalar MatMul operands"));
                 }
-                let (m, k) = (as_[as_.len() - 2], as_[as_.len() - 1]);
-                let n = bs[bs.len() - 1];
-                if bs[bs.len() - 2] != k {
+                let mut a2 = as_.clone();
+                let mut b2 = bs.clone();
+                if a2.len() == 1 {
+                    a2.insert(0, 1);
+                }
+                if b2.len() == 1 {
+                    b2.push(1);
+                }
+                let (ra, rb) = (a2.len(), b2.len());
+                let (m, k) = (a2[ra - 2], a2[ra - 1]);
+                let n = b2[rb - 1];
+                if b2[rb - 2] != k {
                     return Err(unsupported(node, "inner dimensions differ"));
                 }
-                let ab: usize = as_[..as_.len() - 2].iter().product();
-                let bb: usize = bs[..bs.len() - 2].iter().product();
-                let (mm, batch, stride) = if bb == 1 {
-                    (ab * m, 1, [0, 0, 0])
-                } else if ab == bb && as_[..as_.len() - 2] == bs[..bs.len() - 2] {
-                    (m, ab, [(m * k) as i64, (k * n) as i64, (m * n) as i64])
-                } else if ab == 1 {
-                    (m, bb, [0, (k * n) as i64, (m * n) as i64])
-                } else {
-                    return Err(unsupported(node, "broadcast batch dimensions"));
+                let rank = (ra - 2).max(rb - 2);
+                let lead = |v: &[usize]| -> Vec<usize> {
+                    let mut out = vec![1; rank - v.len()];
+                    out.extend_from_slice(v);
+                    out
                 };
+                let (pa, pb) = (lead(&a2[..ra - 2]), lead(&b2[..rb - 2]));
+                let mut ob = Vec::with_capacity(rank);
+                for (&x, &z) in pa.iter().zip(&pb) {
+                    ob.push(match (x, z) {
+                        _ if x == z => x,
+                        (1, _) => z,
+                        (_, 1) => x,
+                        _ => return Err(unsupported(node, "batch dimensions do not broadcast")),
+                    });
+                }
+                let batch: usize = ob.iter().product();
+                if ys.iter().product::<usize>() != batch * m * n {
+                    return Err(unsupported(
+                        node,
+                        "output shape does not match the operands",
+                    ));
+                }
+                let (ab, bb) = (pa.iter().product::<usize>(), pb.iter().product::<usize>());
+                if bb == 1 {
+                    // B shared by every batch: A's batch folds into M (one GEMM).
+                    self.steps.push(Step::Gemm(GemmStep {
+                        node: idx,
+                        a: Arg::Val(a),
+                        b: Arg::Val(b),
+                        y,
+                        ta: false,
+                        tb: false,
+                        m: ab * m,
+                        n,
+                        k,
+                        alpha: 1.0,
+                        batch: 1,
+                        stride: [0; 3],
+                    }));
+                    return Ok(());
+                }
+                // Strided batched GEMM: an operand without batch dims has stride 0, one with
+                // the full batch its matrix size; any other broadcast is expanded into the
+                // node's scratch slot first.
+                let esize = if self.fp16 { 2 } else { 4 };
+                let mut scratch = 0usize;
+                let mut operand = |this: &mut Self,
+                                   v: ValueId,
+                                   full: &[usize],
+                                   pv: &[usize],
+                                   nb: usize,
+                                   rows: usize,
+                                   cols: usize|
+                 -> (Arg, i64) {
+                    if nb == 1 {
+                        (Arg::Val(v), 0)
+                    } else if pv == ob.as_slice() {
+                        (Arg::Val(v), (rows * cols) as i64)
+                    } else {
+                        let mut to = ob.clone();
+                        to.extend_from_slice(&[rows, cols]);
+                        let dst = Arg::ScratchAt(scratch);
+                        let kern = this.gen.broadcast_into(v, full, &to, dst);
+                        this.launch(idx, kern);
+                        scratch += alit(batch * rows * cols * esize);
+                        (dst, (rows * cols) as i64)
+                    }
+                };
+                let (aa, sa) = operand(self, a, &a2, &pa, ab, m, k);
+                let (ba, sb) = operand(self, b, &b2, &pb, bb, k, n);
+                self.scratch[idx] = scratch;
                 self.steps.push(Step::Gemm(GemmStep {
-                    a: Arg::Val(a),
-                    b: Arg::Val(b),
+                    node: idx,
+                    a: aa,
+                    b: ba,
                     y,
                     ta: false,
                     tb: false,
-                    m: mm,
+                    m,
                     n,
                     k,
                     alpha: 1.0,
                     batch,
-                    stride,
+                    stride: [sa, sb, (m * n) as i64],
                 }));
                 Ok(())
             }
@@ -948,6 +1037,9 @@ impl CudaRun {
                 Arg::Scratch => exe.plan.scratch[node]
                     .map(|s| base + s.offset as u64)
                     .ok_or_else(|| Error::InvalidModel("missing scratch slot".into())),
+                Arg::ScratchAt(off) => exe.plan.scratch[node]
+                    .map(|s| base + (s.offset + off) as u64)
+                    .ok_or_else(|| Error::InvalidModel("missing scratch slot".into())),
                 Arg::Io(off) => Ok(base + (io_base + off) as u64),
             }
         };
@@ -1007,8 +1099,8 @@ impl CudaRun {
                 },
                 Step::Gemm(gm) => Resolved::Gemm {
                     step: i,
-                    a: resolve(gm.a, 0)?,
-                    b: resolve(gm.b, 0)?,
+                    a: resolve(gm.a, gm.node)?,
+                    b: resolve(gm.b, gm.node)?,
                     y: slot(gm.y)?,
                 },
                 Step::Copy { dst, src, bytes } => Resolved::Copy {
