@@ -18,7 +18,8 @@ mod tests;
 
 pub use clock::{EventId, StreamClock, StreamId, SyncClock};
 pub use pool::{
-    Block, FixedPool, PoolOptions, PoolStats, DEFAULT_ALIGN, MAX_STREAMS, SCAN_LIMIT, SMALL_BLOCK,
+    Block, FixedPool, PoolClaim, PoolOptions, PoolStats, DEFAULT_ALIGN, MAX_STREAMS, SCAN_LIMIT,
+    SMALL_BLOCK,
 };
 pub use region::{HostRegion, Region, HOST_REGION_ALIGN};
 
