@@ -1345,8 +1345,6 @@ impl<R: Region> FixedPool<R> {
     }
 
     /// Registers a declared use on `stream` (its cached epoch no longer covers it); returns
-
-    /// Registers a declared use on `stream` (its cached epoch no longer covers it); returns
     /// the stream's tag.
     fn mark_use(&self, stream: StreamId) -> Result<u8> {
         let mut h = self.hold();

@@ -4,6 +4,16 @@
 //! the last node that reads it. Buffers whose lifetimes do not overlap may share bytes; the plan
 //! packs them into one arena with greedy-by-size placement (largest first, lowest fitting offset),
 //! and reports the result against the lower bound: the largest total of bytes live at one step.
+//!
+//! An elementwise node whose kernel can run in place writes its output over an input that dies
+//! there (same byte size, not a graph input or output, read only once by that node): the two
+//! values share one buffer. Plans are memoised in a [`PlanCache`] keyed by everything planning
+//! reads (lifetimes, sizes, scratch, in-place permissions), so a graph prepared again for an
+//! input shape seen before is not planned twice.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::error::{Error, Result};
 use crate::ir::Graph;
@@ -29,6 +39,8 @@ pub struct MemoryPlan {
     pub arena_bytes: usize,
     /// Largest sum of (aligned) bytes live at one step: no plan can be smaller.
     pub lower_bound: usize,
+    /// Per node: the input whose buffer output 0 overwrites (in place), if any.
+    pub in_place: Vec<Option<usize>>,
 }
 
 impl MemoryPlan {
@@ -55,11 +67,40 @@ fn align(n: usize) -> usize {
 }
 
 /// Plans the arena for `graph` (shapes must be inferred); `scratch[i]` is node i's scratch need.
+/// No buffer is shared in place.
 pub fn plan(graph: &Graph, scratch: &[usize]) -> Result<MemoryPlan> {
+    plan_with(graph, scratch, &[])
+}
+
+/// Byte size of value `v` (unaligned).
+fn value_bytes(graph: &Graph, v: usize) -> Result<usize> {
+    let value = &graph.values[v];
+    graph
+        .shape(v)?
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .and_then(|e| e.max(1).checked_mul(value.dtype.size()))
+        .ok_or_else(|| Error::Shape(format!("tensor '{}' is too large", value.name)))
+}
+
+/// Like [`plan`], with in-place sharing: `in_place_ok[i] = Some(k)` says node i's kernel may
+/// write output 0 over input k (read element by element before it is written). The planner
+/// uses it when that input dies at node i, is no graph input or output, appears once among
+/// the node's inputs and has output 0's byte size. An empty slice allows nothing.
+pub fn plan_with(
+    graph: &Graph,
+    scratch: &[usize],
+    in_place_ok: &[Option<usize>],
+) -> Result<MemoryPlan> {
     let n_nodes = graph.nodes.len();
     if scratch.len() != n_nodes {
         return Err(Error::InvalidModel(
             "scratch sizes do not match the node count".into(),
+        ));
+    }
+    if !in_place_ok.is_empty() && in_place_ok.len() != n_nodes {
+        return Err(Error::InvalidModel(
+            "in-place permissions do not match the node count".into(),
         ));
     }
     let end = n_nodes; // graph outputs stay live past the last node
@@ -81,18 +122,42 @@ pub fn plan(graph: &Graph, scratch: &[usize]) -> Result<MemoryPlan> {
         last[o] = end;
     }
 
+    // In place: output 0 joins the buffer of an input that dies at its node (`root[v]` is the
+    // value whose buffer v uses); the shared buffer lives until the output's last use.
+    let mut root: Vec<usize> = (0..graph.values.len()).collect();
+    let mut in_place = vec![None; n_nodes];
+    for (i, node) in graph.nodes.iter().enumerate() {
+        let Some(k) = in_place_ok.get(i).copied().flatten() else {
+            continue;
+        };
+        let (Some(&Some(v)), [o]) = (node.inputs.get(k), node.outputs.as_slice()) else {
+            continue;
+        };
+        let o = *o;
+        let io = |x: usize| graph.inputs.contains(&x) || graph.outputs.contains(&x);
+        if io(v)
+            || graph.values[v].constant.is_some()
+            || graph.values[o].constant.is_some()
+            || first[v] == usize::MAX
+            || last[v] != i
+            || node.present_inputs().filter(|&x| x == v).count() != 1
+            || value_bytes(graph, v)? != value_bytes(graph, o)?
+        {
+            continue;
+        }
+        let r = root[v];
+        root[o] = r;
+        last[r] = last[r].max(last[o]);
+        in_place[i] = Some(k);
+    }
+
     // Requests: values first (index = ValueId), then scratch (index = n_values + node).
     let mut requests: Vec<(usize, Request)> = Vec::new();
     for (v, value) in graph.values.iter().enumerate() {
-        if value.constant.is_some() || first[v] == usize::MAX {
+        if value.constant.is_some() || first[v] == usize::MAX || root[v] != v {
             continue;
         }
-        let shape = graph.shape(v)?;
-        let elems = shape
-            .iter()
-            .try_fold(1usize, |a, &d| a.checked_mul(d))
-            .ok_or_else(|| Error::Shape(format!("tensor '{}' is too large", value.name)))?;
-        let size = align(elems.max(1) * value.dtype.size());
+        let size = align(value_bytes(graph, v)?);
         requests.push((
             v,
             Request {
@@ -140,12 +205,111 @@ pub fn plan(graph: &Graph, scratch: &[usize]) -> Result<MemoryPlan> {
             scratch_slots[*id - graph.values.len()] = Some(slot);
         }
     }
+    for v in 0..graph.values.len() {
+        if root[v] != v {
+            values[v] = values[root[v]];
+        }
+    }
     Ok(MemoryPlan {
         values,
         scratch: scratch_slots,
         arena_bytes,
         lower_bound,
+        in_place,
     })
+}
+
+/// Memoised plans: one per distinct planning input (value lifetimes and sizes, scratch,
+/// in-place permissions), shared as `Arc`s.
+#[derive(Default)]
+pub struct PlanCache {
+    plans: Mutex<HashMap<Vec<u64>, Arc<MemoryPlan>>>,
+    hits: AtomicUsize,
+    misses: AtomicUsize,
+}
+
+impl PlanCache {
+    /// An empty cache.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The process-wide cache the CPU backend plans through.
+    pub fn global() -> &'static PlanCache {
+        static CACHE: OnceLock<PlanCache> = OnceLock::new();
+        CACHE.get_or_init(PlanCache::new)
+    }
+
+    /// The plan for these inputs: from the cache, or planned once and cached.
+    pub fn get_or_plan(
+        &self,
+        graph: &Graph,
+        scratch: &[usize],
+        in_place_ok: &[Option<usize>],
+    ) -> Result<Arc<MemoryPlan>> {
+        let key = Self::key(graph, scratch, in_place_ok);
+        let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = plans.get(&key) {
+            self.hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(Arc::clone(p));
+        }
+        let p = Arc::new(plan_with(graph, scratch, in_place_ok)?);
+        plans.insert(key, Arc::clone(&p));
+        self.misses.fetch_add(1, Ordering::Relaxed);
+        Ok(p)
+    }
+
+    /// Lookups answered from the cache.
+    pub fn hits(&self) -> usize {
+        self.hits.load(Ordering::Relaxed)
+    }
+
+    /// Lookups that planned.
+    pub fn misses(&self) -> usize {
+        self.misses.load(Ordering::Relaxed)
+    }
+
+    /// Everything planning reads, as one exact key (no hash collisions can alias two plans).
+    fn key(graph: &Graph, scratch: &[usize], in_place_ok: &[Option<usize>]) -> Vec<u64> {
+        let mut k = Vec::with_capacity(graph.values.len() * 2 + graph.nodes.len() * 4);
+        k.push(graph.values.len() as u64);
+        for (v, value) in graph.values.iter().enumerate() {
+            if value.constant.is_some() {
+                k.push(u64::MAX);
+            } else {
+                k.push(value_bytes(graph, v).unwrap_or(0) as u64);
+            }
+        }
+        for list in [&graph.inputs, &graph.outputs] {
+            k.push(list.len() as u64);
+            k.extend(list.iter().map(|&v| v as u64));
+        }
+        k.push(graph.nodes.len() as u64);
+        for (i, node) in graph.nodes.iter().enumerate() {
+            k.push(node.inputs.len() as u64);
+            k.extend(node.inputs.iter().map(|x| x.map_or(u64::MAX, |v| v as u64)));
+            k.push(node.outputs.len() as u64);
+            k.extend(node.outputs.iter().map(|&v| v as u64));
+            k.push(scratch.get(i).copied().unwrap_or(0) as u64);
+            k.push(
+                in_place_ok
+                    .get(i)
+                    .copied()
+                    .flatten()
+                    .map_or(u64::MAX, |x| x as u64),
+            );
+        }
+        k
+    }
+}
+
+impl std::fmt::Debug for PlanCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PlanCache")
+            .field("hits", &self.hits())
+            .field("misses", &self.misses())
+            .finish()
+    }
 }
 
 /// Greedy by size: place the largest buffers first, each at the lowest offset where it does not

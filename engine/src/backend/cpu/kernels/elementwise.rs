@@ -707,6 +707,19 @@ struct ChainKernel<T> {
 }
 
 impl<T: Num> ChainKernel<T> {
+    /// Whether input 0 can be taken from the output's bytes: it has the output's element
+    /// count (so element i feeds output element i), comes from the arena, and no later step
+    /// reads it again.
+    fn in_place_ok(&self) -> bool {
+        self.lens.first() == Some(&self.plan.len())
+            && self.converted.first().is_some_and(|c| c.is_none())
+            && self
+                .steps
+                .iter()
+                .all(|s| !matches!(s, Step::Bin { operand: 0, .. }))
+    }
+
+    /// Computes `dst`; with `loaded`, `dst` already holds input 0's elements (in place).
     #[inline]
     fn eval(
         &self,
@@ -714,10 +727,13 @@ impl<T: Num> ChainKernel<T> {
         ins: &[&[T]; MAX_INPUTS],
         offs: &[usize; MAX_INPUTS],
         st: &[usize; MAX_INPUTS],
+        loaded: bool,
     ) {
         let n = dst.len();
         let mut steps = &self.steps[..];
-        if let Some(&Step::Bin {
+        if loaded {
+            // Input 0 is in dst: every step (the first included) accumulates into it.
+        } else if let Some(&Step::Bin {
             op,
             operand,
             acc_right,
@@ -782,11 +798,50 @@ impl<T: Num> Kernel for ChainKernel<T> {
         drive(out, |start, chunk| {
             self.plan
                 .segments(start, chunk.len(), |rel, seg, offs, st| {
-                    self.eval(&mut chunk[rel..rel + seg], &ins, offs, st);
+                    self.eval(&mut chunk[rel..rel + seg], &ins, offs, st, false);
                 });
         });
         Ok(())
     }
+
+    fn in_place_input(&self) -> Option<usize> {
+        self.in_place_ok().then_some(0)
+    }
+
+    fn run_in_place(
+        &self,
+        inputs: &[Option<TensorRef<'_>>],
+        outputs: &mut [TensorMut<'_>],
+        _scratch: &mut [u8],
+    ) -> Result<()> {
+        if !self.in_place_ok() {
+            return Err(unsupported_name(&self.name, "in place"));
+        }
+        let mut ins: [&[T]; MAX_INPUTS] = [&[]; MAX_INPUTS];
+        for (k, &len) in self.lens.iter().enumerate().skip(1) {
+            ins[k] = match &self.converted[k] {
+                Some(v) => v,
+                None => view(input(inputs, k, &self.name)?.bytes, len, &self.name)?,
+            };
+        }
+        let out = view_mut::<T>(
+            output(outputs, 0, &self.name)?.bytes,
+            self.plan.len(),
+            &self.name,
+        )?;
+        drive(out, |start, chunk| {
+            self.plan
+                .segments(start, chunk.len(), |rel, seg, offs, st| {
+                    self.eval(&mut chunk[rel..rel + seg], &ins, offs, st, true);
+                });
+        });
+        Ok(())
+    }
+}
+
+/// The error of a kernel asked for a mode it does not support.
+fn unsupported_name(name: &str, what: &str) -> Error {
+    Error::Unsupported(format!("node '{name}': {what}"))
 }
 
 fn build_chain<T: Num>(graph: &Graph, node: &Node) -> Result<Box<dyn Kernel>> {
