@@ -364,6 +364,90 @@ mod tests {
         a.0 < b.1 && b.0 < a.1
     }
 
+    /// x -> A -> a -> B -> b -> C(b, a) -> c: only B may write over its input (a is read
+    /// again by C), A's input is a graph input, C's output is the graph output.
+    #[test]
+    fn in_place_only_where_the_input_dies() {
+        use crate::ir::{Activation, BinaryOp, DataType, Node, Op, UnaryOp};
+        let mut g = Graph::default();
+        let val = |g: &mut Graph, name: &str| {
+            let v = g.add_value(name, DataType::F32);
+            g.values[v].shape = Some(vec![4, 100]);
+            v
+        };
+        let (x, a, b, c, d) = (
+            val(&mut g, "x"),
+            val(&mut g, "a"),
+            val(&mut g, "b"),
+            val(&mut g, "c"),
+            val(&mut g, "d"),
+        );
+        let relu = Op::Unary(UnaryOp::Act(Activation::Relu));
+        let node = |op: Op, ins: Vec<usize>, out: usize| Node {
+            name: format!("n{out}"),
+            op,
+            inputs: ins.into_iter().map(Some).collect(),
+            outputs: vec![out],
+        };
+        g.nodes = vec![
+            node(relu.clone(), vec![x], a),
+            node(relu.clone(), vec![a], b),
+            node(Op::Binary(BinaryOp::Add), vec![b, a], c),
+            node(relu, vec![c], d),
+        ];
+        g.inputs = vec![x];
+        g.outputs = vec![d];
+        let ok = vec![Some(0); 4];
+        let p = plan_with(&g, &[0; 4], &ok).unwrap();
+        // n0: x is a graph input; n1: a is read again by n2; n2: b dies there; n3: c dies.
+        assert_eq!(p.in_place, vec![None, None, Some(0), Some(0)]);
+        assert_eq!(p.values[b], p.values[c]);
+        assert_eq!(p.values[c], p.values[d]);
+        assert_ne!(p.values[a], p.values[b]);
+        // At most two 1600 B buffers live at once (x+a, a+b, a+b/c, c/d); without sharing,
+        // n2 needs a, b and c at once.
+        assert_eq!((p.arena_bytes, p.lower_bound), (2 * 1600, 2 * 1600));
+        let plain = plan(&g, &[0; 4]).unwrap();
+        assert!(plain.in_place.iter().all(|x| x.is_none()));
+        assert_eq!((plain.arena_bytes, plain.lower_bound), (3 * 1600, 3 * 1600));
+        // A size change forbids sharing.
+        g.values[d].shape = Some(vec![4, 50]);
+        let p = plan_with(&g, &[0; 4], &ok).unwrap();
+        assert_eq!(p.in_place[3], None);
+    }
+
+    #[test]
+    fn cache_returns_the_same_plan_for_the_same_inputs() {
+        use crate::ir::{DataType, Node, Op};
+        let mut g = Graph::default();
+        let x = g.add_value("x", DataType::F32);
+        let y = g.add_value("y", DataType::F32);
+        g.values[x].shape = Some(vec![1, 64]);
+        g.values[y].shape = Some(vec![1, 64]);
+        g.nodes = vec![Node {
+            name: "id".into(),
+            op: Op::Identity,
+            inputs: vec![Some(x)],
+            outputs: vec![y],
+        }];
+        g.inputs = vec![x];
+        g.outputs = vec![y];
+        let cache = PlanCache::new();
+        let p1 = cache.get_or_plan(&g, &[0], &[]).unwrap();
+        let p2 = cache.get_or_plan(&g.clone(), &[0], &[]).unwrap();
+        assert!(Arc::ptr_eq(&p1, &p2));
+        assert_eq!((cache.hits(), cache.misses()), (1, 1));
+        // Another batch size is another plan, planned once.
+        g.values[x].shape = Some(vec![2, 64]);
+        g.values[y].shape = Some(vec![2, 64]);
+        let p3 = cache.get_or_plan(&g, &[0], &[]).unwrap();
+        assert!(!Arc::ptr_eq(&p1, &p3));
+        assert_eq!(p3.arena_bytes, 2 * p1.arena_bytes);
+        let p4 = cache.get_or_plan(&g, &[0], &[]).unwrap();
+        assert!(Arc::ptr_eq(&p3, &p4));
+        assert_eq!((cache.hits(), cache.misses()), (2, 2));
+    }
+
     #[test]
     fn disjoint_lifetimes_share_memory_and_overlapping_do_not() {
         let reqs = [

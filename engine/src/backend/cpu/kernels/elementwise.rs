@@ -1800,6 +1800,147 @@ mod tests {
         .is_err());
     }
 
+    /// Runs `op` normally, then in place (input 0's bytes already in the output, input 0
+    /// absent): `None` when the kernel does not offer in place, else both outputs.
+    fn both_ways(
+        op: Op,
+        make: &dyn Fn() -> Vec<In>,
+        out: &[usize],
+    ) -> Option<(Vec<f32>, Vec<f32>)> {
+        use super::super::{TensorMut, TensorRef};
+        use crate::ir::{Graph, Node, Tensor};
+        let ins = make();
+        let normal = run1(op.clone(), make(), DataType::F32, out)
+            .unwrap()
+            .as_f32()
+            .unwrap()
+            .to_vec();
+        let mut g = Graph::default();
+        let mut inputs = Vec::new();
+        for (i, x) in ins.iter().enumerate() {
+            inputs.push(match x {
+                In::Rt(t) => {
+                    let v = g.add_value(format!("in{i}"), t.dtype());
+                    g.values[v].shape = Some(t.shape.clone());
+                    Some(v)
+                }
+                In::Const(t) => Some(g.add_constant(format!("in{i}"), t.clone())),
+                In::Absent => None,
+            });
+        }
+        let o = g.add_value("out", DataType::F32);
+        g.values[o].shape = Some(out.to_vec());
+        let node = Node {
+            name: "n".into(),
+            op,
+            inputs,
+            outputs: vec![o],
+        };
+        let k = super::super::build_kernel(&g, &node).unwrap();
+        assert_eq!(k.in_place_input().unwrap_or(0), 0);
+        k.in_place_input()?;
+        let tensors: Vec<Option<Tensor>> = ins
+            .iter()
+            .map(|x| match x {
+                In::Rt(t) | In::Const(t) => Some(t.clone()),
+                In::Absent => None,
+            })
+            .collect();
+        let refs: Vec<Option<TensorRef>> = tensors
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                t.as_ref().filter(|_| i != 0).map(|t| TensorRef {
+                    dtype: t.dtype(),
+                    shape: &t.shape,
+                    bytes: t.as_bytes(),
+                })
+            })
+            .collect();
+        let mut buf = tensors[0].clone().unwrap();
+        let mut views = [TensorMut {
+            dtype: DataType::F32,
+            shape: out,
+            bytes: buf.as_bytes_mut(),
+        }];
+        k.run_in_place(&refs, &mut views, &mut []).unwrap();
+        Some((normal, buf.as_f32().unwrap().to_vec()))
+    }
+
+    #[test]
+    fn in_place_runs_match_the_normal_run_and_a_reference() {
+        let s = [2usize, 3, 4];
+        let x = rand_f32(24, 7);
+        let y = rand_f32(24, 8);
+        let bias = rand_f32(4, 9);
+        let rt = |v: &[f32], sh: &[usize]| In::Rt(f32t(sh, v.to_vec()));
+        let sig = |v: f32| 1.0 / (1.0 + (-v).exp());
+        type Make<'a> = Box<dyn Fn() -> Vec<In> + 'a>;
+        let cases: Vec<(Op, Make, Vec<f32>)> = vec![
+            (
+                Op::Unary(UnaryOp::Act(Activation::Relu)),
+                Box::new(|| vec![rt(&x, &s)]),
+                x.iter().map(|v| v.max(0.0)).collect(),
+            ),
+            (
+                Op::Unary(UnaryOp::Act(Activation::Sigmoid)),
+                Box::new(|| vec![rt(&x, &s)]),
+                x.iter().map(|&v| sig(v)).collect(),
+            ),
+            (
+                Op::Binary(BinaryOp::Add),
+                Box::new(|| vec![rt(&x, &s), rt(&y, &s)]),
+                x.iter().zip(&y).map(|(a, b)| a + b).collect(),
+            ),
+            (
+                Op::Binary(BinaryOp::Sub),
+                Box::new(|| vec![rt(&x, &s), rt(&bias, &[4])]),
+                (0..24).map(|i| x[i] - bias[i % 4]).collect(),
+            ),
+            (
+                Op::Binary(BinaryOp::Mul),
+                Box::new(|| vec![rt(&x, &s), In::Const(f32t(&[], vec![0.5]))]),
+                x.iter().map(|v| v * 0.5).collect(),
+            ),
+            (
+                Op::Clip,
+                Box::new(|| {
+                    vec![
+                        rt(&x, &s),
+                        In::Const(f32t(&[], vec![-0.5])),
+                        In::Const(f32t(&[], vec![1.0])),
+                    ]
+                }),
+                x.iter().map(|v| v.clamp(-0.5, 1.0)).collect(),
+            ),
+        ];
+        for (op, make, want) in cases {
+            let name = format!("{op:?}");
+            let (normal, in_place) = both_ways(op, &*make, &s).expect("offers in place");
+            assert_eq!(normal, in_place, "{name}");
+            for (g, w) in in_place.iter().zip(&want) {
+                assert!(
+                    (g - w).abs() <= 1e-6 * w.abs().max(1.0),
+                    "{name}: {g} vs {w}"
+                );
+            }
+        }
+        // Input 0 broadcast to a larger output: its element i does not feed output i.
+        let small_first = both_ways(
+            Op::Binary(BinaryOp::Sub),
+            &|| vec![rt(&bias, &[4]), rt(&x, &s)],
+            &s,
+        );
+        assert!(small_first.is_none());
+        // Input 0 read again by the chain (x * x): not in place.
+        let xx = both_ways(
+            Op::Binary(BinaryOp::Mul),
+            &|| vec![rt(&x, &s), rt(&x, &s)],
+            &s,
+        );
+        assert!(xx.is_some_and(|(a, b)| a == b));
+    }
+
     #[test]
     fn clip_bounds_and_defaults() {
         let x = f32t(&[5], vec![-2.0, -0.5, 0.5, 3.0, 9.0]);
