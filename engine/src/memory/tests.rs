@@ -722,3 +722,70 @@ fn stale_highest_span_still_serves_its_full_size() {
     assert_eq!((s.free_blocks, s.largest_free), (1, 200 * U));
     assert_eq!(pool.alloc(200 * U, S0).unwrap().offset(), 0);
 }
+
+/// Serving options (small blocks from the top), claimed and unclaimed: blocks never overlap,
+/// spans stay fully coalesced, and an allocation fails only when no free run could hold it
+/// (the stale highest span included).
+#[test]
+fn randomized_serving_options_never_fail_while_a_run_fits() {
+    for claim in [false, true] {
+        const UNITS: usize = 300;
+        let region = FakeRegion {
+            base: 0x20_0000,
+            len: UNITS * U,
+        };
+        let opts = PoolOptions {
+            small_from_top: Some(4 * U),
+            ..PoolOptions::default()
+        };
+        let pool = FixedPool::with_options(region, Arc::new(SyncClock), opts).unwrap();
+        let _c = claim.then(|| pool.claim());
+        let mut used = vec![false; UNITS];
+        let mut live: Vec<Block<FakeRegion>> = Vec::new();
+        let mut x = 0x0bad_5eed_1234_5678u64;
+        let (mut allocs, mut ooms) = (0, 0);
+        for _ in 0..6000 {
+            x = xorshift(x);
+            if !live.is_empty() && (x % 100) < 45 {
+                let b = live.swap_remove((x >> 8) as usize % live.len());
+                let (o, n) = (b.offset() / U, b.size() / U);
+                used[o..o + n].iter_mut().for_each(|u| *u = false);
+            } else {
+                // Mostly small, sometimes close to the whole region.
+                let size = if x % 7 == 0 {
+                    1 + (x >> 16) as usize % (UNITS * U)
+                } else {
+                    1 + (x >> 16) as usize % (16 * U)
+                };
+                let units = size.div_ceil(U);
+                let fits = free_runs(&used).iter().any(|r| r.1 >= units);
+                match pool.alloc(size, S0) {
+                    Ok(b) => {
+                        let o = b.offset() / U;
+                        assert!(o + units <= UNITS);
+                        for u in &mut used[o..o + units] {
+                            assert!(!*u, "overlap");
+                            *u = true;
+                        }
+                        live.push(b);
+                        allocs += 1;
+                    }
+                    Err(Error::OutOfMemory(_)) => {
+                        assert!(!fits, "failed while a free run of {units} units exists");
+                        ooms += 1;
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            let runs = free_runs(&used);
+            let s = pool.stats();
+            assert_eq!(s.free_blocks, runs.len());
+            assert_eq!(s.free_bytes + s.in_use, s.reserved);
+            assert_eq!(
+                s.largest_free,
+                runs.iter().map(|r| r.1).max().unwrap_or(0) * U
+            );
+        }
+        assert!(allocs > 1000 && ooms > 50, "allocs {allocs}, ooms {ooms}");
+    }
+}
