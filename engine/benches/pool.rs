@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use vigil_engine::memory::{
-    FixedPool, PoolOptions, Region, StreamClock, StreamId, SyncClock, DEFAULT_ALIGN,
+    FixedPool, PoolClaim, PoolOptions, Region, StreamClock, StreamId, SyncClock, DEFAULT_ALIGN,
 };
 
 /// Fixed seed xorshift, so every allocator sees the same sequence.
@@ -125,9 +125,18 @@ fn run_window<A: Alloc>(a: &mut A, w: &Workload, iters: usize, streams: usize) -
     (ns, a.peak_reserved() as f64 / peak_live as f64)
 }
 
-/// The fixed pool over any region and clock.
+/// The fixed pool over any region and clock, optionally claimed by the benchmark thread (the
+/// lock-free owner path).
 struct Pool<R: Region> {
     pool: Arc<FixedPool<R>>,
+    _claim: Option<PoolClaim<R>>,
+}
+
+impl<R: Region> Pool<R> {
+    fn new(pool: Arc<FixedPool<R>>, claim: bool) -> Self {
+        let _claim = claim.then(|| pool.claim());
+        Pool { pool, _claim }
+    }
 }
 
 impl<R: Region> Alloc for Pool<R> {
@@ -176,23 +185,22 @@ fn pool_rows<R: Region>(
     iters: usize,
     rows: &mut Vec<Row>,
 ) {
+    // (stream-safe, streams, claimed by this thread, label)
     let variants = [
-        (false, 1, "stream safety off, 1 stream"),
-        (true, 1, "stream-safe, default stream"),
-        (true, 2, "stream-safe, 2 streams"),
+        (false, 1, true, "stream safety off, 1 stream, claimed"),
+        (true, 1, true, "stream-safe, default stream, claimed"),
+        (true, 1, false, "stream-safe, default stream, unclaimed"),
+        (true, 2, true, "stream-safe, 2 streams, claimed"),
     ];
     let mut pair = vec![Vec::new(); variants.len()];
     let mut window = vec![Vec::new(); variants.len()];
     let mut ratio = vec![0.0; variants.len()];
     for _ in 0..REPS {
-        for (k, &(safe, streams, _)) in variants.iter().enumerate() {
-            let mut p = Pool {
-                pool: make(safe, FULL_REGION),
-            };
+        for (k, &(safe, streams, claim, _)) in variants.iter().enumerate() {
+            let mut p = Pool::new(make(safe, FULL_REGION), claim);
             pair[k].push(run_pair(&mut p, w, iters, streams));
-            let mut p = Pool {
-                pool: make(safe, FULL_REGION),
-            };
+            drop(p);
+            let mut p = Pool::new(make(safe, FULL_REGION), claim);
             let (ns, r) = run_window(&mut p, w, iters, streams);
             window[k].push(ns);
             if ratio[k] == 0.0 {
@@ -201,14 +209,12 @@ fn pool_rows<R: Region>(
                 // per block) to show that a pool of that size serves it without running out.
                 let footprint = p.pool.stats().footprint + WINDOW * DEFAULT_ALIGN;
                 drop(p);
-                let mut tight = Pool {
-                    pool: make(safe, footprint),
-                };
+                let mut tight = Pool::new(make(safe, footprint), claim);
                 let _ = run_window(&mut tight, w, iters, streams);
             }
         }
     }
-    for (k, &(_, streams, tag)) in variants.iter().enumerate() {
+    for (k, &(_, streams, _, tag)) in variants.iter().enumerate() {
         rows.push(Row {
             allocator: format!("{label} ({tag})"),
             workload: if streams == 1 {
@@ -425,7 +431,7 @@ fn main() {
     };
     for wl in ["pair", "window"] {
         if let (Some(on), Some(off)) = (
-            find("stream-safe, default stream", wl),
+            find("stream-safe, default stream, claimed", wl),
             find("stream safety off", wl),
         ) {
             println!(
@@ -434,7 +440,7 @@ fn main() {
             );
         }
         if let (Some(ours), Some(peer)) = (
-            find("stream-safe, default stream", wl),
+            find("stream-safe, default stream, claimed", wl),
             find("cudaMallocAsync", wl),
         ) {
             println!("{wl}: cudaMallocAsync / Vigil = {:.1}x", peer / ours);

@@ -6,6 +6,8 @@
 //! ([`HostRegion`]). Stream safety follows a [`StreamClock`]: a block freed on its own stream
 //! is reusable by that stream at once, while a block declared used on other streams
 //! ([`Block::record_use`]) waits until those streams pass the point recorded at free time.
+//! A thread that [`claim`](FixedPool::claim)s a pool allocates and frees with no lock and no
+//! atomic read-modify-write; other threads' frees reach it through a lock-free remote-free list.
 
 mod clock;
 #[cfg(feature = "cuda")]
@@ -18,7 +20,8 @@ mod tests;
 
 pub use clock::{EventId, StreamClock, StreamId, SyncClock};
 pub use pool::{
-    Block, FixedPool, PoolOptions, PoolStats, DEFAULT_ALIGN, MAX_STREAMS, SCAN_LIMIT, SMALL_BLOCK,
+    Block, FixedPool, PoolClaim, PoolOptions, PoolStats, DEFAULT_ALIGN, MAX_STREAMS, SCAN_LIMIT,
+    SMALL_BLOCK,
 };
 pub use region::{HostRegion, Region, HOST_REGION_ALIGN};
 

@@ -9,8 +9,12 @@
 use super::clock::{EventId, StreamClock, StreamId};
 use super::region::Region;
 use crate::error::{Error, Result};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::cell::{Cell, UnsafeCell};
+use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
+use std::ptr;
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// Default block alignment in bytes.
@@ -121,25 +125,45 @@ struct Node {
     next_free: u32,
     tag: u8,
     state: State,
+    /// Size class of the free list the span is linked in (`fl << SL_BITS | sl`); it may lag
+    /// behind the size for the one stale span of a tag (see [`FreeIndex::stale`]).
+    class: u16,
 }
 
 /// The size-class lists of one tag.
 struct FreeIndex {
+    /// A span linked in a class below its size's (NIL: none). It grew by merging while its
+    /// list was the highest non-empty one, so it stays there instead of moving up: with no
+    /// span above it the best fit is unchanged. Linking a span above it moves it first.
+    stale: u32,
     fl_bitmap: u64,
     sl_bitmap: [u32; FL],
     heads: [[u32; SL]; FL],
 }
 
 impl FreeIndex {
-    fn new() -> Box<Self> {
-        Box::new(FreeIndex {
+    fn new() -> Self {
+        FreeIndex {
+            stale: NIL,
             fl_bitmap: 0,
             sl_bitmap: [0; FL],
             heads: [[NIL; SL]; FL],
-        })
+        }
+    }
+
+    /// The highest non-empty class.
+    #[inline(always)]
+    fn highest_class(&self) -> Option<u16> {
+        if self.fl_bitmap == 0 {
+            return None;
+        }
+        let f = 63 - self.fl_bitmap.leading_zeros() as usize;
+        let s = 31 - self.sl_bitmap[f].leading_zeros() as usize;
+        Some(class_of(f, s))
     }
 
     /// First non-empty class at or above `(fl, sl)`.
+    #[inline]
     fn find_from(&self, fl: usize, sl: usize) -> Option<(usize, usize)> {
         if fl >= FL {
             return None;
@@ -166,6 +190,7 @@ impl FreeIndex {
 }
 
 /// Size class of a span of `size` units: exact below 32 units, else 32 classes per power of two.
+#[inline(always)]
 fn mapping(size: usize) -> (usize, usize) {
     if size < SL {
         (0, size)
@@ -177,7 +202,14 @@ fn mapping(size: usize) -> (usize, usize) {
     }
 }
 
+/// One number per class, ordered like the classes.
+#[inline(always)]
+fn class_of(fl: usize, sl: usize) -> u16 {
+    ((fl << SL_BITS) | sl) as u16
+}
+
 /// The class after `(fl, sl)`.
+#[inline]
 fn next_class(fl: usize, sl: usize) -> (usize, usize) {
     if sl + 1 < SL {
         (fl, sl + 1)
@@ -188,10 +220,12 @@ fn next_class(fl: usize, sl: usize) -> (usize, usize) {
 
 /// Two spans may merge unless they are reserved for different streams; the merged span keeps
 /// the stricter tag (a span free for any stream may serve one stream only).
+#[inline]
 fn compatible(a: u8, b: u8) -> bool {
     a == b || a == ANY || b == ANY
 }
 
+#[inline]
 fn stricter(a: u8, b: u8) -> u8 {
     if a == ANY {
         b
@@ -215,7 +249,7 @@ struct Inner {
     nodes: Vec<Node>,
     spare: Vec<u32>,
     /// Per tag: its free lists (index 0 = any stream).
-    index: Vec<Box<FreeIndex>>,
+    index: Vec<FreeIndex>,
     /// Registered streams; stream `streams[i]` has tag `i + 1`.
     streams: Vec<StreamId>,
     /// Per registered stream: the last recorded epoch, and whether a use was declared since.
@@ -233,6 +267,11 @@ struct Inner {
     small_units: usize,
     blocks: usize,
     pending_units: usize,
+    /// Strong counts on the pool handed back by blocks freed under a claim, for the claim's
+    /// next allocations (released when the claim ends).
+    prepaid: usize,
+    /// Nesting depth of the claim on this pool (0: not claimed).
+    claims: usize,
 }
 
 impl Inner {
@@ -240,7 +279,11 @@ impl Inner {
         let mut inner = Inner {
             nodes: Vec::with_capacity(1024),
             spare: Vec::with_capacity(1024),
-            index: vec![FreeIndex::new()],
+            index: {
+                let mut v = Vec::with_capacity(MAX_STREAMS + 1);
+                v.push(FreeIndex::new());
+                v
+            },
             streams: Vec::with_capacity(MAX_STREAMS),
             last_epoch: Vec::with_capacity(MAX_STREAMS),
             dirty: Vec::with_capacity(MAX_STREAMS),
@@ -255,6 +298,8 @@ impl Inner {
             small_units,
             blocks: 0,
             pending_units: 0,
+            prepaid: 0,
+            claims: 0,
         };
         // The default stream is always tag 1 (its lookup short-cuts to that).
         inner.streams.push(StreamId::DEFAULT);
@@ -271,6 +316,7 @@ impl Inner {
                 next_free: NIL,
                 tag: ANY,
                 state: State::Free,
+                class: 0,
             });
             inner.link_free(n);
         }
@@ -278,6 +324,7 @@ impl Inner {
     }
 
     /// The tag of `stream`, registering it on first sight.
+    #[inline]
     fn tag_of(&mut self, stream: StreamId) -> Result<u8> {
         if stream == StreamId::DEFAULT {
             return Ok(1);
@@ -298,6 +345,7 @@ impl Inner {
         Ok(self.streams.len() as u8)
     }
 
+    #[inline]
     fn new_node(&mut self, node: Node) -> u32 {
         match self.spare.pop() {
             Some(i) => {
@@ -311,14 +359,20 @@ impl Inner {
         }
     }
 
+    #[inline]
     fn drop_node(&mut self, i: u32) {
         self.nodes[i as usize].state = State::Unused;
         self.spare.push(i);
     }
 
+    #[inline(always)]
     fn link_free(&mut self, i: u32) {
         let n = self.nodes[i as usize];
         let (fl, sl) = mapping(n.size);
+        let stale = self.index[n.tag as usize].stale;
+        if stale != NIL && stale != i && class_of(fl, sl) > self.nodes[stale as usize].class {
+            self.fix_stale(n.tag);
+        }
         let idx = &mut self.index[n.tag as usize];
         let head = idx.heads[fl][sl];
         idx.heads[fl][sl] = i;
@@ -329,6 +383,7 @@ impl Inner {
             node.prev_free = NIL;
             node.next_free = head;
             node.state = State::Free;
+            node.class = class_of(fl, sl);
         }
         if head != NIL {
             self.nodes[head as usize].prev_free = i;
@@ -337,13 +392,25 @@ impl Inner {
         self.free_spans += 1;
     }
 
+    /// Moves the stale span of `tag` to the list of its size.
+    #[cold]
+    fn fix_stale(&mut self, tag: u8) {
+        let s = self.index[tag as usize].stale;
+        self.unlink_free(s);
+        self.link_free(s);
+    }
+
+    #[inline(always)]
     fn unlink_free(&mut self, i: u32) {
         let n = self.nodes[i as usize];
+        let idx = &mut self.index[n.tag as usize];
+        if idx.stale == i {
+            idx.stale = NIL;
+        }
         if n.prev_free != NIL {
             self.nodes[n.prev_free as usize].next_free = n.next_free;
         } else {
-            let (fl, sl) = mapping(n.size);
-            let idx = &mut self.index[n.tag as usize];
+            let (fl, sl) = ((n.class >> SL_BITS) as usize, (n.class as usize) & (SL - 1));
             idx.heads[fl][sl] = n.next_free;
             if n.next_free == NIL {
                 idx.sl_bitmap[fl] &= !(1 << sl);
@@ -360,6 +427,7 @@ impl Inner {
     }
 
     /// The smallest span in list `(fl, sl)` of `tag` holding `size` units (lowest offset on ties).
+    #[inline(always)]
     fn scan(&self, tag: u8, fl: usize, sl: usize, size: usize) -> Option<(usize, usize, u32)> {
         let mut cur = self.index[tag as usize].heads[fl][sl];
         let mut best: Option<(usize, usize, u32)> = None;
@@ -376,6 +444,7 @@ impl Inner {
     }
 
     /// Best fit for `size` units among the spans of `tag`: (span size, offset, node).
+    #[inline(always)]
     fn best_in(&self, tag: u8, size: usize) -> Option<(usize, usize, u32)> {
         let idx = &self.index[tag as usize];
         if idx.fl_bitmap == 0 {
@@ -388,12 +457,21 @@ impl Inner {
             }
         }
         let (nf, ns) = next_class(fl, sl);
-        let (f, s) = idx.find_from(nf, ns)?;
-        self.scan(tag, f, s, 0)
+        match idx.find_from(nf, ns) {
+            Some((f, s)) => self.scan(tag, f, s, 0),
+            None => {
+                // Nothing is listed above the request's class, but the stale span (listed
+                // below its size, in the highest list) may still hold it.
+                let st = idx.stale;
+                let n = self.nodes.get(st as usize)?;
+                (n.size >= size).then_some((n.size, n.off, st))
+            }
+        }
     }
 
     /// Takes the best span for `size` units usable by stream tag `own` (or any stream), splits
     /// it, and returns the used node.
+    #[inline]
     fn take(&mut self, size: usize, own: Option<u8>) -> Option<u32> {
         let any = self.best_in(ANY, size);
         let mine = own.and_then(|t| self.best_in(t, size));
@@ -427,6 +505,7 @@ impl Inner {
                 next_free: NIL,
                 tag: n.tag,
                 state: State::Used,
+                class: 0,
             });
             if n.next_phys != NIL {
                 self.nodes[n.next_phys as usize].prev_phys = used;
@@ -448,6 +527,7 @@ impl Inner {
             next_free: NIL,
             tag: n.tag,
             state: State::Used,
+            class: 0,
         });
         if n.prev_phys != NIL {
             self.nodes[n.prev_phys as usize].next_phys = used;
@@ -460,6 +540,7 @@ impl Inner {
 
     /// Records how far blocks reach from each end: a block wholly above the bottom zone lowers
     /// the top zone's floor, one wholly below the top zone raises the bottom zone's ceiling.
+    #[inline]
     fn note_extent(&mut self, off: usize, size: usize) {
         if size < self.small_units {
             if off >= self.high_water {
@@ -471,23 +552,40 @@ impl Inner {
     }
 
     /// Gives free node `i` a new size and tag, moving it between lists only when its size
-    /// class or tag changes.
+    /// class or tag changes (and not when it grows as the highest span of its tag: it then
+    /// stays listed below its size as the tag's stale span).
+    #[inline(always)]
     fn resize_free(&mut self, i: u32, size: usize, tag: u8) {
         let n = self.nodes[i as usize];
-        if n.tag == tag && mapping(size) == mapping(n.size) {
-            self.free_units = self.free_units + size - n.size;
-            self.nodes[i as usize].size = size;
-        } else {
-            self.unlink_free(i);
-            let node = &mut self.nodes[i as usize];
-            node.size = size;
-            node.tag = tag;
-            self.link_free(i);
+        if n.tag == tag {
+            let (fl, sl) = mapping(size);
+            let class = class_of(fl, sl);
+            let idx = &mut self.index[tag as usize];
+            let keep = class == n.class
+                || (class > n.class
+                    && (idx.stale == NIL || idx.stale == i)
+                    && idx.highest_class() == Some(n.class));
+            if keep {
+                if class != n.class {
+                    idx.stale = i;
+                } else if idx.stale == i {
+                    idx.stale = NIL;
+                }
+                self.free_units = self.free_units + size - n.size;
+                self.nodes[i as usize].size = size;
+                return;
+            }
         }
+        self.unlink_free(i);
+        let node = &mut self.nodes[i as usize];
+        node.size = size;
+        node.tag = tag;
+        self.link_free(i);
     }
 
     /// Returns node `i` to the free lists under `tag`, merging compatible free neighbours.
     /// A merge into one neighbour that keeps its size class and tag touches no list.
+    #[inline]
     fn release(&mut self, i: u32, tag: u8) {
         let n = self.nodes[i as usize];
         let mut tag = tag;
@@ -582,12 +680,45 @@ impl Inner {
     }
 }
 
+/// This thread's token: never 0, unique for the life of the process (not reused when a thread
+/// exits, unlike a thread-local's address).
+fn thread_token() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    thread_local! {
+        static TOKEN: Cell<u64> = const { Cell::new(0) };
+    }
+    TOKEN.with(|t| {
+        let v = t.get();
+        if v != 0 {
+            return v;
+        }
+        let v = NEXT.fetch_add(1, Ordering::Relaxed);
+        t.set(v);
+        v
+    })
+}
+
+/// A block freed on a thread that could not take the pool's state: queued on a lock-free list
+/// (a Treiber stack) for whoever holds the state next.
+struct RemoteFree {
+    next: *mut RemoteFree,
+    node: u32,
+    tag: u8,
+    uses: u64,
+}
+
 /// A best-fit allocator over one region reserved up front; share it as `Arc<FixedPool<R>>`.
 ///
 /// Allocation never touches the system allocator for payload memory; exhaustion returns
 /// [`Error::OutOfMemory`] stating the pool's state. A span freed on stream `s` serves `s` at
 /// once; another stream gets it only after one event recorded on `s` completes (never queried
 /// during capture, and only when no span already usable by that stream fits).
+///
+/// The bookkeeping is owned by one thread at a time. Without a [`claim`](Self::claim), each
+/// call takes it for its own duration (one compare-and-swap, one store). A thread that claims
+/// the pool keeps it: its allocations and frees then run with no lock and no atomic
+/// read-modify-write at all, while blocks freed on other threads go through a lock-free
+/// remote-free list that the owner drains when it is not empty (mimalloc's scheme).
 pub struct FixedPool<R: Region> {
     region: R,
     clock: Arc<dyn StreamClock>,
@@ -595,11 +726,25 @@ pub struct FixedPool<R: Region> {
     shift: u32,
     stream_safe: bool,
     reserved: usize,
-    inner: Mutex<Inner>,
+    /// The bookkeeping; only the thread whose token is in `holder` touches it.
+    state: UnsafeCell<Inner>,
+    /// Token of the thread holding `state` (0: nobody).
+    holder: AtomicU64,
+    /// Blocks freed by threads that could not take `state`.
+    remote: AtomicPtr<RemoteFree>,
+    /// Threads sleeping in `alloc_wait` or waiting for `state`; `freed` wakes them.
+    sleep: Mutex<()>,
     freed: Condvar,
     waiters: AtomicUsize,
     pending_count: AtomicUsize,
 }
+
+// SAFETY: `state` is only accessed by the thread whose token `holder` holds (acquired with a
+// compare-and-swap, released with a release store); everything else is atomics, a mutex or
+// immutable. `Inner` holds plain data.
+unsafe impl<R: Region> Sync for FixedPool<R> {}
+// SAFETY: as above; the pool owns its state.
+unsafe impl<R: Region> Send for FixedPool<R> {}
 
 impl<R: Region> std::fmt::Debug for FixedPool<R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -609,6 +754,79 @@ impl<R: Region> std::fmt::Debug for FixedPool<R> {
             .field("stream_safe", &self.stream_safe)
             .field("stats", &self.stats())
             .finish()
+    }
+}
+
+/// Exclusive access to a pool's bookkeeping for one call (or for the life of a claim).
+struct Held<'a, R: Region> {
+    pool: &'a FixedPool<R>,
+    /// Whether dropping this releases the state (false inside a claim).
+    release: bool,
+}
+
+impl<R: Region> Held<'_, R> {
+    /// The bookkeeping.
+    fn g(&mut self) -> &mut Inner {
+        // SAFETY: this thread holds `state` (see `FixedPool::hold`), and the `&mut self`
+        // borrow keeps this the only reference into it.
+        unsafe { &mut *self.pool.state.get() }
+    }
+}
+
+impl<R: Region> Drop for Held<'_, R> {
+    fn drop(&mut self) {
+        if self.release {
+            self.pool.unlock();
+        }
+    }
+}
+
+/// A thread's claim on a pool (from [`FixedPool::claim`]): while it lives, that thread's
+/// allocations and frees take no lock; other threads' frees queue on the remote-free list and
+/// their allocations wait until the claim drops. Not `Send`: it belongs to the claiming thread.
+pub struct PoolClaim<R: Region> {
+    pool: Arc<FixedPool<R>>,
+    _thread: PhantomData<*const ()>,
+}
+
+impl<R: Region> PoolClaim<R> {
+    /// The claimed pool.
+    pub fn pool(&self) -> &Arc<FixedPool<R>> {
+        &self.pool
+    }
+
+    /// Allocates `size` bytes for `stream` on the claimed (lock-free) path.
+    pub fn alloc(&self, size: usize, stream: StreamId) -> Result<Block<R>> {
+        self.pool.alloc(size, stream)
+    }
+}
+
+impl<R: Region> std::fmt::Debug for PoolClaim<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PoolClaim")
+            .field("base", &self.pool.region.base())
+            .finish()
+    }
+}
+
+impl<R: Region> Drop for PoolClaim<R> {
+    fn drop(&mut self) {
+        let pool = &*self.pool;
+        // SAFETY: the claim holds `state` on this thread (claims are not Send).
+        let g = unsafe { &mut *pool.state.get() };
+        g.claims -= 1;
+        if g.claims > 0 {
+            return;
+        }
+        pool.drain_remote(g);
+        let prepaid = std::mem::take(&mut g.prepaid);
+        let ptr = Arc::as_ptr(&self.pool);
+        for _ in 0..prepaid {
+            // SAFETY: each prepaid count is a strong count a freed block handed over (from
+            // `Arc::into_raw`); `self.pool` keeps the count above zero meanwhile.
+            unsafe { Arc::decrement_strong_count(ptr) };
+        }
+        pool.unlock();
     }
 }
 
@@ -655,7 +873,7 @@ impl<R: Region> FixedPool<R> {
         }
         let reserved = region.len() / align * align;
         Ok(Arc::new(FixedPool {
-            inner: Mutex::new(Inner::new(
+            state: UnsafeCell::new(Inner::new(
                 reserved / align,
                 opts.small_from_top.map_or(0, |b| b.div_ceil(align)),
             )),
@@ -665,6 +883,9 @@ impl<R: Region> FixedPool<R> {
             shift: align.trailing_zeros(),
             stream_safe: opts.stream_safe,
             reserved,
+            holder: AtomicU64::new(0),
+            remote: AtomicPtr::new(ptr::null_mut()),
+            sleep: Mutex::new(()),
             freed: Condvar::new(),
             waiters: AtomicUsize::new(0),
             pending_count: AtomicUsize::new(0),
@@ -686,19 +907,184 @@ impl<R: Region> FixedPool<R> {
         self.stream_safe
     }
 
-    fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    /// Claims the pool for the calling thread until the returned guard drops (waiting while
+    /// another thread holds a claim). Claims nest on one thread.
+    pub fn claim(self: &Arc<Self>) -> PoolClaim<R> {
+        let me = thread_token();
+        if self.holder.load(Ordering::Relaxed) != me {
+            self.acquire(me, None);
+        }
+        // SAFETY: this thread now holds `state`.
+        let g = unsafe { &mut *self.state.get() };
+        g.claims += 1;
+        self.drain_remote(g);
+        PoolClaim {
+            pool: Arc::clone(self),
+            _thread: PhantomData,
+        }
+    }
+
+    /// Whether blocks wait on the remote-free list (for tests).
+    #[cfg(test)]
+    pub(super) fn remote_queued(&self) -> bool {
+        !self.remote.load(Ordering::SeqCst).is_null()
+    }
+
+    /// Whether the calling thread holds a claim on the pool.
+    pub fn claimed_here(&self) -> bool {
+        self.holder.load(Ordering::Relaxed) == thread_token()
+    }
+
+    /// Takes `state` until `deadline` (forever when `None`); false on timeout.
+    fn acquire(&self, me: u64, deadline: Option<Instant>) -> bool {
+        let mut spins = 0u32;
+        loop {
+            if self.holder.load(Ordering::Relaxed) == 0
+                && self
+                    .holder
+                    .compare_exchange_weak(0, me, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+            {
+                return true;
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return false;
+            }
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else if spins < 128 {
+                std::thread::yield_now();
+            } else {
+                // Held for long (a claim): sleep until it is released (polled, so a missed
+                // notification costs at most one slice).
+                let s = self.sleep.lock().unwrap_or_else(|e| e.into_inner());
+                self.waiters.fetch_add(1, Ordering::SeqCst);
+                if self.holder.load(Ordering::SeqCst) != 0 {
+                    let _ = self.freed.wait_timeout(s, PENDING_POLL);
+                }
+                self.waiters.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+    }
+
+    fn unlock(&self) {
+        self.holder.store(0, Ordering::Release);
+        self.wake();
+    }
+
+    /// Wakes threads sleeping in `alloc_wait` or `acquire`.
+    fn wake(&self) {
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            drop(self.sleep.lock().unwrap_or_else(|e| e.into_inner()));
+            self.freed.notify_all();
+        }
+    }
+
+    /// Exclusive access to `state` for one call, draining the remote-free list.
+    fn hold(&self) -> Held<'_, R> {
+        let me = thread_token();
+        let release = self.holder.load(Ordering::Relaxed) != me;
+        if release {
+            self.acquire(me, None);
+        }
+        let mut h = Held {
+            pool: self,
+            release,
+        };
+        self.drain_remote(h.g());
+        h
+    }
+
+    /// Returns every block queued on the remote-free list to the free lists.
+    fn drain_remote(&self, g: &mut Inner) {
+        if self.remote.load(Ordering::Relaxed).is_null() {
+            return;
+        }
+        let mut p = self.remote.swap(ptr::null_mut(), Ordering::SeqCst);
+        while !p.is_null() {
+            // SAFETY: entries come from `Box::into_raw` in `free_remote`; the swap made this
+            // thread their only owner.
+            let e = unsafe { Box::from_raw(p) };
+            p = e.next;
+            self.release_in(g, e.node, e.tag, e.uses);
+        }
+    }
+
+    /// Queues a freed block for the thread holding `state` (lock-free push).
+    fn free_remote(&self, node: u32, tag: u8, uses: u64) {
+        let e = Box::into_raw(Box::new(RemoteFree {
+            next: ptr::null_mut(),
+            node,
+            tag,
+            uses,
+        }));
+        let mut head = self.remote.load(Ordering::Relaxed);
+        loop {
+            // SAFETY: `e` is ours until the exchange publishes it.
+            unsafe { (*e).next = head };
+            match self
+                .remote
+                .compare_exchange_weak(head, e, Ordering::SeqCst, Ordering::Relaxed)
+            {
+                Ok(_) => break,
+                Err(h) => head = h,
+            }
+        }
+        self.wake();
     }
 
     /// Allocates `size` bytes (rounded up to the alignment; 0 counts as one unit) for `stream`.
+    /// Without a claim on this thread it waits while another thread holds one.
     pub fn alloc(self: &Arc<Self>, size: usize, stream: StreamId) -> Result<Block<R>> {
         let units = self.units(size)?;
-        let mut g = self.lock();
-        self.alloc_locked(&mut g, size, units, stream)
+        if self.holder.load(Ordering::Relaxed) == thread_token() {
+            // Claimed by this thread: no lock, and the block's reference to the pool comes
+            // from the counts earlier frees handed back (no atomic on the steady state).
+            // SAFETY: this thread holds `state` for the life of its claim.
+            let g = unsafe { &mut *self.state.get() };
+            self.drain_remote(g);
+            let (node, tag, offset) = self.alloc_in(g, size, units, stream)?;
+            let pool = if g.prepaid > 0 {
+                g.prepaid -= 1;
+                // SAFETY: a prepaid strong count, handed over by `Arc::into_raw` of this pool.
+                unsafe { Arc::from_raw(Arc::as_ptr(self)) }
+            } else {
+                Arc::clone(self)
+            };
+            return Ok(self.block(pool, node, tag, offset, units, size, stream));
+        }
+        let mut h = self.hold();
+        let (node, tag, offset) = self.alloc_in(h.g(), size, units, stream)?;
+        drop(h);
+        Ok(self.block(Arc::clone(self), node, tag, offset, units, size, stream))
     }
 
-    /// Like [`alloc`](Self::alloc), but waits up to `timeout` for frees (or streams) to make
-    /// room before returning the out-of-memory error.
+    #[allow(clippy::too_many_arguments)]
+    fn block(
+        &self,
+        pool: Arc<Self>,
+        node: u32,
+        tag: u8,
+        offset: usize,
+        units: usize,
+        requested: usize,
+        stream: StreamId,
+    ) -> Block<R> {
+        Block {
+            pool: ManuallyDrop::new(pool),
+            node,
+            tag,
+            offset,
+            size: units << self.shift,
+            requested,
+            stream,
+            uses: 0,
+        }
+    }
+
+    /// Like [`alloc`](Self::alloc), but waits up to `timeout` for frees (or streams, or
+    /// another thread's claim) to make room before returning the out-of-memory error.
     pub fn alloc_wait(
         self: &Arc<Self>,
         size: usize,
@@ -707,40 +1093,80 @@ impl<R: Region> FixedPool<R> {
     ) -> Result<Block<R>> {
         let units = self.units(size)?;
         let deadline = Instant::now().checked_add(timeout);
-        let mut g = self.lock();
+        let me = thread_token();
         loop {
-            let err = match self.alloc_locked(&mut g, size, units, stream) {
-                Ok(b) => return Ok(b),
+            let claimed = self.holder.load(Ordering::Relaxed) == me;
+            if !claimed && !self.acquire(me, deadline) {
+                return Err(Error::OutOfMemory(format!(
+                    "pool busy: another thread held it for the whole wait ({} B requested)",
+                    units << self.shift
+                )));
+            }
+            // Register as a waiter before the attempt, so a free after it wakes us.
+            let sleep = self.sleep.lock().unwrap_or_else(|e| e.into_inner());
+            self.waiters.fetch_add(1, Ordering::SeqCst);
+            let attempt = {
+                // SAFETY: this thread holds `state` (claimed, or just acquired).
+                let g = unsafe { &mut *self.state.get() };
+                self.drain_remote(g);
+                let r = match self.alloc_in(g, size, units, stream) {
+                    Ok(b) => Ok(b),
+                    Err(e) => {
+                        let foreign = self.pending_count.load(Ordering::Acquire) > 0
+                            || Self::has_foreign(g, stream);
+                        Err((e, foreign))
+                    }
+                };
+                if !claimed {
+                    // Released without `wake` (this thread holds `sleep`); others waiting for
+                    // the state are woken directly.
+                    self.holder.store(0, Ordering::Release);
+                    if self.waiters.load(Ordering::SeqCst) > 1 {
+                        self.freed.notify_all();
+                    }
+                }
+                r
+            };
+            let (err, foreign) = match attempt {
+                Ok((node, tag, offset)) => {
+                    self.waiters.fetch_sub(1, Ordering::SeqCst);
+                    drop(sleep);
+                    let pool = Arc::clone(self);
+                    return Ok(self.block(pool, node, tag, offset, units, size, stream));
+                }
                 Err(e) => e,
             };
             if units << self.shift > self.reserved || matches!(err, Error::Unsupported(_)) {
+                self.waiters.fetch_sub(1, Ordering::SeqCst);
                 return Err(err);
             }
             let now = Instant::now();
             let remaining = match deadline {
-                Some(d) if d <= now => return Err(err),
+                Some(d) if d <= now => {
+                    self.waiters.fetch_sub(1, Ordering::SeqCst);
+                    return Err(err);
+                }
                 Some(d) => d - now,
                 None => Duration::MAX,
             };
-            let slice = if self.pending_count.load(Ordering::Acquire) > 0
-                || Self::has_foreign(&g, stream)
-            {
+            let slice = if foreign {
                 remaining.min(PENDING_POLL)
             } else {
                 remaining
             };
-            self.waiters.fetch_add(1, Ordering::AcqRel);
-            g = match self.freed.wait_timeout(g, slice) {
-                Ok((g, _)) => g,
-                Err(e) => e.into_inner().0,
-            };
-            self.waiters.fetch_sub(1, Ordering::AcqRel);
+            drop(
+                self.freed
+                    .wait_timeout(sleep, slice)
+                    .unwrap_or_else(|e| e.into_inner()),
+            );
+            self.waiters.fetch_sub(1, Ordering::SeqCst);
         }
     }
 
     /// A snapshot of the pool's occupancy.
     pub fn stats(&self) -> PoolStats {
-        let g = self.lock();
+        let mut h = self.hold();
+        let g = h.g();
         let largest_free = g.largest_free() << self.shift;
         let free_bytes = g.free_units << self.shift;
         PoolStats {
@@ -780,13 +1206,15 @@ impl<R: Region> FixedPool<R> {
             .any(|(k, &s)| s != stream && g.index[k + 1].fl_bitmap != 0)
     }
 
-    fn alloc_locked(
-        self: &Arc<Self>,
+    /// Takes a span for `units` on `stream`: (node, owner tag, byte offset).
+    #[inline]
+    fn alloc_in(
+        &self,
         g: &mut Inner,
         requested: usize,
         units: usize,
         stream: StreamId,
-    ) -> Result<Block<R>> {
+    ) -> Result<(u32, u8, usize)> {
         let own = if self.stream_safe {
             Some(g.tag_of(stream)?)
         } else {
@@ -803,20 +1231,14 @@ impl<R: Region> FixedPool<R> {
         }
         match found {
             Some(node) => {
-                let n = g.nodes[node as usize];
                 g.in_use += units;
                 g.blocks += 1;
                 g.peak_in_use = g.peak_in_use.max(g.in_use);
-                Ok(Block {
-                    pool: Arc::clone(self),
+                Ok((
                     node,
-                    tag: own.unwrap_or(ANY),
-                    offset: n.off << self.shift,
-                    size: units << self.shift,
-                    requested,
-                    stream,
-                    uses: 0,
-                })
+                    own.unwrap_or(ANY),
+                    g.nodes[node as usize].off << self.shift,
+                ))
             }
             None => Err(Error::OutOfMemory(format!(
                 "pool exhausted: requested {requested} B ({} B aligned) on stream {}; \
@@ -925,45 +1347,53 @@ impl<R: Region> FixedPool<R> {
     /// Registers a declared use on `stream` (its cached epoch no longer covers it); returns
     /// the stream's tag.
     fn mark_use(&self, stream: StreamId) -> Result<u8> {
-        let mut g = self.lock();
+        let mut h = self.hold();
+        let g = h.g();
         let t = g.tag_of(stream)?;
         g.dirty[t as usize - 1] = true;
         Ok(t)
     }
 
-    fn release(&self, node: u32, tag: u8, uses: u64) {
-        {
-            let mut g = self.lock();
-            let size = g.nodes[node as usize].size;
-            g.in_use -= size;
-            g.blocks -= 1;
-            if !self.stream_safe {
-                g.release(node, ANY);
-            } else {
-                if uses == 0 {
-                    g.release(node, tag);
-                } else {
-                    let mut epochs = [EventId(0); MAX_STREAMS];
-                    let mut mask = uses;
-                    while mask != 0 {
-                        let b = mask.trailing_zeros() as usize;
-                        mask &= mask - 1;
-                        epochs[b] = g.epoch_for(self.clock.as_ref(), b as u8 + 1);
-                    }
-                    g.nodes[node as usize].state = State::Pending;
-                    g.pending_units += size;
-                    self.pending_count.fetch_add(1, Ordering::AcqRel);
-                    g.pending.push(Pending {
-                        node,
-                        tag,
-                        mask: uses,
-                        epochs,
-                    });
-                }
+    /// Returns a block's span: free at once for its own stream, or pending on the streams
+    /// declared to use it.
+    #[inline]
+    fn release_in(&self, g: &mut Inner, node: u32, tag: u8, uses: u64) {
+        let size = g.nodes[node as usize].size;
+        g.in_use -= size;
+        g.blocks -= 1;
+        if !self.stream_safe {
+            g.release(node, ANY);
+        } else if uses == 0 {
+            g.release(node, tag);
+        } else {
+            let mut epochs = [EventId(0); MAX_STREAMS];
+            let mut mask = uses;
+            while mask != 0 {
+                let b = mask.trailing_zeros() as usize;
+                mask &= mask - 1;
+                epochs[b] = g.epoch_for(self.clock.as_ref(), b as u8 + 1);
             }
+            g.nodes[node as usize].state = State::Pending;
+            g.pending_units += size;
+            self.pending_count.fetch_add(1, Ordering::AcqRel);
+            g.pending.push(Pending {
+                node,
+                tag,
+                mask: uses,
+                epochs,
+            });
         }
-        if self.waiters.load(Ordering::Acquire) > 0 {
-            self.freed.notify_all();
+    }
+}
+
+impl<R: Region> Drop for FixedPool<R> {
+    fn drop(&mut self) {
+        let mut p = *self.remote.get_mut();
+        while !p.is_null() {
+            // SAFETY: entries come from `Box::into_raw`; the pool is being dropped, so this is
+            // their only owner.
+            let e = unsafe { Box::from_raw(p) };
+            p = e.next;
         }
     }
 }
@@ -979,9 +1409,12 @@ impl Inner {
     }
 }
 
-/// A live allocation in a [`FixedPool`]; it returns its bytes to the pool when dropped.
+/// A live allocation in a [`FixedPool`]; it returns its bytes to the pool when dropped (on any
+/// thread: on one that cannot take the pool's bookkeeping it is queued lock-free).
 pub struct Block<R: Region> {
-    pool: Arc<FixedPool<R>>,
+    /// One strong count on the pool (a `ManuallyDrop`, so a claimed thread's free can hand
+    /// it back to the pool instead of decrementing).
+    pool: ManuallyDrop<Arc<FixedPool<R>>>,
     node: u32,
     /// The owner stream's tag (`ANY` when the pool does not track streams).
     tag: u8,
@@ -992,7 +1425,6 @@ pub struct Block<R: Region> {
     /// Streams (bit `t - 1` for tag `t`) declared to use the block besides its own.
     uses: u64,
 }
-
 impl<R: Region> Block<R> {
     /// Offset of the first byte from the region's base (a multiple of the pool's alignment).
     pub fn offset(&self) -> usize {
@@ -1051,6 +1483,32 @@ impl<R: Region> std::fmt::Debug for Block<R> {
 
 impl<R: Region> Drop for Block<R> {
     fn drop(&mut self) {
-        self.pool.release(self.node, self.tag, self.uses);
+        // SAFETY: taken once, here; the field is not used again.
+        let pool = unsafe { ManuallyDrop::take(&mut self.pool) };
+        let me = thread_token();
+        if pool.holder.load(Ordering::Relaxed) == me {
+            // This thread claims the pool: no lock, and the block's strong count goes back
+            // to the pool for the next allocation (no atomic).
+            // SAFETY: this thread holds `state` for the life of its claim.
+            let g = unsafe { &mut *pool.state.get() };
+            pool.release_in(g, self.node, self.tag, self.uses);
+            g.prepaid += 1;
+            let _ = Arc::into_raw(pool);
+            return;
+        }
+        if pool.holder.load(Ordering::Relaxed) == 0
+            && pool
+                .holder
+                .compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+        {
+            // SAFETY: this thread now holds `state` until `unlock`.
+            let g = unsafe { &mut *pool.state.get() };
+            pool.drain_remote(g);
+            pool.release_in(g, self.node, self.tag, self.uses);
+            pool.unlock();
+        } else {
+            pool.free_remote(self.node, self.tag, self.uses);
+        }
     }
 }

@@ -577,3 +577,215 @@ fn best_fit_prefers_smallest_span_across_tags() {
     assert_eq!(e.offset(), 3 * U);
     assert_eq!((clock.queries(), clock.records()), (0, 0));
 }
+
+/// A claimed pool serves its thread without the lock; a block freed on another thread waits
+/// on the remote-free list until the owner's next allocation drains it.
+#[test]
+fn claimed_pool_takes_frees_from_other_threads_through_the_remote_list() {
+    let (pool, _clock) = fake_pool(16);
+    let claim = pool.claim();
+    assert!(pool.claimed_here());
+    let a = claim.alloc(4 * U, S0).unwrap();
+    let b = claim.alloc(4 * U, S0).unwrap();
+    assert_eq!((a.offset(), b.offset()), (0, 4 * U));
+    // Freed on another thread: the owner holds the state, so the block is queued.
+    std::thread::spawn(move || drop(a)).join().unwrap();
+    assert!(pool.remote_queued());
+    // The owner's next allocation drains the list first and reuses the bytes at once.
+    let c = claim.alloc(4 * U, S0).unwrap();
+    assert_eq!(c.offset(), 0);
+    assert!(!pool.remote_queued());
+    let s = pool.stats();
+    assert_eq!((s.blocks, s.in_use), (2, 8 * U));
+    drop((b, c));
+    drop(claim);
+    assert!(!pool.claimed_here());
+    let s = pool.stats();
+    assert_eq!((s.blocks, s.in_use, s.free_blocks), (0, 0, 1));
+}
+
+/// Blocks freed under a claim hand their reference to the pool back for reuse; when the claim
+/// ends those references are released, so the pool is dropped with its last handle.
+#[test]
+fn claim_returns_prepaid_references() {
+    let (pool, _clock) = fake_pool(16);
+    {
+        let claim = pool.claim();
+        let blocks: Vec<_> = (0..4).map(|_| claim.alloc(U, S0).unwrap()).collect();
+        assert_eq!(Arc::strong_count(&pool), 2 + 4);
+        drop(blocks);
+        // The four counts now wait in the pool for the claim's next allocations.
+        assert_eq!(Arc::strong_count(&pool), 2 + 4);
+        let again = claim.alloc(U, S0).unwrap();
+        assert_eq!(Arc::strong_count(&pool), 2 + 4);
+        drop(again);
+    }
+    assert_eq!(Arc::strong_count(&pool), 1);
+    let weak = Arc::downgrade(&pool);
+    drop(pool);
+    assert!(weak.upgrade().is_none());
+}
+
+/// Another thread's allocation waits while the pool is claimed and proceeds once the claim
+/// drops; `alloc_wait` gives up at its deadline instead.
+#[test]
+fn other_threads_wait_for_a_claim() {
+    let (pool, _clock) = fake_pool(16);
+    let claim = pool.claim();
+    let p = Arc::clone(&pool);
+    let timed = std::thread::spawn(move || {
+        p.alloc_wait(U, S0, Duration::from_millis(20))
+            .map(|b| b.offset())
+    })
+    .join()
+    .unwrap();
+    assert!(matches!(timed, Err(Error::OutOfMemory(_))), "{timed:?}");
+    let p = Arc::clone(&pool);
+    let waiter = std::thread::spawn(move || p.alloc(2 * U, S0).map(|b| (b.offset(), b.size())));
+    std::thread::sleep(Duration::from_millis(20));
+    let mine = claim.alloc(U, S0).unwrap();
+    assert_eq!(mine.offset(), 0);
+    drop(claim);
+    // The waiter got the pool after the claim and allocated past the claimed block.
+    assert_eq!(waiter.join().unwrap().unwrap(), (U, 2 * U));
+    drop(mine);
+    assert_eq!(pool.stats().blocks, 0);
+}
+
+/// Many threads free blocks of a claimed pool at once: every byte comes back exactly once.
+#[test]
+fn concurrent_remote_frees_all_return() {
+    const N: usize = 256;
+    let (pool, _clock) = fake_pool(2 * N);
+    let claim = pool.claim();
+    let mut blocks: Vec<_> = (0..N).map(|_| claim.alloc(U, S0).unwrap()).collect();
+    let mut handles = Vec::new();
+    for _ in 0..4 {
+        let mine: Vec<_> = blocks.drain(..N / 4).collect();
+        handles.push(std::thread::spawn(move || drop(mine)));
+    }
+    for h in handles {
+        h.join().unwrap();
+    }
+    let s = pool.stats();
+    assert_eq!((s.blocks, s.in_use, s.free_blocks), (0, 0, 1));
+    // Everything coalesced: the whole region is one block again.
+    let whole = claim.alloc(2 * N * U, S0).unwrap();
+    assert_eq!(whole.offset(), 0);
+}
+
+/// The same random sequence through a claimed and an unclaimed pool gives the same offsets
+/// (the owner path is the same allocator without the lock).
+#[test]
+fn claimed_and_unclaimed_pools_place_identically() {
+    let run = |claim: bool| {
+        let (pool, _clock) = fake_pool(400);
+        let _c = claim.then(|| pool.claim());
+        let mut live: Vec<Block<FakeRegion>> = Vec::new();
+        let mut offsets = Vec::new();
+        let mut x = 0x1234_5678_9abc_def1u64;
+        for _ in 0..3000 {
+            x = xorshift(x);
+            if !live.is_empty() && x % 100 < 45 {
+                live.swap_remove((x >> 8) as usize % live.len());
+            } else if let Ok(b) = pool.alloc(1 + (x >> 16) as usize % (20 * U), S0) {
+                offsets.push(b.offset());
+                live.push(b);
+            }
+        }
+        offsets
+    };
+    assert_eq!(run(true), run(false));
+}
+
+/// A span that grows back across a size class while it is the highest free span stays listed
+/// in its old class (no relink on the alloc/free ping-pong); it still serves requests of its
+/// full size and is moved up when a span is linked above it.
+#[test]
+fn stale_highest_span_still_serves_its_full_size() {
+    let (pool, _clock) = fake_pool(64);
+    let a = pool.alloc(U, S0).unwrap(); // the free tail (63 units) drops a class
+    drop(a); // merged back to 64 units, listed in the 63-unit class
+    let whole = pool.alloc(64 * U, S0).unwrap();
+    assert_eq!((whole.offset(), whole.size()), (0, 64 * U));
+    drop(whole);
+    // Best fit over a stale span and a span linked above its listed class.
+    let (pool, _clock) = fake_pool(200);
+    let x = pool.alloc(100 * U, S0).unwrap();
+    let y = pool.alloc(U, S0).unwrap();
+    let z = pool.alloc(U, S0).unwrap();
+    drop(x); // 100-unit hole at 0; the 98-unit tail at 102
+    let w = pool.alloc(98 * U, S0).unwrap();
+    assert_eq!(w.offset(), 102 * U); // the exact fit, not the larger hole
+    drop((y, z, w));
+    let s = pool.stats();
+    assert_eq!((s.free_blocks, s.largest_free), (1, 200 * U));
+    assert_eq!(pool.alloc(200 * U, S0).unwrap().offset(), 0);
+}
+
+/// Serving options (small blocks from the top), claimed and unclaimed: blocks never overlap,
+/// spans stay fully coalesced, and an allocation fails only when no free run could hold it
+/// (the stale highest span included).
+#[test]
+fn randomized_serving_options_never_fail_while_a_run_fits() {
+    for claim in [false, true] {
+        const UNITS: usize = 300;
+        let region = FakeRegion {
+            base: 0x20_0000,
+            len: UNITS * U,
+        };
+        let opts = PoolOptions {
+            small_from_top: Some(4 * U),
+            ..PoolOptions::default()
+        };
+        let pool = FixedPool::with_options(region, Arc::new(SyncClock), opts).unwrap();
+        let _c = claim.then(|| pool.claim());
+        let mut used = vec![false; UNITS];
+        let mut live: Vec<Block<FakeRegion>> = Vec::new();
+        let mut x = 0x0bad_5eed_1234_5678u64;
+        let (mut allocs, mut ooms) = (0, 0);
+        for _ in 0..6000 {
+            x = xorshift(x);
+            if !live.is_empty() && (x % 100) < 45 {
+                let b = live.swap_remove((x >> 8) as usize % live.len());
+                let (o, n) = (b.offset() / U, b.size() / U);
+                used[o..o + n].iter_mut().for_each(|u| *u = false);
+            } else {
+                // Mostly small, sometimes close to the whole region.
+                let size = if x % 7 == 0 {
+                    1 + (x >> 16) as usize % (UNITS * U)
+                } else {
+                    1 + (x >> 16) as usize % (16 * U)
+                };
+                let units = size.div_ceil(U);
+                let fits = free_runs(&used).iter().any(|r| r.1 >= units);
+                match pool.alloc(size, S0) {
+                    Ok(b) => {
+                        let o = b.offset() / U;
+                        assert!(o + units <= UNITS);
+                        for u in &mut used[o..o + units] {
+                            assert!(!*u, "overlap");
+                            *u = true;
+                        }
+                        live.push(b);
+                        allocs += 1;
+                    }
+                    Err(Error::OutOfMemory(_)) => {
+                        assert!(!fits, "failed while a free run of {units} units exists");
+                        ooms += 1;
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            let runs = free_runs(&used);
+            let s = pool.stats();
+            assert_eq!(s.free_blocks, runs.len());
+            assert_eq!(s.free_bytes + s.in_use, s.reserved);
+            assert_eq!(
+                s.largest_free,
+                runs.iter().map(|r| r.1).max().unwrap_or(0) * U
+            );
+        }
+        assert!(allocs > 1000 && ooms > 50, "allocs {allocs}, ooms {ooms}");
+    }
+}

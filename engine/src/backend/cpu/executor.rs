@@ -8,7 +8,7 @@ use crate::backend::{Backend, BackendContext, Executable};
 use crate::error::{Error, Result};
 use crate::ir::{shape, Graph, Node, Tensor};
 use crate::memory::{Block, HostPool, HostRegion, Region, StreamId};
-use crate::plan::{self, MemoryPlan, Slot, ALIGNMENT};
+use crate::plan::{MemoryPlan, PlanCache, Slot, ALIGNMENT};
 
 /// The CPU backend with its thread count (0 = one per core).
 pub struct CpuBackend {
@@ -19,7 +19,7 @@ pub struct CpuBackend {
 pub struct CpuExecutable {
     graph: Arc<Graph>,
     kernels: Vec<Box<dyn Kernel>>,
-    plan: MemoryPlan,
+    plan: Arc<MemoryPlan>,
     pool: Arc<rayon::ThreadPool>,
 }
 
@@ -30,8 +30,16 @@ impl Backend for CpuBackend {
 }
 
 impl CpuExecutable {
-    /// Compiles every node (failing on the first unsupported one) and plans the arena.
+    /// Compiles every node (failing on the first unsupported one) and plans the arena, with
+    /// elementwise nodes written in place over inputs that die there.
     pub fn new(graph: Arc<Graph>, threads: usize) -> Result<Self> {
+        Self::with_in_place(graph, threads, true)
+    }
+
+    /// Like [`new`](Self::new); `in_place = false` gives every value its own buffer (for
+    /// checking the in-place plan against). Plans come from [`PlanCache::global`], so a graph
+    /// compiled again for shapes seen before reuses its plan.
+    pub fn with_in_place(graph: Arc<Graph>, threads: usize, in_place: bool) -> Result<Self> {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("vigil-cpu-{i}"))
@@ -46,7 +54,12 @@ impl CpuExecutable {
                 .collect::<Result<Vec<_>>>()
         })?;
         let scratch: Vec<usize> = kernels.iter().map(|k| k.scratch_bytes()).collect();
-        let plan = plan::plan(&graph, &scratch)?;
+        let in_place_ok: Vec<Option<usize>> = if in_place {
+            kernels.iter().map(|k| k.in_place_input()).collect()
+        } else {
+            Vec::new()
+        };
+        let plan = PlanCache::global().get_or_plan(&graph, &scratch, &in_place_ok)?;
         Ok(CpuExecutable {
             graph,
             kernels,
@@ -57,6 +70,11 @@ impl CpuExecutable {
 
     /// The arena plan (for reports: size against the lower bound).
     pub fn plan(&self) -> &MemoryPlan {
+        &self.plan
+    }
+
+    /// The shared plan (the same `Arc` for every executable with the same planning inputs).
+    pub fn shared_plan(&self) -> &Arc<MemoryPlan> {
         &self.plan
     }
 }
@@ -272,8 +290,13 @@ fn run_node(
             std::slice::from_raw_parts(base.add(slot.offset), len)
         }))
     };
+    // In place: that input's bytes are output 0's; the kernel reads them from the output.
+    let aliased = plan.in_place.get(index).copied().flatten();
     let mut ins: [Option<TensorRef>; MAX_IO] = [None; MAX_IO];
     for (k, inp) in node.inputs.iter().enumerate() {
+        if Some(k) == aliased {
+            continue;
+        }
         if let Some(v) = *inp {
             let (shape, bytes) = view(v)?;
             ins[k] = Some(TensorRef {
@@ -292,7 +315,8 @@ fn run_node(
         })?;
         let len = shape.iter().product::<usize>() * value.dtype.size();
         debug_assert!(slot.offset + len <= arena_len);
-        // SAFETY: as above; each output has its own disjoint slot.
+        // SAFETY: as above; each output has its own disjoint slot (an in-place output shares
+        // only the aliased input's, which gets no view).
         let bytes = unsafe { std::slice::from_raw_parts_mut(base.add(slot.offset), len) };
         outs[k] = TensorMut {
             dtype: value.dtype,
@@ -305,6 +329,13 @@ fn run_node(
         Some(s) => unsafe { std::slice::from_raw_parts_mut(base.add(s.offset), s.size) },
         None => &mut [],
     };
+    if aliased.is_some() {
+        return kernel.run_in_place(
+            &ins[..node.inputs.len()],
+            &mut outs[..node.outputs.len()],
+            scratch,
+        );
+    }
     kernel.run(
         &ins[..node.inputs.len()],
         &mut outs[..node.outputs.len()],

@@ -707,6 +707,19 @@ struct ChainKernel<T> {
 }
 
 impl<T: Num> ChainKernel<T> {
+    /// Whether input 0 can be taken from the output's bytes: it has the output's element
+    /// count (so element i feeds output element i), comes from the arena, and no later step
+    /// reads it again.
+    fn in_place_ok(&self) -> bool {
+        self.lens.first() == Some(&self.plan.len())
+            && self.converted.first().is_some_and(|c| c.is_none())
+            && self
+                .steps
+                .iter()
+                .all(|s| !matches!(s, Step::Bin { operand: 0, .. }))
+    }
+
+    /// Computes `dst`; with `loaded`, `dst` already holds input 0's elements (in place).
     #[inline]
     fn eval(
         &self,
@@ -714,10 +727,13 @@ impl<T: Num> ChainKernel<T> {
         ins: &[&[T]; MAX_INPUTS],
         offs: &[usize; MAX_INPUTS],
         st: &[usize; MAX_INPUTS],
+        loaded: bool,
     ) {
         let n = dst.len();
         let mut steps = &self.steps[..];
-        if let Some(&Step::Bin {
+        if loaded {
+            // Input 0 is in dst: every step (the first included) accumulates into it.
+        } else if let Some(&Step::Bin {
             op,
             operand,
             acc_right,
@@ -782,11 +798,50 @@ impl<T: Num> Kernel for ChainKernel<T> {
         drive(out, |start, chunk| {
             self.plan
                 .segments(start, chunk.len(), |rel, seg, offs, st| {
-                    self.eval(&mut chunk[rel..rel + seg], &ins, offs, st);
+                    self.eval(&mut chunk[rel..rel + seg], &ins, offs, st, false);
                 });
         });
         Ok(())
     }
+
+    fn in_place_input(&self) -> Option<usize> {
+        self.in_place_ok().then_some(0)
+    }
+
+    fn run_in_place(
+        &self,
+        inputs: &[Option<TensorRef<'_>>],
+        outputs: &mut [TensorMut<'_>],
+        _scratch: &mut [u8],
+    ) -> Result<()> {
+        if !self.in_place_ok() {
+            return Err(unsupported_name(&self.name, "in place"));
+        }
+        let mut ins: [&[T]; MAX_INPUTS] = [&[]; MAX_INPUTS];
+        for (k, &len) in self.lens.iter().enumerate().skip(1) {
+            ins[k] = match &self.converted[k] {
+                Some(v) => v,
+                None => view(input(inputs, k, &self.name)?.bytes, len, &self.name)?,
+            };
+        }
+        let out = view_mut::<T>(
+            output(outputs, 0, &self.name)?.bytes,
+            self.plan.len(),
+            &self.name,
+        )?;
+        drive(out, |start, chunk| {
+            self.plan
+                .segments(start, chunk.len(), |rel, seg, offs, st| {
+                    self.eval(&mut chunk[rel..rel + seg], &ins, offs, st, true);
+                });
+        });
+        Ok(())
+    }
+}
+
+/// The error of a kernel asked for a mode it does not support.
+fn unsupported_name(name: &str, what: &str) -> Error {
+    Error::Unsupported(format!("node '{name}': {what}"))
 }
 
 fn build_chain<T: Num>(graph: &Graph, node: &Node) -> Result<Box<dyn Kernel>> {
@@ -1743,6 +1798,147 @@ mod tests {
             &[1]
         )
         .is_err());
+    }
+
+    /// Runs `op` normally, then in place (input 0's bytes already in the output, input 0
+    /// absent): `None` when the kernel does not offer in place, else both outputs.
+    fn both_ways(
+        op: Op,
+        make: &dyn Fn() -> Vec<In>,
+        out: &[usize],
+    ) -> Option<(Vec<f32>, Vec<f32>)> {
+        use super::super::{TensorMut, TensorRef};
+        use crate::ir::{Graph, Node, Tensor};
+        let ins = make();
+        let normal = run1(op.clone(), make(), DataType::F32, out)
+            .unwrap()
+            .as_f32()
+            .unwrap()
+            .to_vec();
+        let mut g = Graph::default();
+        let mut inputs = Vec::new();
+        for (i, x) in ins.iter().enumerate() {
+            inputs.push(match x {
+                In::Rt(t) => {
+                    let v = g.add_value(format!("in{i}"), t.dtype());
+                    g.values[v].shape = Some(t.shape.clone());
+                    Some(v)
+                }
+                In::Const(t) => Some(g.add_constant(format!("in{i}"), t.clone())),
+                In::Absent => None,
+            });
+        }
+        let o = g.add_value("out", DataType::F32);
+        g.values[o].shape = Some(out.to_vec());
+        let node = Node {
+            name: "n".into(),
+            op,
+            inputs,
+            outputs: vec![o],
+        };
+        let k = super::super::build_kernel(&g, &node).unwrap();
+        assert_eq!(k.in_place_input().unwrap_or(0), 0);
+        k.in_place_input()?;
+        let tensors: Vec<Option<Tensor>> = ins
+            .iter()
+            .map(|x| match x {
+                In::Rt(t) | In::Const(t) => Some(t.clone()),
+                In::Absent => None,
+            })
+            .collect();
+        let refs: Vec<Option<TensorRef>> = tensors
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                t.as_ref().filter(|_| i != 0).map(|t| TensorRef {
+                    dtype: t.dtype(),
+                    shape: &t.shape,
+                    bytes: t.as_bytes(),
+                })
+            })
+            .collect();
+        let mut buf = tensors[0].clone().unwrap();
+        let mut views = [TensorMut {
+            dtype: DataType::F32,
+            shape: out,
+            bytes: buf.as_bytes_mut(),
+        }];
+        k.run_in_place(&refs, &mut views, &mut []).unwrap();
+        Some((normal, buf.as_f32().unwrap().to_vec()))
+    }
+
+    #[test]
+    fn in_place_runs_match_the_normal_run_and_a_reference() {
+        let s = [2usize, 3, 4];
+        let x = rand_f32(24, 7);
+        let y = rand_f32(24, 8);
+        let bias = rand_f32(4, 9);
+        let rt = |v: &[f32], sh: &[usize]| In::Rt(f32t(sh, v.to_vec()));
+        let sig = |v: f32| 1.0 / (1.0 + (-v).exp());
+        type Make<'a> = Box<dyn Fn() -> Vec<In> + 'a>;
+        let cases: Vec<(Op, Make, Vec<f32>)> = vec![
+            (
+                Op::Unary(UnaryOp::Act(Activation::Relu)),
+                Box::new(|| vec![rt(&x, &s)]),
+                x.iter().map(|v| v.max(0.0)).collect(),
+            ),
+            (
+                Op::Unary(UnaryOp::Act(Activation::Sigmoid)),
+                Box::new(|| vec![rt(&x, &s)]),
+                x.iter().map(|&v| sig(v)).collect(),
+            ),
+            (
+                Op::Binary(BinaryOp::Add),
+                Box::new(|| vec![rt(&x, &s), rt(&y, &s)]),
+                x.iter().zip(&y).map(|(a, b)| a + b).collect(),
+            ),
+            (
+                Op::Binary(BinaryOp::Sub),
+                Box::new(|| vec![rt(&x, &s), rt(&bias, &[4])]),
+                (0..24).map(|i| x[i] - bias[i % 4]).collect(),
+            ),
+            (
+                Op::Binary(BinaryOp::Mul),
+                Box::new(|| vec![rt(&x, &s), In::Const(f32t(&[], vec![0.5]))]),
+                x.iter().map(|v| v * 0.5).collect(),
+            ),
+            (
+                Op::Clip,
+                Box::new(|| {
+                    vec![
+                        rt(&x, &s),
+                        In::Const(f32t(&[], vec![-0.5])),
+                        In::Const(f32t(&[], vec![1.0])),
+                    ]
+                }),
+                x.iter().map(|v| v.clamp(-0.5, 1.0)).collect(),
+            ),
+        ];
+        for (op, make, want) in cases {
+            let name = format!("{op:?}");
+            let (normal, in_place) = both_ways(op, &*make, &s).expect("offers in place");
+            assert_eq!(normal, in_place, "{name}");
+            for (g, w) in in_place.iter().zip(&want) {
+                assert!(
+                    (g - w).abs() <= 1e-6 * w.abs().max(1.0),
+                    "{name}: {g} vs {w}"
+                );
+            }
+        }
+        // Input 0 broadcast to a larger output: its element i does not feed output i.
+        let small_first = both_ways(
+            Op::Binary(BinaryOp::Sub),
+            &|| vec![rt(&bias, &[4]), rt(&x, &s)],
+            &s,
+        );
+        assert!(small_first.is_none());
+        // Input 0 read again by the chain (x * x): not in place.
+        let xx = both_ways(
+            Op::Binary(BinaryOp::Mul),
+            &|| vec![rt(&x, &s), rt(&x, &s)],
+            &s,
+        );
+        assert!(xx.is_some_and(|(a, b)| a == b));
     }
 
     #[test]

@@ -166,4 +166,24 @@ pub trait Kernel: Send + Sync {
     fn scratch_bytes(&self) -> usize {
         0
     }
+
+    /// The input that [`run_in_place`](Self::run_in_place) takes from output 0's bytes (None:
+    /// the kernel cannot run in place). Only kernels that read element i of that input
+    /// before writing element i of the output, and nothing else of it, may say so.
+    fn in_place_input(&self) -> Option<usize> {
+        None
+    }
+
+    /// Like [`run`](Self::run), but input [`in_place_input`](Self::in_place_input) is `None`
+    /// in `inputs`: its values are already in `outputs[0]`, which the kernel overwrites.
+    fn run_in_place(
+        &self,
+        _inputs: &[Option<TensorRef<'_>>],
+        _outputs: &mut [TensorMut<'_>],
+        _scratch: &mut [u8],
+    ) -> Result<()> {
+        Err(crate::error::Error::Unsupported(
+            "this kernel cannot run in place".into(),
+        ))
+    }
 }
