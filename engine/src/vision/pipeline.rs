@@ -6,7 +6,6 @@ use std::time::Instant;
 use super::classify::classify;
 use super::decode::decode_image;
 use super::detect::{decode_nanodet, decode_yolov8};
-use super::preprocess::preprocess;
 use super::{
     DecodeLimits, DetectionHead, ImageInference, ImageTransform, Overrides, Results, Task, Timings,
     VisionSpec,
@@ -75,7 +74,8 @@ pub fn infer_image(
     timings.decode_ms = ms_since(t);
 
     let t = Instant::now();
-    let (tensor, transform) = preprocess(&img, &spec.preprocess)?;
+    // On the GPU for CUDA models (bit-identical to the CPU's `preprocess`).
+    let (tensor, transform) = ctx.preprocessor().preprocess(&img, &spec.preprocess)?;
     timings.preprocess_ms = ms_since(t);
 
     let t = Instant::now();

@@ -22,26 +22,7 @@ use crate::ir::Tensor;
 use crate::vision::preprocess::{placement, precompute_coeffs, Coeffs, PRECISION_BITS};
 use crate::vision::{ImageTransform, Preprocess, ResizeMode};
 
-/// NV12 vertical cubic weights (sum 1024, Keys a = -0.75) for an even luma row `2i` on chroma
-/// rows `i-2..=i+1`; odd rows use them mirrored on `i-1..=i+2` (same table as the CPU).
-pub const NV12_CUBIC_EVEN: [i32; 4] = [-36, 268, 900, -108];
-
-/// Fixed-point YUV → RGB coefficients (14 fractional bits), as the CPU converter derives them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GpuYuvCoeffs {
-    /// Luma black level (16 limited, 0 full).
-    pub y_offset: i32,
-    /// Luma gain.
-    pub y_mul: i32,
-    /// V → R gain.
-    pub rv: i32,
-    /// U → G gain (subtracted).
-    pub gu: i32,
-    /// V → G gain (subtracted).
-    pub gv: i32,
-    /// U → B gain.
-    pub bu: i32,
-}
+pub use crate::vision::{GpuYuvCoeffs, NV12_CUBIC_EVEN};
 
 const BLOCK: u32 = 256;
 
