@@ -16,7 +16,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use image::RgbImage;
 use serde::Serialize;
 use tokio::sync::{broadcast, watch};
-use vigil_engine::vision::{postprocess, GpuYuvCoeffs, Overrides, Results, VisionSpec, YuvFrame};
+use vigil_engine::vision::{GpuYuvCoeffs, Overrides, Results, VisionSpec, YuvFrame};
 use vigil_engine::ExecutionContext;
 
 use super::config::CameraConfig;
@@ -73,13 +73,14 @@ impl FrameInfer for ExecutionContext {
     ) -> vigil_engine::Result<Results> {
         // The same steps as `vision::infer_image` after its decode (GPU preprocessing for CUDA).
         let s = Instant::now();
-        let (tensor, transform) = self.preprocessor().preprocess(img, &spec.preprocess)?;
+        let pre = self.preprocessor().clone();
+        let (tensor, transform) = pre.preprocess(img, &spec.preprocess)?;
         t.preprocess_ms = ms(s);
         let s = Instant::now();
         let outputs = self.run_ref(&[&tensor])?;
         t.inference_ms = ms(s);
         let s = Instant::now();
-        let r = postprocess(spec, outputs, &transform, overrides);
+        let r = pre.postprocess(spec, outputs, &transform, overrides);
         t.postprocess_ms = ms(s);
         r
     }

@@ -12,7 +12,9 @@ use std::sync::{Arc, Mutex};
 
 use image::RgbImage;
 
-use super::{ImageTransform, Preprocess};
+#[cfg(feature = "cuda")]
+use super::{DetectionHead, Task};
+use super::{ImageTransform, Overrides, Preprocess, Results, VisionSpec};
 use crate::error::Result;
 use crate::ir::Tensor;
 
@@ -65,6 +67,8 @@ pub struct YuvFrame<'a> {
 #[cfg(feature = "cuda")]
 pub struct GpuVision {
     conv: Mutex<crate::backend::cuda::vision::GpuImageConverter>,
+    /// NanoDet decode + NMS kernels (None when they failed to build: the CPU decodes).
+    det: Option<Mutex<crate::backend::cuda::detect::GpuDetector>>,
 }
 
 /// Preprocessing (and camera-frame conversion) for one model: on the CPU, or on CUDA.
@@ -102,8 +106,16 @@ impl Preprocessor {
         #[cfg(feature = "cuda")]
         {
             let conv = crate::backend::cuda::vision::GpuImageConverter::new(ordinal)?;
+            let det = match crate::backend::cuda::detect::GpuDetector::new(ordinal) {
+                Ok(d) => Some(Mutex::new(d)),
+                Err(e) => {
+                    tracing::warn!("GPU detection decoding unavailable, using the CPU: {e}");
+                    None
+                }
+            };
             Ok(Preprocessor::Gpu(Arc::new(GpuVision {
                 conv: Mutex::new(conv),
+                det,
             })))
         }
         #[cfg(not(feature = "cuda"))]
@@ -133,6 +145,36 @@ impl Preprocessor {
                 conv.preprocess(img.as_raw(), img.width() as usize, img.height() as usize, p)
             }
         }
+    }
+
+    /// Model outputs → results, as [`super::postprocess`]. On the GPU, NanoDet heads are decoded
+    /// and NMS-ed by `backend::cuda::detect` (same detections; the outputs are uploaded from the
+    /// host first); everything else, and any GPU failure (logged), uses the CPU.
+    pub fn postprocess(
+        &self,
+        spec: &VisionSpec,
+        outputs: &[Tensor],
+        transform: &ImageTransform,
+        overrides: &Overrides,
+    ) -> Result<Results> {
+        #[cfg(feature = "cuda")]
+        if let (
+            Preprocessor::Gpu(g),
+            Task::Detection {
+                head: DetectionHead::Nanodet { reg_max, strides },
+            },
+        ) = (self, &spec.task)
+        {
+            let threshold = overrides.score_threshold.unwrap_or(spec.score_threshold);
+            if let (Some(det), false) = (&g.det, threshold.is_nan()) {
+                let mut det = det.lock().unwrap_or_else(|e| e.into_inner());
+                match det.nanodet(spec, outputs, *reg_max, strides, threshold, transform) {
+                    Ok(d) => return Ok(Results::Detections(d)),
+                    Err(e) => tracing::warn!("GPU NanoDet decoding failed, using the CPU: {e}"),
+                }
+            }
+        }
+        super::pipeline::postprocess(spec, outputs, transform, overrides)
     }
 
     /// Converts a YUV frame to RGB on the GPU; `None` on the CPU (the caller converts itself).

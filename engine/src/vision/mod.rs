@@ -8,7 +8,7 @@ use serde::Serialize;
 mod accel;
 mod classify;
 mod decode;
-mod detect;
+pub(crate) mod detect;
 mod pipeline;
 pub(crate) mod preprocess;
 #[cfg(test)]

@@ -75,7 +75,8 @@ pub fn infer_image(
 
     let t = Instant::now();
     // On the GPU for CUDA models (bit-identical to the CPU's `preprocess`).
-    let (tensor, transform) = ctx.preprocessor().preprocess(&img, &spec.preprocess)?;
+    let pre = ctx.preprocessor().clone();
+    let (tensor, transform) = pre.preprocess(&img, &spec.preprocess)?;
     timings.preprocess_ms = ms_since(t);
 
     let t = Instant::now();
@@ -84,7 +85,8 @@ pub fn infer_image(
     timings.inference_ms = ms_since(t);
 
     let t = Instant::now();
-    let results = postprocess(spec, outputs, &transform, overrides)?;
+    // NanoDet decode + NMS on the GPU for CUDA models, else `postprocess`.
+    let results = pre.postprocess(spec, outputs, &transform, overrides)?;
     timings.postprocess_ms = ms_since(t);
 
     Ok(ImageInference {
