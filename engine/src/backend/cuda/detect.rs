@@ -532,12 +532,14 @@ mod tests {
     use super::greedy_keep;
 
     /// Naive greedy over an explicit suppression relation.
+    #[allow(clippy::needless_range_loop)]
     fn naive(sup: &[Vec<bool>], max: usize) -> Vec<usize> {
         let mut keep: Vec<usize> = Vec::new();
         for j in 0..sup.len() {
             if keep.len() >= max {
                 break;
             }
+            // `sup` is indexed [i][j] with i from `keep`: a range loop is the clear form here.
             if keep.iter().all(|&i| !sup[i][j]) {
                 keep.push(j);
             }
@@ -557,7 +559,7 @@ mod tests {
                     s ^= s << 13;
                     s ^= s >> 7;
                     s ^= s << 17;
-                    if s % 7 == 0 {
+                    if s.is_multiple_of(7) {
                         sup[i][j] = true;
                         mask[i * cb + j / 64] |= 1 << (j % 64);
                     }
