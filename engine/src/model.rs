@@ -9,6 +9,7 @@ use crate::backend::{
 use crate::error::{Error, Result};
 use crate::ir::{DataType, Graph, Tensor};
 use crate::passes::{prepare_with, OptimizeReport};
+use crate::vision::Preprocessor;
 
 /// How a model is loaded.
 #[derive(Clone, Debug)]
@@ -52,6 +53,8 @@ pub struct Model {
     inputs: Vec<TensorInfo>,
     outputs: Vec<TensorInfo>,
     report: OptimizeReport,
+    /// Where image preprocessing runs for this model's contexts (GPU for CUDA models).
+    preprocessor: Preprocessor,
 }
 
 impl Model {
@@ -92,12 +95,15 @@ impl Model {
         let outputs = info(&graph.outputs)?;
         let graph = Arc::new(graph);
         let executable = compile_for(device, opts.precision, opts.threads, Arc::clone(&graph))?;
+        // CUDA models preprocess on the GPU (device 0, as `compile_for`); CPU if that fails.
+        let preprocessor = Preprocessor::for_backend(executable.backend(), 0);
         Ok(Model {
             graph,
             executable,
             inputs,
             outputs,
             report,
+            preprocessor,
         })
     }
 
@@ -159,6 +165,7 @@ impl Model {
             inner,
             inputs: self.inputs.clone(),
             outputs,
+            preprocessor: self.preprocessor.clone(),
         }
     }
 }
@@ -168,12 +175,23 @@ pub struct ExecutionContext {
     inner: Box<dyn BackendContext>,
     inputs: Vec<TensorInfo>,
     outputs: Vec<Tensor>,
+    preprocessor: Preprocessor,
 }
 
 impl ExecutionContext {
     /// The inputs this context expects.
     pub fn inputs(&self) -> &[TensorInfo] {
         &self.inputs
+    }
+
+    /// Where this context's image preprocessing runs (the model's choice unless replaced).
+    pub fn preprocessor(&self) -> &Preprocessor {
+        &self.preprocessor
+    }
+
+    /// Replaces where image preprocessing runs (e.g. [`Preprocessor::Cpu`] to force the host).
+    pub fn set_preprocessor(&mut self, p: Preprocessor) {
+        self.preprocessor = p;
     }
 
     /// Runs the model; `inputs` are in the order of [`Model::inputs`]. The returned outputs are

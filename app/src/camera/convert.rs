@@ -7,13 +7,16 @@
 //! (swscale's default); NV12's half-height chroma is interpolated vertically with a 4-tap cubic
 //! ([`ChromaUpsampling`]) kept at 4 fractional bits. Against ffmpeg's RGB24 of the shared frames this
 //! is the closest of the variants measured (see docs/camera.md); the same math exists on the GPU in
-//! `vigil_engine::backend::cuda::vision` (not yet used by the camera pipeline).
+//! `vigil_engine::backend::cuda::vision`, which the camera pipeline uses when the camera's model
+//! runs on CUDA ([`Converter::gpu_frame`] hands it the frame and these coefficients).
 
 use image::RgbImage;
 use serde::Deserialize;
 use zune_core::bytestream::ZCursor;
 use zune_core::colorspace::ColorSpace;
 use zune_core::options::DecoderOptions;
+
+use vigil_engine::vision::{GpuYuvCoeffs, YuvFrame, YuvLayout};
 
 use super::source::{PixelFormat, RawFrame};
 
@@ -81,6 +84,18 @@ impl YuvCoeffs {
             gu: fx(cs * 2.0 * kb * (1.0 - kb) / kg),
             gv: fx(cs * 2.0 * kr * (1.0 - kr) / kg),
             bu: fx(cs * 2.0 * (1.0 - kb)),
+        }
+    }
+
+    /// The same coefficients in the engine's type (what its GPU conversion kernels take).
+    pub fn to_gpu(&self) -> GpuYuvCoeffs {
+        GpuYuvCoeffs {
+            y_offset: self.y_offset,
+            y_mul: self.y_mul,
+            rv: self.rv,
+            gu: self.gu,
+            gv: self.gv,
+            bu: self.bu,
         }
     }
 
@@ -158,10 +173,10 @@ pub enum ChromaUpsampling {
     Nearest,
 }
 
-/// NV12 vertical cubic weights (sum 1024, exact for Keys a = -0.75) of chroma rows `i-2..=i+1` for the even luma
-/// row `2i` (sited at `i - 0.25`); the odd row `2i+1` (at `i + 0.25`) uses them mirrored on rows
-/// `i-1..=i+2`.
-pub const CUBIC_EVEN: [i32; 4] = [-36, 268, 900, -108];
+/// NV12 vertical cubic weights (sum 1024, exact for Keys a = -0.75) of chroma rows `i-2..=i+1` for
+/// the even luma row `2i` (sited at `i - 0.25`); the odd row `2i+1` (at `i + 0.25`) uses them
+/// mirrored on rows `i-1..=i+2`. The engine owns the table (its GPU kernels use the same one).
+pub use vigil_engine::vision::NV12_CUBIC_EVEN as CUBIC_EVEN;
 
 /// Fills `row` (interleaved UV, `width` values with [`CHROMA_FRAC`] fractional bits) with the
 /// chroma for luma row `y` of an NV12 frame.
@@ -295,6 +310,37 @@ impl Converter {
     pub fn with_chroma(mut self, chroma: ChromaUpsampling) -> Converter {
         self.chroma = chroma;
         self
+    }
+
+    /// A YUYV/NV12 frame as the engine's GPU conversion takes it, with this converter's
+    /// coefficients and chroma upsampling; `Ok(None)` for other formats (MJPEG, RGB24), an error
+    /// for frames outside the pixel limit. The GPU result equals [`Converter::to_rgb`]'s.
+    pub fn gpu_frame<'a>(
+        &self,
+        f: &'a RawFrame,
+    ) -> Result<Option<(YuvFrame<'a>, GpuYuvCoeffs)>, String> {
+        let layout = match f.format {
+            PixelFormat::Yuyv => YuvLayout::Yuyv,
+            PixelFormat::Nv12 => YuvLayout::Nv12 {
+                cubic: self.chroma == ChromaUpsampling::Cubic,
+            },
+            PixelFormat::Mjpeg | PixelFormat::Rgb24 => return Ok(None),
+        };
+        let pixels = u64::from(f.width) * u64::from(f.height);
+        if pixels == 0 || pixels > self.max_pixels {
+            return Err(format!(
+                "frame size {}x{} is out of range",
+                f.width, f.height
+            ));
+        }
+        let frame = YuvFrame {
+            layout,
+            data: &f.data,
+            width: f.width as usize,
+            height: f.height as usize,
+            stride: f.stride,
+        };
+        Ok(Some((frame, self.coeffs.to_gpu())))
     }
 
     /// Hands a finished image's buffer back for reuse by the next conversion.
@@ -440,5 +486,30 @@ mod tests {
         let mut c = Converter::new(YuvMatrix::Bt601, YuvRange::Limited, 1 << 20);
         let f = RawFrame::new(PixelFormat::Mjpeg, 4, 4, vec![0xFF, 0xD8, 0x00]);
         assert!(c.to_rgb(&f).is_err());
+    }
+
+    #[test]
+    fn gpu_frame_hands_over_yuv_frames_with_the_converter_coefficients() {
+        let c = Converter::new(YuvMatrix::Bt709, YuvRange::Full, 1 << 20);
+        let k = YuvCoeffs::new(YuvMatrix::Bt709, YuvRange::Full);
+        let f = RawFrame::new(PixelFormat::Yuyv, 4, 2, vec![7; 16]);
+        let (frame, gk) = c.gpu_frame(&f).unwrap().unwrap();
+        assert_eq!(frame.layout, YuvLayout::Yuyv);
+        assert_eq!((frame.width, frame.height, frame.data.len()), (4, 2, 16));
+        assert_eq!(
+            [gk.y_offset, gk.y_mul, gk.rv, gk.gu, gk.gv, gk.bu],
+            [k.y_offset, k.y_mul, k.rv, k.gu, k.gv, k.bu]
+        );
+        let f = RawFrame::new(PixelFormat::Nv12, 4, 2, vec![7; 12]);
+        let (frame, _) = c.gpu_frame(&f).unwrap().unwrap();
+        assert_eq!(frame.layout, YuvLayout::Nv12 { cubic: true });
+        let near = Converter::new(YuvMatrix::Bt601, YuvRange::Limited, 1 << 20)
+            .with_chroma(ChromaUpsampling::Nearest);
+        let (frame, _) = near.gpu_frame(&f).unwrap().unwrap();
+        assert_eq!(frame.layout, YuvLayout::Nv12 { cubic: false });
+        let f = RawFrame::new(PixelFormat::Mjpeg, 4, 2, vec![0xFF, 0xD8]);
+        assert!(c.gpu_frame(&f).unwrap().is_none());
+        let f = RawFrame::new(PixelFormat::Yuyv, 4096, 4096, Vec::new());
+        assert!(c.gpu_frame(&f).is_err());
     }
 }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use image::RgbImage;
 use serde::Serialize;
 use tokio::sync::{broadcast, watch};
-use vigil_engine::vision::{postprocess, preprocess, Overrides, Results, VisionSpec};
+use vigil_engine::vision::{GpuYuvCoeffs, Overrides, Results, VisionSpec, YuvFrame};
 use vigil_engine::ExecutionContext;
 
 use super::config::CameraConfig;
@@ -47,6 +47,16 @@ pub trait FrameInfer: Send {
         overrides: &Overrides,
         t: &mut FrameTimings,
     ) -> vigil_engine::Result<Results>;
+
+    /// Converts a YUV frame where the model runs (the GPU for CUDA models); `None` leaves the
+    /// conversion to the CPU [`Converter`] (the default, and what CPU models do).
+    fn yuv_to_rgb(
+        &mut self,
+        _frame: &YuvFrame<'_>,
+        _k: &GpuYuvCoeffs,
+    ) -> Option<vigil_engine::Result<RgbImage>> {
+        None
+    }
 }
 
 fn ms(t: Instant) -> f64 {
@@ -61,18 +71,41 @@ impl FrameInfer for ExecutionContext {
         overrides: &Overrides,
         t: &mut FrameTimings,
     ) -> vigil_engine::Result<Results> {
-        // The same steps as `vision::infer_image` after its decode.
+        // The same steps as `vision::infer_image` after its decode (GPU preprocessing for CUDA).
         let s = Instant::now();
-        let (tensor, transform) = preprocess(img, &spec.preprocess)?;
+        let pre = self.preprocessor().clone();
+        let (tensor, transform) = pre.preprocess(img, &spec.preprocess)?;
         t.preprocess_ms = ms(s);
         let s = Instant::now();
         let outputs = self.run_ref(&[&tensor])?;
         t.inference_ms = ms(s);
         let s = Instant::now();
-        let r = postprocess(spec, outputs, &transform, overrides);
+        let r = pre.postprocess(spec, outputs, &transform, overrides);
         t.postprocess_ms = ms(s);
         r
     }
+
+    fn yuv_to_rgb(
+        &mut self,
+        frame: &YuvFrame<'_>,
+        k: &GpuYuvCoeffs,
+    ) -> Option<vigil_engine::Result<RgbImage>> {
+        self.preprocessor().yuv_to_rgb(frame, k)
+    }
+}
+
+/// Converts a frame to RGB: YUYV/NV12 on the GPU when the model runs there, else on the CPU.
+fn convert_frame(
+    conv: &mut Converter,
+    infer: &mut dyn FrameInfer,
+    f: &RawFrame,
+) -> Result<RgbImage, String> {
+    if let Some((frame, k)) = conv.gpu_frame(f)? {
+        if let Some(r) = infer.yuv_to_rgb(&frame, &k) {
+            return r.map_err(|e| e.to_string());
+        }
+    }
+    conv.to_rgb(f)
 }
 
 /// One frame's results, as broadcast to SSE clients and shown in `/v1/cameras`.
@@ -437,7 +470,7 @@ fn inference_loop(cam: Arc<CameraHandle>, mut t: Transform, webhook: Option<Webh
         last_start = Some(Instant::now());
         let mut timings = FrameTimings::default();
         let s = Instant::now();
-        let outcome = conv.to_rgb(&frame).and_then(|img| {
+        let outcome = convert_frame(&mut conv, &mut *t.infer, &frame).and_then(|img| {
             timings.convert_ms = ms(s);
             t.infer
                 .infer_rgb(&img, &t.spec, &overrides, &mut timings)
@@ -620,5 +653,68 @@ impl CameraHub {
 impl Drop for CameraHub {
     fn drop(&mut self) {
         self.stop_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::camera::convert::{YuvMatrix, YuvRange};
+    use crate::camera::source::PixelFormat;
+
+    /// A stand-in model that converts YUV frames itself (as a CUDA context does) into a constant
+    /// image, and counts the requests.
+    struct GpuLike {
+        asked: usize,
+        answer: bool,
+    }
+
+    impl FrameInfer for GpuLike {
+        fn infer_rgb(
+            &mut self,
+            _img: &RgbImage,
+            _spec: &VisionSpec,
+            _overrides: &Overrides,
+            _t: &mut FrameTimings,
+        ) -> vigil_engine::Result<Results> {
+            Ok(Results::Classes(Vec::new()))
+        }
+
+        fn yuv_to_rgb(
+            &mut self,
+            frame: &YuvFrame<'_>,
+            _k: &GpuYuvCoeffs,
+        ) -> Option<vigil_engine::Result<RgbImage>> {
+            self.asked += 1;
+            self.answer.then(|| {
+                Ok(RgbImage::from_pixel(
+                    frame.width as u32,
+                    frame.height as u32,
+                    image::Rgb([1, 2, 3]),
+                ))
+            })
+        }
+    }
+
+    #[test]
+    fn yuv_frames_go_to_the_model_side_converter_when_it_offers_one() {
+        let mut conv = Converter::new(YuvMatrix::Bt601, YuvRange::Limited, 1 << 20);
+        // Limited-range black (Y 16, neutral chroma) converts to 0 on the CPU.
+        let f = RawFrame::new(PixelFormat::Yuyv, 4, 2, [16, 128, 16, 128].repeat(4));
+        let mut gpu = GpuLike {
+            asked: 0,
+            answer: true,
+        };
+        let img = convert_frame(&mut conv, &mut gpu, &f).unwrap();
+        assert_eq!((gpu.asked, img.get_pixel(3, 1).0), (1, [1, 2, 3]));
+        let mut cpu = GpuLike {
+            asked: 0,
+            answer: false,
+        };
+        let img = convert_frame(&mut conv, &mut cpu, &f).unwrap();
+        assert_eq!((cpu.asked, img.get_pixel(3, 1).0), (1, [0, 0, 0]));
+        let f = RawFrame::new(PixelFormat::Rgb24, 1, 1, vec![9, 8, 7]);
+        let img = convert_frame(&mut conv, &mut gpu, &f).unwrap();
+        assert_eq!((gpu.asked, img.get_pixel(0, 0).0), (1, [9, 8, 7]));
     }
 }

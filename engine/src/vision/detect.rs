@@ -91,34 +91,37 @@ fn best_class(scores: &[f32]) -> Option<(usize, f32)> {
     best
 }
 
-/// Decodes NanoDet GFL outputs (identified by shape) into detections in original pixels.
-///
-/// Per stride `s`, the feature map is `ceil(W/s) x ceil(H/s)` (W, H = model input size); anchor `i`
-/// has centre `((i % fw + 0.5) * s, (i / fw + 0.5) * s)` (the model card's convention). Each side's
-/// distance is the expectation of a softmax over `reg_max + 1` bins, times `s`. The best class per
-/// anchor is kept when its score is `>= score_threshold`.
-pub fn decode_nanodet(
+/// One NanoDet stride's outputs: the indices of its score and box tensors, its feature-map width
+/// and its anchor count.
+pub(crate) struct NanodetLevel {
+    pub(crate) stride: usize,
+    pub(crate) scores: usize,
+    pub(crate) boxes: usize,
+    pub(crate) fw: usize,
+    pub(crate) n: usize,
+}
+
+/// Matches the NanoDet outputs to strides by shape (see [`decode_nanodet`]); returns the levels
+/// in stride order and the class count.
+pub(crate) fn nanodet_levels(
     spec: &VisionSpec,
     outputs: &[Tensor],
     reg_max: usize,
     strides: &[usize],
-    score_threshold: f32,
-    transform: &ImageTransform,
-) -> Result<Vec<Detection>> {
+) -> Result<(Vec<NanodetLevel>, usize)> {
     let (iw, ih) = (
         spec.preprocess.width as usize,
         spec.preprocess.height as usize,
     );
-    let nb = reg_max + 1;
-    let box_dim = 4 * nb;
-    if strides.is_empty() || strides.contains(&0) {
+    let box_dim = 4 * (reg_max + 1);
+    if strides.is_empty() || strides.contains(&0) || iw == 0 || ih == 0 {
         return Err(Error::BadInput(format!(
-            "NanoDet strides {strides:?} must be non-empty and non-zero"
+            "NanoDet strides {strides:?} must be non-empty and non-zero (input {iw}x{ih})"
         )));
     }
     let mut used = vec![false; outputs.len()];
     let mut num_classes: Option<usize> = None;
-    let mut cands = Vec::new();
+    let mut levels = Vec::with_capacity(strides.len());
     for &s in strides {
         let (fw, fh) = (iw.div_ceil(s), ih.div_ceil(s));
         let n = fw * fh;
@@ -149,15 +152,51 @@ pub fn decode_nanodet(
         };
         used[si] = true;
         used[bi] = true;
-        let scores = outputs[si].as_f32()?;
-        let boxes = outputs[bi].as_f32()?;
-        let c = scores.len() / n;
+        let c = outputs[si].as_f32()?.len() / n;
+        if outputs[bi].as_f32()?.len() != n * box_dim {
+            return Err(Error::Shape(format!(
+                "NanoDet stride {s}: box tensor size mismatch"
+            )));
+        }
         if *num_classes.get_or_insert(c) != c {
             return Err(Error::Shape(format!(
                 "NanoDet stride {s}: {c} classes, but another stride has {}",
                 num_classes.unwrap_or(0)
             )));
         }
+        levels.push(NanodetLevel {
+            stride: s,
+            scores: si,
+            boxes: bi,
+            fw,
+            n,
+        });
+    }
+    Ok((levels, num_classes.unwrap_or(0)))
+}
+
+/// Decodes NanoDet GFL outputs (identified by shape) into detections in original pixels.
+///
+/// Per stride `s`, the feature map is `ceil(W/s) x ceil(H/s)` (W, H = model input size); anchor `i`
+/// has centre `((i % fw + 0.5) * s, (i / fw + 0.5) * s)` (the model card's convention). Each side's
+/// distance is the expectation of a softmax over `reg_max + 1` bins, times `s`. The best class per
+/// anchor is kept when its score is `>= score_threshold`.
+pub fn decode_nanodet(
+    spec: &VisionSpec,
+    outputs: &[Tensor],
+    reg_max: usize,
+    strides: &[usize],
+    score_threshold: f32,
+    transform: &ImageTransform,
+) -> Result<Vec<Detection>> {
+    let (levels, c) = nanodet_levels(spec, outputs, reg_max, strides)?;
+    let nb = reg_max + 1;
+    let box_dim = 4 * nb;
+    let mut cands = Vec::new();
+    for lv in &levels {
+        let (s, fw, n) = (lv.stride, lv.fw, lv.n);
+        let scores = outputs[lv.scores].as_f32()?;
+        let boxes = outputs[lv.boxes].as_f32()?;
         let sf = s as f32;
         let mut probs = vec![0f32; nb];
         for i in 0..n {

@@ -5,14 +5,18 @@
 
 use serde::Serialize;
 
+mod accel;
 mod classify;
 mod decode;
-mod detect;
+pub(crate) mod detect;
 mod pipeline;
 pub(crate) mod preprocess;
 #[cfg(test)]
 mod tests;
 
+#[cfg(feature = "cuda")]
+pub use accel::GpuVision;
+pub use accel::{GpuYuvCoeffs, Preprocessor, YuvFrame, YuvLayout, NV12_CUBIC_EVEN};
 pub use classify::{classify, softmax};
 pub use decode::{decode_image, probe_image, sniff_format};
 pub use detect::{decode_nanodet, decode_yolov8, iou, nms};

@@ -6,7 +6,6 @@ use std::time::Instant;
 use super::classify::classify;
 use super::decode::decode_image;
 use super::detect::{decode_nanodet, decode_yolov8};
-use super::preprocess::preprocess;
 use super::{
     DecodeLimits, DetectionHead, ImageInference, ImageTransform, Overrides, Results, Task, Timings,
     VisionSpec,
@@ -75,7 +74,9 @@ pub fn infer_image(
     timings.decode_ms = ms_since(t);
 
     let t = Instant::now();
-    let (tensor, transform) = preprocess(&img, &spec.preprocess)?;
+    // On the GPU for CUDA models (bit-identical to the CPU's `preprocess`).
+    let pre = ctx.preprocessor().clone();
+    let (tensor, transform) = pre.preprocess(&img, &spec.preprocess)?;
     timings.preprocess_ms = ms_since(t);
 
     let t = Instant::now();
@@ -84,7 +85,8 @@ pub fn infer_image(
     timings.inference_ms = ms_since(t);
 
     let t = Instant::now();
-    let results = postprocess(spec, outputs, &transform, overrides)?;
+    // NanoDet decode + NMS on the GPU for CUDA models, else `postprocess`.
+    let results = pre.postprocess(spec, outputs, &transform, overrides)?;
     timings.postprocess_ms = ms_since(t);
 
     Ok(ImageInference {

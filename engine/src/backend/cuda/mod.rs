@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 mod codegen;
+pub mod detect;
 mod device;
 mod dnn;
 mod executable;

@@ -22,26 +22,7 @@ use crate::ir::Tensor;
 use crate::vision::preprocess::{placement, precompute_coeffs, Coeffs, PRECISION_BITS};
 use crate::vision::{ImageTransform, Preprocess, ResizeMode};
 
-/// NV12 vertical cubic weights (sum 1024, Keys a = -0.75) for an even luma row `2i` on chroma
-/// rows `i-2..=i+1`; odd rows use them mirrored on `i-1..=i+2` (same table as the CPU).
-pub const NV12_CUBIC_EVEN: [i32; 4] = [-36, 268, 900, -108];
-
-/// Fixed-point YUV → RGB coefficients (14 fractional bits), as the CPU converter derives them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GpuYuvCoeffs {
-    /// Luma black level (16 limited, 0 full).
-    pub y_offset: i32,
-    /// Luma gain.
-    pub y_mul: i32,
-    /// V → R gain.
-    pub rv: i32,
-    /// U → G gain (subtracted).
-    pub gu: i32,
-    /// V → G gain (subtracted).
-    pub gv: i32,
-    /// U → B gain.
-    pub bu: i32,
-}
+pub use crate::vision::{GpuYuvCoeffs, NV12_CUBIC_EVEN};
 
 const BLOCK: u32 = 256;
 
@@ -145,10 +126,11 @@ extern "C" __global__ void fill_planes(float* out, int plane, const float* lut, 
 
 /// A device buffer that is reused and grown on demand.
 #[derive(Default)]
-struct Slot(Option<DeviceBuffer>);
+pub(super) struct Slot(Option<DeviceBuffer>);
 
 impl Slot {
-    fn at_least(&mut self, ctx: &Arc<CudaContext>, len: usize) -> Result<u64> {
+    /// The buffer's address, after growing it to at least `len` bytes.
+    pub(super) fn at_least(&mut self, ctx: &Arc<CudaContext>, len: usize) -> Result<u64> {
         if self.0.as_ref().is_none_or(|b| b.len() < len) {
             self.0 = None;
             self.0 = Some(DeviceBuffer::alloc(ctx, len)?);
@@ -157,10 +139,50 @@ impl Slot {
     }
 }
 
-/// One kernel argument: a device pointer or an `int`/`float` (all passed by address).
-enum Arg {
+/// One kernel argument: a device pointer, an `int` or a `float` (all passed by address).
+pub(super) enum Arg {
     P(u64),
     I(i32),
+    F(f32),
+}
+
+/// Launches `f` on the legacy default stream with a `grid` of `block`-thread blocks.
+pub(super) fn launch_grid(
+    ctx: &CudaContext,
+    f: Function,
+    grid: (u32, u32, u32),
+    block: u32,
+    args: &[Arg],
+) -> Result<()> {
+    if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+        return Ok(());
+    }
+    let vals: Vec<u64> = args
+        .iter()
+        .map(|a| match a {
+            Arg::P(p) => *p,
+            Arg::I(i) => u64::from(*i as u32),
+            Arg::F(x) => u64::from(x.to_bits()),
+        })
+        .collect();
+    // Each argument is read from the start of its 8-byte slot: pointers whole, ints and floats
+    // as their low 4 bytes (little endian).
+    let mut ptrs: Vec<*mut c_void> = vals
+        .iter()
+        .map(|v| v as *const u64 as *mut c_void)
+        .collect();
+    ctx.bind_to_thread().map_err(drv_err("bind context"))?;
+    // SAFETY: the caller passes exactly the kernel's arguments; every pointer is a live device
+    // buffer sized by the caller for the launched work items.
+    unsafe { drv::launch_kernel(f.0, grid, (block, 1, 1), 0, std::ptr::null_mut(), &mut ptrs) }
+        .map_err(drv_err("kernel launch"))
+}
+
+/// Launches `f` over `n` work items in 1-D blocks of [`BLOCK`] threads.
+pub(super) fn launch_1d(ctx: &CudaContext, f: Function, n: usize, args: &[Arg]) -> Result<()> {
+    let grid = u32::try_from(n.div_ceil(BLOCK as usize))
+        .map_err(|_| Error::BadInput(format!("{n} GPU work items are too many")))?;
+    launch_grid(ctx, f, (grid, 1, 1), BLOCK, args)
 }
 
 /// Converts camera frames and preprocesses images on one CUDA device.
@@ -213,38 +235,7 @@ impl GpuImageConverter {
     }
 
     fn launch(&self, f: Function, n: usize, args: &[Arg]) -> Result<()> {
-        if n == 0 {
-            return Ok(());
-        }
-        let grid = u32::try_from(n.div_ceil(BLOCK as usize))
-            .map_err(|_| Error::BadInput(format!("{n} GPU work items are too many")))?;
-        let vals: Vec<u64> = args
-            .iter()
-            .map(|a| match a {
-                Arg::P(p) => *p,
-                Arg::I(i) => u64::from(*i as u32),
-            })
-            .collect();
-        // Each argument is read from the start of its 8-byte slot: pointers whole, ints as their
-        // low 4 bytes (little endian).
-        let mut ptrs: Vec<*mut c_void> = vals
-            .iter()
-            .map(|v| v as *const u64 as *mut c_void)
-            .collect();
-        self.ctx.bind_to_thread().map_err(drv_err("bind context"))?;
-        // SAFETY: the kernels take exactly these arguments; every pointer is a live device buffer
-        // sized by the caller for `n` work items.
-        unsafe {
-            drv::launch_kernel(
-                f.0,
-                (grid, 1, 1),
-                (BLOCK, 1, 1),
-                0,
-                std::ptr::null_mut(),
-                &mut ptrs,
-            )
-        }
-        .map_err(drv_err("kernel launch"))
+        launch_1d(&self.ctx, f, n, args)
     }
 
     fn upload(&mut self, which: u8, bytes: &[u8]) -> Result<u64> {
