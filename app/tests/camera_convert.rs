@@ -1,20 +1,22 @@
-//! YUYV and NV12 → RGB against ffmpeg's BT.601 limited-range RGB24 of the same frames
-//! (../shared/camera/vtest-640x480.{yuyv,nv12,rgb24}, 8 frames each), and every matrix/range
-//! combination against an independent floating-point reference.
+//! YUYV and NV12 → RGB against ffmpeg, and every matrix/range combination against an
+//! independent floating-point reference.
 //!
-//! Why ±2 on every pixel is out of reach from these inputs (see docs/camera.md): all three files
-//! were cut directly from the 768x576 `vtest.avi` (OpenCV samples) by ffmpeg 5.1 in one scale +
-//! convert step each (`ffmpeg -ss 10 -i vtest.avi -frames:v 8 -s 640x480 -pix_fmt X`, reproduced
-//! byte for byte). The RGB24 therefore never passed through the 8-bit YUYV/NV12 samples: swscale
-//! built it from its own intermediates (different rounding than the YUYV writer, luma not yet
-//! clipped, NV12's chroma from 288 source rows instead of 240). ffmpeg's own conversion of the
-//! YUYV file differs from the RGB24 by up to 13, and [`no_per_pixel_function_meets_2_on_yuyv`]
-//! proves that no conversion of a pixel's (Y, U, V) can be within ±2 everywhere. The tests assert
-//! ±2 on at least 99% (YUYV) / 85% (NV12) of the pixels and pin the measured worst cases.
+//! Two ffmpeg references:
+//! - ffmpeg converting the SAME shared YUYV/NV12 frames Vigil converts (golden crops made by
+//!   scripts/make-camera-goldens.sh): within ±2 on every value, for both formats.
+//! - the shared ../shared/camera/vtest-640x480.rgb24. ±2 on every pixel is out of reach from
+//!   that one (see docs/camera.md): all three shared files were cut directly from the 768x576
+//!   `vtest.avi` (OpenCV samples) by ffmpeg 5.1 in one scale + convert step each (`ffmpeg -ss 10
+//!   -i vtest.avi -frames:v 8 -s 640x480 -pix_fmt X`, reproduced byte for byte), so the RGB24
+//!   never passed through the 8-bit YUYV/NV12 samples (different rounding, luma not yet clipped,
+//!   NV12's chroma from 288 source rows instead of 240). ffmpeg's own conversion of the YUYV file
+//!   differs from the RGB24 by up to 13, and [`no_per_pixel_function_meets_2_on_yuyv`] proves
+//!   that no conversion of a pixel's (Y, U, V) can be within ±2 everywhere. Against it the tests
+//!   assert ±2 on at least 99% (YUYV) / 80% (NV12) of the pixels and pin the measured worst cases.
 
 use std::path::PathBuf;
 
-use vigil::camera::convert::{ChromaUpsampling, Converter, YuvMatrix, YuvRange};
+use vigil::camera::convert::{ChromaUpsampling, Converter, YuvMatrix, YuvRange, CUBIC_EVEN};
 use vigil::camera::source::{PixelFormat, RawFrame};
 
 const W: usize = 640;
@@ -129,12 +131,80 @@ fn nv12_matches_ffmpeg_within_its_measured_bounds_and_beats_nearest() {
     let file = "camera/vtest-640x480.nv12";
     let cubic = compare(PixelFormat::Nv12, file, ChromaUpsampling::Cubic);
     let nearest = compare(PixelFormat::Nv12, file, ChromaUpsampling::Nearest);
-    assert!(cubic.within2 >= 0.85, "within ±2: {}", cubic.within2);
+    assert!(cubic.within2 >= 0.80, "within ±2: {}", cubic.within2);
     assert!(cubic.worst <= 24, "worst {}", cubic.worst);
-    assert!(cubic.mean <= 1.1, "mean {}", cubic.mean);
+    assert!(cubic.mean <= 1.15, "mean {}", cubic.mean);
     assert!(cubic.worst < nearest.worst);
     assert!(cubic.within2 > nearest.within2);
     assert!(cubic.mean < nearest.mean);
+}
+
+/// ffmpeg's own conversion (swscale, default flags, BT.601 limited) of the SAME shared YUYV and
+/// NV12 frames, frames 0 and 7 cropped to 256x192 at (192, 144) after converting whole frames
+/// (app/tests/golden/camera-*.png, made by scripts/make-camera-goldens.sh).
+fn golden_crop(name: &str) -> Vec<u8> {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(name);
+    image::open(&p)
+        .unwrap_or_else(|e| panic!("golden {}: {e}", p.display()))
+        .to_rgb8()
+        .into_raw()
+}
+
+/// Max abs diff and fraction of channel values within ±2, Vigil vs ffmpeg on the golden crops.
+fn against_ffmpeg_of_same_input(format: PixelFormat, file: &str, ext: &str) -> (i32, f64) {
+    let frame_bytes = match format {
+        PixelFormat::Yuyv => W * H * 2,
+        _ => W * H * 3 / 2,
+    };
+    let src = shared(file);
+    let mut conv = Converter::new(YuvMatrix::Bt601, YuvRange::Limited, 1 << 24);
+    let (mut worst, mut ok, mut n) = (0i32, 0usize, 0usize);
+    for frame in [0usize, 7] {
+        let data = src[frame * frame_bytes..(frame + 1) * frame_bytes].to_vec();
+        let img = conv
+            .to_rgb(&RawFrame::new(format, W as u32, H as u32, data))
+            .unwrap();
+        let want = golden_crop(&format!("camera-{ext}-frame{frame}.png"));
+        assert_eq!(want.len(), 256 * 192 * 3);
+        for y in 0..192 {
+            for x in 0..256 {
+                let got = img.get_pixel(192 + x as u32, 144 + y as u32).0;
+                for c in 0..3 {
+                    let d = (i32::from(got[c]) - i32::from(want[(y * 256 + x) * 3 + c])).abs();
+                    worst = worst.max(d);
+                    ok += usize::from(d <= 2);
+                    n += 1;
+                }
+            }
+        }
+    }
+    let frac = ok as f64 / n as f64;
+    println!(
+        "{format:?} vs ffmpeg's conversion of the same frames: max abs diff {worst}, within ±2: {:.4}%",
+        100.0 * frac
+    );
+    (worst, frac)
+}
+
+#[test]
+fn yuyv_is_within_2_of_ffmpeg_converting_the_same_frames() {
+    let (worst, _) =
+        against_ffmpeg_of_same_input(PixelFormat::Yuyv, "camera/vtest-640x480.yuyv", "yuyv");
+    assert!(worst <= 2, "worst {worst}");
+}
+
+#[test]
+fn nv12_is_within_2_of_ffmpeg_converting_the_same_frames() {
+    // Same vertical filter as swscale (bicubic C = 0.6 in 12 bits, chroma rounded to 8 bits).
+    // swscale's exact coefficient rounding is not reproduced: over all 8 whole frames (a
+    // full-frame ffmpeg conversion, too large to commit) 104 of 7.4 M values are off by 3 or 4;
+    // none in these crops.
+    let (worst, within2) =
+        against_ffmpeg_of_same_input(PixelFormat::Nv12, "camera/vtest-640x480.nv12", "nv12");
+    assert!(worst <= 2, "worst {worst}");
+    assert!(within2 >= 1.0, "within ±2: {within2}");
 }
 
 /// Pixels of the YUYV file with the same (Y, U, V) triple (chroma of the pair) have reference RGB
@@ -188,15 +258,30 @@ fn reference_pixel(y: f64, u: f64, v: f64, m: YuvMatrix, r: YuvRange) -> [f64; 3
     [rr, gg, bb].map(|c| (c * 255.0).clamp(0.0, 255.0))
 }
 
-/// Keys cubic kernel, a = -0.75.
+/// Keys cubic kernel with swscale's default bicubic parameter (a = -C = -0.6).
 fn keys(x: f64) -> f64 {
-    let (a, x) = (-0.75, x.abs());
+    let (a, x) = (-0.6, x.abs());
     if x < 1.0 {
         (a + 2.0) * x * x * x - (a + 3.0) * x * x + 1.0
     } else if x < 2.0 {
         a * x * x * x - 5.0 * a * x * x + 8.0 * a * x - 4.0 * a
     } else {
         0.0
+    }
+}
+
+#[test]
+fn nv12_table_is_the_sited_cubic_in_12_bits() {
+    // Even luma row 2i sits at chroma row i - 0.25: taps i-2..=i+1 at distances 1.75, 0.75,
+    // 0.25, 1.25. The table must be those weights in 1/4096 (swscale's vertical precision),
+    // each within one unit, summing to exactly 4096.
+    let ideal = [1.75, 0.75, 0.25, 1.25].map(|d: f64| keys(d) * 4096.0);
+    assert_eq!(CUBIC_EVEN.iter().sum::<i32>(), 4096);
+    for (w, want) in CUBIC_EVEN.iter().zip(ideal) {
+        assert!(
+            (f64::from(*w) - want).abs() <= 1.0,
+            "{CUBIC_EVEN:?} vs {ideal:?}"
+        );
     }
 }
 
@@ -274,12 +359,19 @@ fn all_matrices_and_ranges_match_a_float_reference() {
                     match chroma {
                         ChromaUpsampling::Nearest => at((y / 2) as i64),
                         ChromaUpsampling::Cubic => {
-                            let pos = (y as f64 + 0.5) / 2.0 - 0.5;
-                            let base = pos.floor() as i64;
-                            (base - 1..=base + 2)
-                                .map(|t| keys(pos - t as f64) * at(t))
-                                .sum::<f64>()
-                                .clamp(0.0, 255.0)
+                            // The table's filter (checked against the cubic above), evaluated in
+                            // floats, rounded to 8 bits as the conversion specifies.
+                            let i = (y / 2) as i64;
+                            let (first, w) = if y % 2 == 0 {
+                                (i - 2, CUBIC_EVEN)
+                            } else {
+                                let e = CUBIC_EVEN;
+                                (i - 1, [e[3], e[2], e[1], e[0]])
+                            };
+                            let v: f64 = (0..4)
+                                .map(|k| f64::from(w[k]) / 4096.0 * at(first + k as i64))
+                                .sum();
+                            (v + 0.5).floor().clamp(0.0, 255.0)
                         }
                     }
                 };
@@ -299,13 +391,8 @@ fn all_matrices_and_ranges_match_a_float_reference() {
                         }
                     }
                 }
-                // Truncation (< 1) plus, for cubic, chroma rounded to 1/16 (< 0.1 in RGB).
-                let bound = if chroma == ChromaUpsampling::Nearest {
-                    1.05
-                } else {
-                    1.15
-                };
-                assert!(worst <= bound, "NV12 {chroma:?} {m:?} {r:?}: worst {worst}");
+                // Truncation to 8 bits: up to 1 below the float value (+ coefficient rounding).
+                assert!(worst <= 1.05, "NV12 {chroma:?} {m:?} {r:?}: worst {worst}");
             }
         }
     }

@@ -166,19 +166,20 @@ pub fn yuyv_to_rgb(
 /// replicate each chroma sample over its two pixels, as ffmpeg's swscale does by default.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ChromaUpsampling {
-    /// Vertical 4-tap cubic (Keys a = -0.75) with centre siting: the closest to ffmpeg's output.
+    /// Vertical 4-tap cubic (swscale's default bicubic: Keys a = -0.6) with centre siting, the
+    /// result rounded to 8 bits: ffmpeg's own conversion of the same NV12 frames.
     #[default]
     Cubic,
     /// Each chroma row used for its two luma rows (the fastest).
     Nearest,
 }
 
-/// NV12 vertical cubic weights (sum 1024, exact for Keys a = -0.75) of chroma rows `i-2..=i+1` for
+/// NV12 vertical cubic weights (sum 4096, Keys a = -0.6) of chroma rows `i-2..=i+1` for
 /// the even luma row `2i` (sited at `i - 0.25`); the odd row `2i+1` (at `i + 0.25`) uses them
 /// mirrored on rows `i-1..=i+2`. The engine owns the table (its GPU kernels use the same one).
 pub use vigil_engine::vision::NV12_CUBIC_EVEN as CUBIC_EVEN;
 
-/// Fills `row` (interleaved UV, `width` values with [`CHROMA_FRAC`] fractional bits) with the
+/// Fills `row` (interleaved UV, `width` 8-bit values shifted up by [`CHROMA_FRAC`]) with the
 /// chroma for luma row `y` of an NV12 frame.
 fn nv12_chroma_row(
     uv: &[u8],
@@ -205,13 +206,13 @@ fn nv12_chroma_row(
         &uv[t * stride..t * stride + width]
     };
     let (r0, r1, r2, r3) = (r(taps[0]), r(taps[1]), r(taps[2]), r(taps[3]));
-    const DROP: i32 = 10 - CHROMA_FRAC;
     for (x, o) in row[..width].iter_mut().enumerate() {
         let v = w[0] * i32::from(r0[x])
             + w[1] * i32::from(r1[x])
             + w[2] * i32::from(r2[x])
             + w[3] * i32::from(r3[x]);
-        *o = ((v + (1 << (DROP - 1))) >> DROP).clamp(0, 255 << CHROMA_FRAC);
+        // Rounded to 8 bits after the vertical filter, as swscale's vertical scaler does.
+        *o = ((v + 2048) >> 12).clamp(0, 255) << CHROMA_FRAC;
     }
 }
 

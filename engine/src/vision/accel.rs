@@ -18,9 +18,10 @@ use super::{ImageTransform, Overrides, Preprocess, Results, VisionSpec};
 use crate::error::Result;
 use crate::ir::Tensor;
 
-/// NV12 vertical cubic weights (sum 1024, Keys a = -0.75) for an even luma row `2i` on chroma
-/// rows `i-2..=i+1`; odd rows use them mirrored on `i-1..=i+2` (CPU and GPU share this table).
-pub const NV12_CUBIC_EVEN: [i32; 4] = [-36, 268, 900, -108];
+/// NV12 vertical cubic weights (sum 4096, as swscale's 12-bit vertical filter; Keys a = -0.6, swscale's default bicubic, B = 0 and
+/// C = 0.6) for an even luma row `2i` (sited at chroma row `i - 0.25`) on chroma rows
+/// `i-2..=i+1`; odd rows use them mirrored on `i-1..=i+2` (CPU and GPU share this table).
+pub const NV12_CUBIC_EVEN: [i32; 4] = [-115, 985, 3572, -346];
 
 /// Fixed-point YUV → RGB coefficients (14 fractional bits), as the app's converter derives them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -2,8 +2,8 @@
 //!
 //! * YUYV 4:2:2 and NV12 4:2:0 → packed RGB8 with the same fixed-point math as the CPU converter
 //!   (`vigil::camera::convert`): 14-bit coefficients, chroma carried with 4 fractional bits,
-//!   NV12 chroma interpolated vertically with the 4-tap cubic [`NV12_CUBIC_EVEN`], truncated to
-//!   8 bits. The results are bit-identical to the CPU's.
+//!   NV12 chroma interpolated vertically with the 4-tap cubic [`NV12_CUBIC_EVEN`] and rounded
+//!   to 8 bits (as swscale does) before the matrix. The results are bit-identical to the CPU's.
 //! * RGB8 HWC → resized, normalized f32 NCHW tensor with the CPU preprocessing's own tap tables
 //!   (Pillow-exact bilinear, `vision::preprocess`) and value lookup table, so it is bit-identical
 //!   to [`crate::vision::preprocess`] too.
@@ -70,9 +70,9 @@ extern "C" __global__ void nv12_rgb(const u8* src, u8* dst, int w, int h, int st
             su += wt * q[0];
             sv += wt * q[1];
         }
-        su = (su + 32) >> 6; sv = (sv + 32) >> 6;
-        u = su < 0 ? 0 : (su > 4080 ? 4080 : su);
-        v = sv < 0 ? 0 : (sv > 4080 ? 4080 : sv);
+        su = (su + 2048) >> 12; sv = (sv + 2048) >> 12;
+        u = (su < 0 ? 0 : (su > 255 ? 255 : su)) << 4;
+        v = (sv < 0 ? 0 : (sv > 255 ? 255 : sv)) << 4;
     } else {
         const u8* q = uv + (size_t)(row / 2) * stride + p * 2;
         u = q[0] << 4; v = q[1] << 4;
