@@ -107,7 +107,8 @@ fn host_nv12(src: &[u8], k: &GpuYuvCoeffs, cubic: bool) -> Vec<u8> {
                 .map(|t| i64::from(NV12_CUBIC_EVEN[3 - t]) * at(i - 1 + t as i64))
                 .sum()
         };
-        ((s + 32) >> 6).clamp(0, 4080)
+        // 12-bit weights; chroma rounded to 8 bits, then carried with 4 fractional bits.
+        ((s + 2048) >> 12).clamp(0, 255) * 16
     };
     let mut out = Vec::with_capacity(W * H * 3);
     for y in 0..H {
