@@ -362,7 +362,7 @@ fn all_matrices_and_ranges_match_a_float_reference() {
                             // The table's filter (checked against the cubic above), evaluated in
                             // floats, rounded to 8 bits as the conversion specifies.
                             let i = (y / 2) as i64;
-                            let (first, w) = if y % 2 == 0 {
+                            let (first, w) = if y.is_multiple_of(2) {
                                 (i - 2, CUBIC_EVEN)
                             } else {
                                 let e = CUBIC_EVEN;

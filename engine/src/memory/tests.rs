@@ -752,7 +752,7 @@ fn randomized_serving_options_never_fail_while_a_run_fits() {
                 used[o..o + n].iter_mut().for_each(|u| *u = false);
             } else {
                 // Mostly small, sometimes close to the whole region.
-                let size = if x % 7 == 0 {
+                let size = if x.is_multiple_of(7) {
                     1 + (x >> 16) as usize % (UNITS * U)
                 } else {
                     1 + (x >> 16) as usize % (16 * U)
