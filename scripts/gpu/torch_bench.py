@@ -30,9 +30,11 @@ for name, m in models.items():
     print(f"EXPORTED {path}", flush=True)
     if os.environ.get("VIGIL_EXPORT_ONLY"):
         continue
-    for dt in (torch.float32, torch.float16):
+    dtypes = os.environ.get("VIGIL_TORCH_DTYPES", "float32,float16").split(",")
+    batches = [int(b) for b in os.environ.get("VIGIL_TORCH_BATCHES", "1,32").split(",")]
+    for dt in (getattr(torch, d) for d in dtypes):
         mm = m.to("cuda", dt)
-        for b in (1, 32):
+        for b in batches:
             x = torch.randn(b, 3, 224, 224, device="cuda", dtype=dt)
             with torch.inference_mode():
                 eager = bench(mm, x)

@@ -1,7 +1,8 @@
 """PyTorch baseline for the two shared models: each ONNX file is constant-folded by ONNX Runtime
 (basic level: standard ONNX ops only), converted to a torch module by onnx2torch, checked against
 ONNX Runtime on a random input, then timed like torch_bench.py (eager and CUDA graph, CUDA-event
-medians, TF32 off) at batch 1 in fp32 and fp16. Prints one `TORCH ...` line per measurement.
+medians, TF32 off) at batch 1 in fp32 and fp16, and with torch.compile when VIGIL_TORCH_COMPILE=1.
+Prints one `TORCH ...` line per measurement.
 Usage: torch_shared.py MODELS_DIR WORK_DIR"""
 import os, sys
 import numpy as np
@@ -69,7 +70,7 @@ for name in ("efficientnet-lite0", "nanodet-m-416"):
     got = got if isinstance(got, (list, tuple)) else [got]
     worst = max(float(np.abs(g.float().cpu().numpy() - w).max() / max(np.abs(w).max(), 1e-6)) for g, w in zip(got, want))
     print(f"TORCHCHECK {name}: onnx2torch vs ONNX Runtime max rel diff {worst:.2e}", flush=True)
-    for dt in (torch.float32, torch.float16):
+    for dt in (getattr(torch, d) for d in os.environ.get("VIGIL_TORCH_DTYPES", "float32,float16").split(",")):
         mm = shape_constants_on_host(m.to("cuda", dt))
         xt = torch.from_numpy(x).to("cuda", dt)
         with torch.inference_mode():
@@ -85,4 +86,11 @@ for name in ("efficientnet-lite0", "nanodet-m-416"):
             with torch.cuda.graph(g):
                 mm(static)
             graph = bench(lambda _x: g.replay(), xt)
-        print(f"TORCH {name} {str(dt)[6:]} batch 1: eager {eager:.3f} ms, cuda-graph {graph:.3f} ms", flush=True)
+            comp = float("nan")
+            if os.environ.get("VIGIL_TORCH_COMPILE", "0") != "0":
+                try:
+                    cm = torch.compile(mm)
+                    comp = bench(cm, xt, 100)
+                except Exception as ex:  # report, do not hide
+                    print(f"TORCH {name} compile failed: {type(ex).__name__}: {str(ex)[:200]}", flush=True)
+        print(f"TORCH {name} {str(dt)[6:]} batch 1: eager {eager:.3f} ms, cuda-graph {graph:.3f} ms, compile {comp:.3f} ms", flush=True)
