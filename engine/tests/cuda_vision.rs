@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use image::RgbImage;
 use vigil_engine::backend::cuda::detect::GpuDetector;
-use vigil_engine::backend::cuda::vision::{GpuImageConverter, GpuYuvCoeffs, NV12_CUBIC_EVEN};
+use vigil_engine::backend::cuda::vision::{GpuImageConverter, YuvCoeffs, NV12_CUBIC_EVEN};
 use vigil_engine::vision::{
     self, BBox, DecodeLimits, Detection, DetectionHead, Overrides, Preprocess, Preprocessor,
     ResizeMode, Results, Task, VisionSpec, YuvFrame, YuvLayout,
@@ -47,12 +47,12 @@ fn shared(rel: &str) -> Vec<u8> {
 
 /// BT.601 limited-range coefficients, derived here independently (14 fractional bits, luma gain
 /// rounded up).
-fn bt601_limited() -> GpuYuvCoeffs {
+fn bt601_limited() -> YuvCoeffs {
     let one = 16384.0f64;
     let (kr, kb) = (0.299f64, 0.114f64);
     let kg = 1.0 - kr - kb;
     let cs = 255.0 / 224.0;
-    GpuYuvCoeffs {
+    YuvCoeffs {
         y_offset: 16,
         y_mul: (255.0 / 219.0 * one - 1e-9).ceil() as i32,
         rv: (cs * 2.0 * (1.0 - kr) * one).round() as i32,
@@ -63,7 +63,7 @@ fn bt601_limited() -> GpuYuvCoeffs {
 }
 
 /// One pixel, chroma with 4 fractional bits, truncated.
-fn host_px(k: &GpuYuvCoeffs, y: u8, u16: i64, v16: i64) -> [u8; 3] {
+fn host_px(k: &YuvCoeffs, y: u8, u16: i64, v16: i64) -> [u8; 3] {
     let yy = (i64::from(y) - i64::from(k.y_offset)) * i64::from(k.y_mul) * 16;
     let (u, v) = (u16 - 2048, v16 - 2048);
     let c = |x: i64| (x.div_euclid(1 << 18)).clamp(0, 255) as u8;
@@ -74,7 +74,7 @@ fn host_px(k: &GpuYuvCoeffs, y: u8, u16: i64, v16: i64) -> [u8; 3] {
     ]
 }
 
-fn host_yuyv(src: &[u8], k: &GpuYuvCoeffs) -> Vec<u8> {
+fn host_yuyv(src: &[u8], k: &YuvCoeffs) -> Vec<u8> {
     let mut out = Vec::with_capacity(W * H * 3);
     for p in 0..W * H {
         let pair = &src[(p / 2) * 4..(p / 2) * 4 + 4];
@@ -88,7 +88,7 @@ fn host_yuyv(src: &[u8], k: &GpuYuvCoeffs) -> Vec<u8> {
     out
 }
 
-fn host_nv12(src: &[u8], k: &GpuYuvCoeffs, cubic: bool) -> Vec<u8> {
+fn host_nv12(src: &[u8], k: &YuvCoeffs, cubic: bool) -> Vec<u8> {
     let uv = &src[W * H..];
     let ch = (H / 2) as i64;
     let chroma = |y: usize, x: usize, c: usize| -> i64 {

@@ -1,125 +1,25 @@
 //! Frame conversions to packed RGB8: MJPEG decoding (zune-jpeg, reusing the output buffer) and
 //! YUYV 4:2:2 / NV12 4:2:0 with BT.601 or BT.709 coefficients, limited or full range.
 //!
-//! The YUV paths are integer fixed point (14 fractional bits, chroma carried with 4 fractional bits)
-//! on the CPU, one pass per row, and *truncate* the result to 8 bits as ffmpeg's swscale does (the
-//! luma gain is rounded up so nominal white still maps to 255). Chroma is replicated horizontally
-//! (swscale's default); NV12's half-height chroma is interpolated vertically with a 4-tap cubic
-//! ([`ChromaUpsampling`]) kept at 4 fractional bits. Against ffmpeg's RGB24 of the shared frames this
-//! is the closest of the variants measured (see docs/camera.md); the same math exists on the GPU in
+//! The YUV paths are integer fixed point on the CPU, one pass per row, with the engine's shared
+//! description (`vigil_engine::vision::yuv`: 14-bit coefficients, the result *truncated* to 8 bits
+//! as ffmpeg's swscale does). Chroma is replicated horizontally (swscale's default); NV12's
+//! half-height chroma is interpolated vertically with swscale's bicubic filter
+//! ([`ChromaUpsampling`]) and rounded to 8 bits. This is within ±2 of ffmpeg converting the same
+//! frames (see docs/camera.md); the same math runs on the GPU in
 //! `vigil_engine::backend::cuda::vision`, which the camera pipeline uses when the camera's model
 //! runs on CUDA ([`Converter::gpu_frame`] hands it the frame and these coefficients).
 
 use image::RgbImage;
-use serde::Deserialize;
 use zune_core::bytestream::ZCursor;
 use zune_core::colorspace::ColorSpace;
 use zune_core::options::DecoderOptions;
 
-use vigil_engine::vision::{GpuYuvCoeffs, YuvFrame, YuvLayout};
+use vigil_engine::vision::{YuvFrame, YuvLayout};
 
 use super::source::{PixelFormat, RawFrame};
 
-/// YUV → RGB matrix (`yuv_matrix = "bt601" | "bt709"`).
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-pub enum YuvMatrix {
-    /// ITU-R BT.601 (SD; what UVC webcams and ffmpeg's default use).
-    #[default]
-    Bt601,
-    /// ITU-R BT.709 (HD).
-    Bt709,
-}
-
-/// YUV value range (`yuv_range = "limited" | "full"`).
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-pub enum YuvRange {
-    /// Y in 16..=235, chroma in 16..=240 ("TV" range).
-    #[default]
-    Limited,
-    /// Y and chroma in 0..=255 ("PC"/JPEG range).
-    Full,
-}
-
-const SHIFT: i32 = 14;
-/// Fractional bits of chroma inside the conversion (interpolated NV12 chroma keeps them).
-pub const CHROMA_FRAC: i32 = 4;
-
-/// Fixed-point conversion coefficients for one matrix and range.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct YuvCoeffs {
-    /// Luma black level (16 limited, 0 full).
-    pub y_offset: i32,
-    /// Luma gain, 14 fractional bits (rounded up so nominal white reaches 255).
-    pub y_mul: i32,
-    /// V→R, U→G, V→G, U→B gains, 14 fractional bits (G terms are subtracted).
-    pub rv: i32,
-    /// U→G gain (subtracted).
-    pub gu: i32,
-    /// V→G gain (subtracted).
-    pub gv: i32,
-    /// U→B gain.
-    pub bu: i32,
-}
-
-impl YuvCoeffs {
-    /// Coefficients derived from the matrix's Kr/Kb and the range's scale factors.
-    pub fn new(matrix: YuvMatrix, range: YuvRange) -> YuvCoeffs {
-        let (kr, kb) = match matrix {
-            YuvMatrix::Bt601 => (0.299f64, 0.114f64),
-            YuvMatrix::Bt709 => (0.2126, 0.0722),
-        };
-        let kg = 1.0 - kr - kb;
-        let (y_offset, ys, cs) = match range {
-            YuvRange::Limited => (16, 255.0 / 219.0, 255.0 / 224.0),
-            YuvRange::Full => (0, 1.0, 1.0),
-        };
-        let one = f64::from(1 << SHIFT);
-        let fx = |v: f64| (v * one).round() as i32;
-        YuvCoeffs {
-            y_offset,
-            y_mul: (ys * one - 1e-9).ceil() as i32,
-            rv: fx(cs * 2.0 * (1.0 - kr)),
-            gu: fx(cs * 2.0 * kb * (1.0 - kb) / kg),
-            gv: fx(cs * 2.0 * kr * (1.0 - kr) / kg),
-            bu: fx(cs * 2.0 * (1.0 - kb)),
-        }
-    }
-
-    /// The same coefficients in the engine's type (what its GPU conversion kernels take).
-    pub fn to_gpu(&self) -> GpuYuvCoeffs {
-        GpuYuvCoeffs {
-            y_offset: self.y_offset,
-            y_mul: self.y_mul,
-            rv: self.rv,
-            gu: self.gu,
-            gv: self.gv,
-            bu: self.bu,
-        }
-    }
-
-    /// Converts one pixel with 8-bit chroma.
-    #[inline(always)]
-    pub fn pixel(&self, y: u8, u: u8, v: u8) -> [u8; 3] {
-        self.pixel_hp(y, i32::from(u) << CHROMA_FRAC, i32::from(v) << CHROMA_FRAC)
-    }
-
-    /// Converts one pixel whose chroma carries [`CHROMA_FRAC`] fractional bits (0..=255·16);
-    /// the result is truncated to 8 bits and clamped.
-    #[inline(always)]
-    pub fn pixel_hp(&self, y: u8, u16: i32, v16: i32) -> [u8; 3] {
-        let yy = ((i32::from(y) - self.y_offset) * self.y_mul) << CHROMA_FRAC;
-        let u = u16 - (128 << CHROMA_FRAC);
-        let v = v16 - (128 << CHROMA_FRAC);
-        let c = |x: i32| (x >> (SHIFT + CHROMA_FRAC)).clamp(0, 255) as u8;
-        [
-            c(yy + self.rv * v),
-            c(yy - self.gu * u - self.gv * v),
-            c(yy + self.bu * u),
-        ]
-    }
-}
+pub use vigil_engine::vision::yuv::{YuvCoeffs, YuvMatrix, YuvRange, CHROMA_FRAC};
 
 fn check_len(what: &str, got: usize, want: usize) -> Result<(), String> {
     if got < want {
@@ -177,7 +77,7 @@ pub enum ChromaUpsampling {
 /// NV12 vertical cubic weights (sum 4096, Keys a = -0.6) of chroma rows `i-2..=i+1` for
 /// the even luma row `2i` (sited at `i - 0.25`); the odd row `2i+1` (at `i + 0.25`) uses them
 /// mirrored on rows `i-1..=i+2`. The engine owns the table (its GPU kernels use the same one).
-pub use vigil_engine::vision::NV12_CUBIC_EVEN as CUBIC_EVEN;
+pub use vigil_engine::vision::yuv::NV12_CUBIC_EVEN as CUBIC_EVEN;
 
 /// Fills `row` (interleaved UV, `width` 8-bit values shifted up by [`CHROMA_FRAC`]) with the
 /// chroma for luma row `y` of an NV12 frame.
@@ -319,7 +219,7 @@ impl Converter {
     pub fn gpu_frame<'a>(
         &self,
         f: &'a RawFrame,
-    ) -> Result<Option<(YuvFrame<'a>, GpuYuvCoeffs)>, String> {
+    ) -> Result<Option<(YuvFrame<'a>, YuvCoeffs)>, String> {
         let layout = match f.format {
             PixelFormat::Yuyv => YuvLayout::Yuyv,
             PixelFormat::Nv12 => YuvLayout::Nv12 {
@@ -341,7 +241,7 @@ impl Converter {
             height: f.height as usize,
             stride: f.stride,
         };
-        Ok(Some((frame, self.coeffs.to_gpu())))
+        Ok(Some((frame, self.coeffs)))
     }
 
     /// Hands a finished image's buffer back for reuse by the next conversion.

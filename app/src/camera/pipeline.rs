@@ -16,7 +16,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use image::RgbImage;
 use serde::Serialize;
 use tokio::sync::{broadcast, watch};
-use vigil_engine::vision::{GpuYuvCoeffs, Overrides, Results, VisionSpec, YuvFrame};
+use vigil_engine::vision::yuv::YuvCoeffs;
+use vigil_engine::vision::{Overrides, Results, VisionSpec, YuvFrame};
 use vigil_engine::ExecutionContext;
 
 use super::config::CameraConfig;
@@ -53,7 +54,7 @@ pub trait FrameInfer: Send {
     fn yuv_to_rgb(
         &mut self,
         _frame: &YuvFrame<'_>,
-        _k: &GpuYuvCoeffs,
+        _k: &YuvCoeffs,
     ) -> Option<vigil_engine::Result<RgbImage>> {
         None
     }
@@ -88,7 +89,7 @@ impl FrameInfer for ExecutionContext {
     fn yuv_to_rgb(
         &mut self,
         frame: &YuvFrame<'_>,
-        k: &GpuYuvCoeffs,
+        k: &YuvCoeffs,
     ) -> Option<vigil_engine::Result<RgbImage>> {
         self.preprocessor().yuv_to_rgb(frame, k)
     }
@@ -683,7 +684,7 @@ mod tests {
         fn yuv_to_rgb(
             &mut self,
             frame: &YuvFrame<'_>,
-            _k: &GpuYuvCoeffs,
+            _k: &YuvCoeffs,
         ) -> Option<vigil_engine::Result<RgbImage>> {
             self.asked += 1;
             self.answer.then(|| {

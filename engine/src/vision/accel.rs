@@ -4,41 +4,20 @@
 //! on the CUDA backend get the GPU one, and if its kernels cannot be built the CPU one is used
 //! (with a log line saying why).
 //!
-//! Also home of the camera's YUV fixed-point description ([`GpuYuvCoeffs`],
-//! [`NV12_CUBIC_EVEN`]), shared by the app's CPU converter and the GPU kernels.
+//! Camera frames convert with the coefficients of [`super::yuv`] (shared with the app's CPU
+//! converter).
 
 #[cfg(feature = "cuda")]
 use std::sync::{Arc, Mutex};
 
 use image::RgbImage;
 
+use super::yuv::YuvCoeffs;
 #[cfg(feature = "cuda")]
 use super::{DetectionHead, Task};
 use super::{ImageTransform, Overrides, Preprocess, Results, VisionSpec};
 use crate::error::Result;
 use crate::ir::Tensor;
-
-/// NV12 vertical cubic weights (sum 4096, as swscale's 12-bit vertical filter; Keys a = -0.6, swscale's default bicubic, B = 0 and
-/// C = 0.6) for an even luma row `2i` (sited at chroma row `i - 0.25`) on chroma rows
-/// `i-2..=i+1`; odd rows use them mirrored on `i-1..=i+2` (CPU and GPU share this table).
-pub const NV12_CUBIC_EVEN: [i32; 4] = [-115, 985, 3572, -346];
-
-/// Fixed-point YUV → RGB coefficients (14 fractional bits), as the app's converter derives them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GpuYuvCoeffs {
-    /// Luma black level (16 limited, 0 full).
-    pub y_offset: i32,
-    /// Luma gain.
-    pub y_mul: i32,
-    /// V → R gain.
-    pub rv: i32,
-    /// U → G gain (subtracted).
-    pub gu: i32,
-    /// V → G gain (subtracted).
-    pub gv: i32,
-    /// U → B gain.
-    pub bu: i32,
-}
 
 /// Layout of a raw YUV camera frame.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -179,7 +158,7 @@ impl Preprocessor {
     }
 
     /// Converts a YUV frame to RGB on the GPU; `None` on the CPU (the caller converts itself).
-    pub fn yuv_to_rgb(&self, f: &YuvFrame<'_>, k: &GpuYuvCoeffs) -> Option<Result<RgbImage>> {
+    pub fn yuv_to_rgb(&self, f: &YuvFrame<'_>, k: &YuvCoeffs) -> Option<Result<RgbImage>> {
         match self {
             Preprocessor::Cpu => {
                 let _ = (f, k);
@@ -243,14 +222,10 @@ mod tests {
             height: 1,
             stride: 0,
         };
-        let k = GpuYuvCoeffs {
-            y_offset: 16,
-            y_mul: 19077,
-            rv: 26149,
-            gu: 6419,
-            gv: 13320,
-            bu: 33050,
-        };
+        let k = crate::vision::yuv::YuvCoeffs::new(
+            crate::vision::yuv::YuvMatrix::Bt601,
+            crate::vision::yuv::YuvRange::Limited,
+        );
         assert!(p.yuv_to_rgb(&f, &k).is_none());
     }
 }

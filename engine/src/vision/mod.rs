@@ -13,10 +13,11 @@ mod pipeline;
 pub(crate) mod preprocess;
 #[cfg(test)]
 mod tests;
+pub mod yuv;
 
 #[cfg(feature = "cuda")]
 pub use accel::GpuVision;
-pub use accel::{GpuYuvCoeffs, Preprocessor, YuvFrame, YuvLayout, NV12_CUBIC_EVEN};
+pub use accel::{Preprocessor, YuvFrame, YuvLayout};
 pub use classify::{classify, softmax};
 pub use decode::{decode_image, probe_image, sniff_format};
 pub use detect::{decode_nanodet, decode_yolov8, iou, nms};

@@ -308,8 +308,52 @@ pub fn choose_algo(
     Ok(c)
 }
 
-/// Mean milliseconds of one convolution with algorithm `a` on the given buffers (after two
-/// warm-up runs; CUDA events on the handle's stream).
+/// Mean device milliseconds of `run` on `stream`: two warm-up calls, then eight timed between
+/// two CUDA events (the algorithm searches of cuDNN and cuBLASLt both use it).
+pub fn time_warm(
+    stream: cudarc::driver::sys::CUstream,
+    run: impl Fn() -> Result<()>,
+) -> Result<f32> {
+    use cudarc::driver::result as drv;
+    use cudarc::driver::sys as dsys;
+    const REPS: usize = 8;
+    let drv_e = |e: drv::DriverError| Error::Unsupported(format!("CUDA event: {e}"));
+    let e0 = drv::event::create(dsys::CUevent_flags::CU_EVENT_DEFAULT).map_err(drv_e)?;
+    let e1 = match drv::event::create(dsys::CUevent_flags::CU_EVENT_DEFAULT) {
+        Ok(e) => e,
+        Err(e) => {
+            // SAFETY: created above, destroyed once.
+            let _ = unsafe { drv::event::destroy(e0) };
+            return Err(drv_e(e));
+        }
+    };
+    let r = (|| -> Result<f32> {
+        run()?;
+        run()?;
+        // SAFETY: live events and stream.
+        unsafe { drv::event::record(e0, stream) }.map_err(drv_e)?;
+        for _ in 0..REPS {
+            run()?;
+        }
+        // SAFETY: as above.
+        unsafe {
+            drv::event::record(e1, stream).map_err(drv_e)?;
+            drv::event::synchronize(e1).map_err(drv_e)?;
+            drv::event::elapsed(e0, e1).map_err(drv_e)
+        }
+        .map(|t| t / REPS as f32)
+    })();
+    // SAFETY: created above, destroyed once; synchronised (or never recorded) by now.
+    unsafe {
+        let _ = drv::event::synchronize(e1);
+        let _ = drv::event::destroy(e0);
+        let _ = drv::event::destroy(e1);
+    }
+    r
+}
+
+/// Mean milliseconds of one convolution with algorithm `a` on the given buffers (warm; see
+/// [`time_warm`]) on the handle's stream.
 #[allow(clippy::too_many_arguments)]
 fn time_algo(
     h: &DnnHandle,
@@ -320,21 +364,14 @@ fn time_algo(
     y: u64,
     ws: u64,
 ) -> Result<f32> {
-    use cudarc::driver::result as drv;
-    use cudarc::driver::sys as dsys;
-    const REPS: usize = 8;
     d.set_math(a.math)?;
-    let drv_e = |e: drv::DriverError| Error::Unsupported(format!("CUDA event: {e}"));
     let mut stream: dnn_sys::cudaStream_t = std::ptr::null_mut();
     // SAFETY: a live handle.
     unsafe { dnn_sys::cudnnGetStream(h.0, &mut stream) }
         .result()
         .map_err(dnn_err("get stream"))?;
-    let s = stream as dsys::CUstream;
-    let e0 = drv::event::create(dsys::CUevent_flags::CU_EVENT_DEFAULT).map_err(drv_e)?;
-    let e1 = drv::event::create(dsys::CUevent_flags::CU_EVENT_DEFAULT).map_err(drv_e)?;
     let (one, zero) = (1f32, 0f32);
-    let run = || {
+    time_warm(stream as cudarc::driver::sys::CUstream, || {
         // SAFETY: descriptors and buffers are valid and sized for this convolution.
         unsafe {
             dnn::convolution_forward(
@@ -354,27 +391,5 @@ fn time_algo(
             )
         }
         .map_err(dnn_err("convolution (timing)"))
-    };
-    let r = (|| -> Result<f32> {
-        run()?;
-        run()?;
-        // SAFETY: live events and stream.
-        unsafe { drv::event::record(e0, s) }.map_err(drv_e)?;
-        for _ in 0..REPS {
-            run()?;
-        }
-        // SAFETY: as above.
-        unsafe {
-            drv::event::record(e1, s).map_err(drv_e)?;
-            drv::event::synchronize(e1).map_err(drv_e)?;
-            drv::event::elapsed(e0, e1).map_err(drv_e)
-        }
-        .map(|t| t / REPS as f32)
-    })();
-    // SAFETY: created above, destroyed once, after the synchronisation.
-    unsafe {
-        let _ = drv::event::destroy(e0);
-        let _ = drv::event::destroy(e1);
-    }
-    r
+    })
 }

@@ -7,7 +7,9 @@ use std::ffi::c_void;
 use std::sync::{Mutex, OnceLock};
 
 use cudarc::cublaslt::{result as lt, sys as lt_sys};
-use cudarc::driver::{result as drv, sys as dsys};
+use cudarc::driver::sys as dsys;
+
+use super::dnn::time_warm;
 
 use crate::error::{Error, Result};
 
@@ -217,7 +219,6 @@ impl LtMatmul {
 
     fn search(&mut self, h: &LtHandle, stream: dsys::CUstream, buf: &SearchBuffers) -> Result<()> {
         const N: usize = 8;
-        const REPS: usize = 8;
         let pref = lt::create_matmul_pref().map_err(lt_err("preference"))?;
         let limit = buf.ws_limit as u64;
         // SAFETY: zeroed plain-old-data result structs; live descriptors.
@@ -267,9 +268,6 @@ impl LtMatmul {
         // SAFETY: created above, destroyed once.
         let _ = unsafe { lt::destroy_matmul_pref(pref) };
         r.map_err(lt_err("algorithm heuristic"))?;
-        let drv_e = |e: drv::DriverError| Error::Unsupported(format!("CUDA event: {e}"));
-        let e0 = drv::event::create(dsys::CUevent_flags::CU_EVENT_DEFAULT).map_err(drv_e)?;
-        let e1 = drv::event::create(dsys::CUevent_flags::CU_EVENT_DEFAULT).map_err(drv_e)?;
         let mut best: Option<(lt_sys::cublasLtMatmulAlgo_t, usize, f32)> = None;
         for cand in &found[..(count.max(0) as usize).min(N)] {
             if cand.state != lt_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS
@@ -279,38 +277,19 @@ impl LtMatmul {
             }
             self.algo = cand.algo;
             self.workspace = cand.workspaceSize;
-            let timed = (|| -> Result<f32> {
-                let z = if self.shape.epilogue.residual {
-                    buf.z
-                } else {
-                    buf.y
-                };
-                let run = || self.run(h, stream, buf.x, buf.w, z, buf.y, buf.ws);
-                run()?;
-                run()?;
-                // SAFETY: live events and stream.
-                unsafe { drv::event::record(e0, stream) }.map_err(drv_e)?;
-                for _ in 0..REPS {
-                    run()?;
-                }
-                // SAFETY: as above.
-                unsafe {
-                    drv::event::record(e1, stream).map_err(drv_e)?;
-                    drv::event::synchronize(e1).map_err(drv_e)?;
-                    drv::event::elapsed(e0, e1).map_err(drv_e)
-                }
-                .map(|t| t / REPS as f32)
-            })();
+            let z = if self.shape.epilogue.residual {
+                buf.z
+            } else {
+                buf.y
+            };
+            let timed = time_warm(stream, || {
+                self.run(h, stream, buf.x, buf.w, z, buf.y, buf.ws)
+            });
             if let Ok(t) = timed {
                 if best.is_none_or(|b| t < b.2) {
                     best = Some((cand.algo, cand.workspaceSize, t));
                 }
             }
-        }
-        // SAFETY: created above, destroyed once, after the synchronisations.
-        unsafe {
-            let _ = drv::event::destroy(e0);
-            let _ = drv::event::destroy(e1);
         }
         let (algo, ws, t) =
             best.ok_or_else(|| Error::Unsupported("cuBLASLt: no algorithm ran".into()))?;

@@ -22,7 +22,7 @@ use crate::ir::Tensor;
 use crate::vision::preprocess::{placement, precompute_coeffs, Coeffs, PRECISION_BITS};
 use crate::vision::{ImageTransform, Preprocess, ResizeMode};
 
-pub use crate::vision::{GpuYuvCoeffs, NV12_CUBIC_EVEN};
+pub use crate::vision::yuv::{YuvCoeffs, NV12_CUBIC_EVEN};
 
 const BLOCK: u32 = 256;
 
@@ -258,7 +258,7 @@ impl GpuImageConverter {
         unsafe { drv::memcpy_dtoh_sync(dst, src) }.map_err(drv_err("download"))
     }
 
-    fn coeff_args(k: &GpuYuvCoeffs) -> [Arg; 6] {
+    fn coeff_args(k: &YuvCoeffs) -> [Arg; 6] {
         [
             Arg::I(k.y_offset),
             Arg::I(k.y_mul),
@@ -276,7 +276,7 @@ impl GpuImageConverter {
         width: usize,
         height: usize,
         stride: usize,
-        k: &GpuYuvCoeffs,
+        k: &YuvCoeffs,
     ) -> Result<Vec<u8>> {
         let stride = if stride == 0 { width * 2 } else { stride };
         if width == 0 || height == 0 || !width.is_multiple_of(2) || stride < width * 2 {
@@ -316,7 +316,7 @@ impl GpuImageConverter {
         width: usize,
         height: usize,
         stride: usize,
-        k: &GpuYuvCoeffs,
+        k: &YuvCoeffs,
         cubic: bool,
     ) -> Result<Vec<u8>> {
         let stride = if stride == 0 { width } else { stride };
