@@ -1,8 +1,9 @@
 //! INT8 convolution (a folded `DQ -> Conv -> Q`), requantization fused: NHWC or NCHW 8-bit
 //! activations, int8 OIHW weights packed at build time for the [`qgemm`](super::qgemm)
 //! micro-kernels. Paths: pointwise (1x1, stride 1, unpadded NHWC, C % 4 == 0, u8) runs the
-//! packed product on the input in place; depthwise (group == C) runs a direct kernel over
-//! channels (i32 accumulation, auto-vectorised with AVX-512BW / AVX2 where present); everything
+//! packed product on the input in place; depthwise (group == C) runs a direct kernel with
+//! channels in vector lanes (`vpdpwssd` / `vpmaddwd` of zero-extended bytes against i32
+//! weights, requantized in registers; portable scalar fallback); everything
 //! else gathers im2col tiles (padding holds the input zero point) per worker.
 
 use rayon::prelude::*;
@@ -41,7 +42,7 @@ struct Geom {
 
 enum Imp {
     Pointwise,
-    Depthwise { w: Vec<i16> },
+    Depthwise { w: Vec<i32> },
     Im2col,
 }
 
@@ -118,14 +119,18 @@ fn build_with(graph: &Graph, node: &Node, isa: QIsa) -> Result<Box<dyn Kernel>> 
     let taps = g.kh * g.kw;
     let name_s = node.name.clone();
     if nhwc && groups == cin && groups == cout && groups > 1 {
-        // Depthwise: weights as i16 [tap][c]; the zero point is subtracted from the input.
-        let mut dw_w = vec![0i16; taps * cout];
+        // Depthwise: weights as i32 [tap][c] (the operand of `vpmaddwd`/`vpdpwssd` against
+        // zero-extended bytes). Padded taps read the zero point, so the correction
+        // `-za * sum_taps w` goes into the bias like the GEMM paths' column sums.
+        let mut dw_w = vec![0i32; taps * cout];
+        let mut sums = vec![0i32; cout];
         for c in 0..cout {
             for t in 0..taps {
-                dw_w[t * cout + c] = wt[c * taps + t] as i16;
+                dw_w[t * cout + c] = wt[c * taps + t] as i32;
+                sums[c] += wt[c * taps + t] as i32;
             }
         }
-        let epi = QEpilogue::new(x, &q.w_scales, q.y, &bias, &vec![0; cout], act);
+        let epi = QEpilogue::new(x, &q.w_scales, q.y, &bias, &sums, act);
         return Ok(Box::new(QConvKernel {
             g,
             imp: Imp::Depthwise { w: dw_w },
@@ -297,44 +302,84 @@ impl QConvKernel {
         Ok(())
     }
 
-    fn run_depthwise(&self, x: &[u8], out: &mut [u8], w: &[i16]) {
+    fn run_depthwise(&self, x: &[u8], out: &mut [u8], w: &[i32]) {
         let g = &self.g;
         let epi = &self.epis[0];
+        let (za, flip) = (self.za, self.flip);
         out.par_chunks_mut(g.ow * g.cout)
             .enumerate()
             .for_each(|(row, o)| {
                 #[cfg(target_arch = "x86_64")]
-                {
-                    // SAFETY: `isa` was checked available when the kernel was built; VNNI
-                    // AVX-512 implies AVX-512BW, and AVX-VNNI implies AVX2.
+                if epi.general.is_none() {
+                    // SAFETY: `isa` was checked available when the kernel was built (VNNI
+                    // AVX-512 implies AVX-512BW, AVX-VNNI implies AVX2); `run` checked the
+                    // input size, `w` holds taps * C values and `o` is one output row.
                     match self.isa {
                         QIsa::Avx512Vnni => {
-                            unsafe { dw_row_avx512(g, x, w, row, o, epi, self.za, self.flip) };
+                            unsafe { dw_row_vnni512(g, x, w, row, o, epi, za, flip) };
                             return;
                         }
                         QIsa::AvxVnni | QIsa::Avx2 => {
-                            unsafe { dw_row_avx2(g, x, w, row, o, epi, self.za, self.flip) };
+                            unsafe { dw_row_avx2(g, x, w, row, o, epi, za, flip) };
                             return;
                         }
                         QIsa::Portable => {}
                     }
                 }
-                dw_row(g, x, w, row, o, epi, self.za, self.flip);
+                dw_row(g, x, w, row, o, epi, za, flip);
             });
     }
 }
 
-/// Channels per accumulation block of the depthwise kernel (stack buffer).
+/// Channels per accumulation block of the portable depthwise kernel (stack buffer).
 const DW_BLOCK: usize = 256;
 
-/// One output row of an NHWC depthwise conv: `acc[c] = bias + sum_taps (x - za) * w`, then the
-/// epilogue (whose column sums are zero: the zero point is subtracted here).
+/// Accumulates channels `cb..cb + acc.len()` of output pixel `(ni, oy, ox)` of an NHWC
+/// depthwise conv into `acc`: `sum_taps x * w`, padded taps reading the zero point `za`.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn dw_pixel(
+    g: &Geom,
+    x: &[u8],
+    w: &[i32],
+    (ni, oy, ox): (usize, usize, usize),
+    cb: usize,
+    acc: &mut [i32],
+    za: u8,
+    flip: bool,
+) {
+    let c = g.cin;
+    let nb = acc.len();
+    acc.fill(0);
+    for ky in 0..g.kh {
+        let iy = (oy * g.sh + ky * g.dh).wrapping_sub(g.pt);
+        for kx in 0..g.kw {
+            let ix = (ox * g.sw + kx * g.dw).wrapping_sub(g.pl);
+            let t = ky * g.kw + kx;
+            let ws = &w[t * c + cb..t * c + cb + nb];
+            if iy >= g.h || ix >= g.w {
+                for (a, &wv) in acc.iter_mut().zip(ws) {
+                    *a += za as i32 * wv;
+                }
+                continue;
+            }
+            let s = ((ni * g.h + iy) * g.w + ix) * c + cb;
+            let xs = &x[s..s + nb];
+            let f = if flip { 0x80 } else { 0 };
+            for ((a, &xv), &wv) in acc.iter_mut().zip(xs).zip(ws) {
+                *a += (xv ^ f) as i32 * wv;
+            }
+        }
+    }
+}
+
+/// One output row of an NHWC depthwise conv (portable): per pixel and channel block
+/// [`dw_pixel`], then the epilogue (whose bias holds `-za * sum_taps w`).
 #[allow(clippy::too_many_arguments)]
 fn dw_row(
     g: &Geom,
     x: &[u8],
-    w: &[i16],
+    w: &[i32],
     row: usize,
     o: &mut [u8],
     epi: &QEpilogue,
@@ -343,75 +388,130 @@ fn dw_row(
 ) {
     let c = g.cin;
     let (ni, oy) = (row / g.oh, row % g.oh);
-    let za = za as i32;
     let mut acc = [0i32; DW_BLOCK];
     for ox in 0..g.ow {
         let mut cb = 0;
         while cb < c {
             let nb = DW_BLOCK.min(c - cb);
-            let acc = &mut acc[..nb];
-            acc.fill(0);
-            for ky in 0..g.kh {
-                let iy = (oy * g.sh + ky * g.dh).wrapping_sub(g.pt);
-                if iy >= g.h {
-                    continue;
-                }
-                for kx in 0..g.kw {
-                    let ix = (ox * g.sw + kx * g.dw).wrapping_sub(g.pl);
-                    if ix >= g.w {
-                        continue;
-                    }
-                    let s = ((ni * g.h + iy) * g.w + ix) * c + cb;
-                    let xs = &x[s..s + nb];
-                    let t = ky * g.kw + kx;
-                    let ws = &w[t * c + cb..t * c + cb + nb];
-                    if flip {
-                        for ((a, &xv), &wv) in acc.iter_mut().zip(xs).zip(ws) {
-                            *a += ((xv ^ 0x80) as i32 - za) * wv as i32;
-                        }
-                    } else {
-                        for ((a, &xv), &wv) in acc.iter_mut().zip(xs).zip(ws) {
-                            *a += (xv as i32 - za) * wv as i32;
-                        }
-                    }
-                }
-            }
-            epi.store(acc, cb, &mut o[ox * c + cb..ox * c + cb + nb]);
+            dw_pixel(g, x, w, (ni, oy, ox), cb, &mut acc[..nb], za, flip);
+            epi.store(&acc[..nb], cb, &mut o[ox * c + cb..ox * c + cb + nb]);
             cb += nb;
         }
     }
 }
 
+/// One output row of an NHWC depthwise conv with AVX-512 VNNI: 16 channels in the lanes of
+/// one accumulator, per tap the bytes zero-extended to i32 and `vpdpwssd` against the i32
+/// weights (an exact `x * w`), requantized in registers; the channel tail is masked.
+///
+/// # Safety
+/// AVX-512F/BW/VNNI must be available; `x` holds the whole NHWC input, `w` taps * C values,
+/// `o` the `ow * C` bytes of output row `row`, and `epi.general` is `None`.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn dw_row_avx512(
+unsafe fn dw_row_vnni512(
     g: &Geom,
     x: &[u8],
-    w: &[i16],
+    w: &[i32],
     row: usize,
     o: &mut [u8],
     epi: &QEpilogue,
     za: u8,
     flip: bool,
 ) {
-    dw_row(g, x, w, row, o, epi, za, flip)
+    use std::arch::x86_64::*;
+    let c = g.cin;
+    let (ni, oy) = (row / g.oh, row % g.oh);
+    let (xp, wp, op) = (x.as_ptr(), w.as_ptr(), o.as_mut_ptr());
+    let zav = _mm512_set1_epi32(za as i32);
+    let fl = _mm_set1_epi8(if flip { i8::MIN } else { 0 });
+    for ox in 0..g.ow {
+        let mut cb = 0;
+        while cb < c {
+            let nb = (c - cb).min(16);
+            let m: __mmask16 = if nb == 16 { 0xffff } else { (1u16 << nb) - 1 };
+            let mut acc = _mm512_setzero_si512();
+            for ky in 0..g.kh {
+                let iy = (oy * g.sh + ky * g.dh).wrapping_sub(g.pt);
+                for kx in 0..g.kw {
+                    let ix = (ox * g.sw + kx * g.dw).wrapping_sub(g.pl);
+                    let t = ky * g.kw + kx;
+                    let wv = _mm512_maskz_loadu_epi32(m, wp.add(t * c + cb));
+                    let xv = if iy < g.h && ix < g.w {
+                        let s = ((ni * g.h + iy) * g.w + ix) * c + cb;
+                        let b = _mm_maskz_loadu_epi8(m, xp.add(s) as *const i8);
+                        _mm512_cvtepu8_epi32(_mm_xor_si128(b, fl))
+                    } else {
+                        zav
+                    };
+                    acc = _mm512_dpwssd_epi32(acc, xv, wv);
+                }
+            }
+            let q = epi.requant16(acc, cb, m);
+            _mm_mask_storeu_epi8(op.add(ox * c + cb) as *mut i8, m, q);
+            cb += nb;
+        }
+    }
 }
 
+/// One output row of an NHWC depthwise conv with AVX2: 8 channels per accumulator,
+/// `vpmaddwd` of zero-extended bytes against i32 weights (exact), requantized in registers;
+/// the last `C % 8` channels go through [`dw_pixel`] and the scalar epilogue.
+///
+/// # Safety
+/// AVX2 must be available; buffers as for [`dw_row_vnni512`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn dw_row_avx2(
     g: &Geom,
     x: &[u8],
-    w: &[i16],
+    w: &[i32],
     row: usize,
     o: &mut [u8],
     epi: &QEpilogue,
     za: u8,
     flip: bool,
 ) {
-    dw_row(g, x, w, row, o, epi, za, flip)
+    use std::arch::x86_64::*;
+    let c = g.cin;
+    let c8 = c / 8 * 8;
+    let (ni, oy) = (row / g.oh, row % g.oh);
+    let (xp, wp) = (x.as_ptr(), w.as_ptr());
+    let zav = _mm256_set1_epi32(za as i32);
+    let fl = _mm_set1_epi8(if flip { i8::MIN } else { 0 });
+    let mut tail = [0i32; 8];
+    for ox in 0..g.ow {
+        let mut cb = 0;
+        while cb < c8 {
+            let mut acc = _mm256_setzero_si256();
+            for ky in 0..g.kh {
+                let iy = (oy * g.sh + ky * g.dh).wrapping_sub(g.pt);
+                for kx in 0..g.kw {
+                    let ix = (ox * g.sw + kx * g.dw).wrapping_sub(g.pl);
+                    let t = ky * g.kw + kx;
+                    let wv = _mm256_loadu_si256(wp.add(t * c + cb) as *const __m256i);
+                    let xv = if iy < g.h && ix < g.w {
+                        let s = ((ni * g.h + iy) * g.w + ix) * c + cb;
+                        let b = _mm_loadl_epi64(xp.add(s) as *const __m128i);
+                        _mm256_cvtepu8_epi32(_mm_xor_si128(b, fl))
+                    } else {
+                        zav
+                    };
+                    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(xv, wv));
+                }
+            }
+            let q = epi.requant8(acc, cb);
+            _mm_storel_epi64(o.as_mut_ptr().add(ox * c + cb) as *mut __m128i, q);
+            cb += 8;
+        }
+        if c8 < c {
+            let acc = &mut tail[..c - c8];
+            dw_pixel(g, x, w, (ni, oy, ox), c8, acc, za, flip);
+            epi.store(acc, c8, &mut o[ox * c + c8..ox * c + c]);
+        }
+    }
 }
 
 impl Kernel for QConvKernel {
@@ -559,7 +659,14 @@ mod tests {
                         }
                         let xu = super::super::qgemm::u8_params(x);
                         let mult = xu.scale * ws[o] / y.scale;
-                        let q = ((acc as f32 * mult).round_ties_even() + 9.0).clamp(lo, hi) as u8;
+                        let f = acc as f32 * mult;
+                        let f = match c.act {
+                            Some(crate::ir::Activation::LeakyRelu { alpha }) if f < 0.0 => {
+                                f * alpha
+                            }
+                            _ => f,
+                        };
+                        let q = (f.round_ties_even() + 9.0).clamp(lo, hi) as u8;
                         let idx = if c.nhwc {
                             ((ni * oh + oy) * ow + ox) * c.cout + o
                         } else {
@@ -718,6 +825,33 @@ mod tests {
                 stride: 2,
                 pad: [1, 1, 2, 2],
                 signed_in: true,
+                ..base
+            },
+            // depthwise with a channel tail below one vector, stride 2, asymmetric padding,
+            // fused activations (the in-register epilogues), and a dilated one
+            Case {
+                cin: 13,
+                cout: 13,
+                group: 13,
+                stride: 2,
+                pad: [0, 1, 2, 0],
+                act: Some(crate::ir::Activation::Relu),
+                ..base
+            },
+            Case {
+                cin: 40,
+                cout: 40,
+                group: 40,
+                signed_in: true,
+                act: Some(crate::ir::Activation::LeakyRelu { alpha: 0.1 }),
+                ..base
+            },
+            Case {
+                cin: 32,
+                cout: 32,
+                group: 32,
+                dil: 2,
+                pad: [2, 2, 2, 2],
                 ..base
             },
             // grouped (not depthwise), dilated

@@ -494,6 +494,67 @@ impl QEpilogue {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+impl QEpilogue {
+    /// Requantizes 16 accumulators of columns `c0..c0 + 16` (lanes outside `m` are ignored,
+    /// their bias/multiplier not read) in registers, into 16 bytes. Same arithmetic as
+    /// [`QEpilogue::store`] (i32 -> f32 rounding, one multiply, clamp, round half to even), so the
+    /// results are bit-identical. Only for `general == None`.
+    ///
+    /// # Safety
+    /// AVX-512F/BW must be available and lanes of `m` must be columns below `bias.len()`.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    #[inline]
+    pub(super) unsafe fn requant16(&self, acc: __m512i, c0: usize, m: __mmask16) -> __m128i {
+        let b = _mm512_maskz_loadu_epi32(m, self.bias.as_ptr().add(c0));
+        let mu = _mm512_maskz_loadu_ps(m, self.mult.as_ptr().add(c0));
+        let mut f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(acc, b)), mu);
+        if self.slope != 1.0 {
+            let neg = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(f, _mm512_setzero_ps());
+            f = _mm512_mask_mul_ps(f, neg, f, _mm512_set1_ps(self.slope));
+        }
+        let f = _mm512_min_ps(
+            _mm512_max_ps(f, _mm512_set1_ps(self.lo - self.zy)),
+            _mm512_set1_ps(self.hi - self.zy),
+        );
+        // Default MXCSR rounding: to nearest, ties to even.
+        let q = _mm512_add_epi32(_mm512_cvtps_epi32(f), _mm512_set1_epi32(self.zy as i32));
+        if self.signed {
+            _mm512_cvtsepi32_epi8(q)
+        } else {
+            _mm512_cvtusepi32_epi8(q)
+        }
+    }
+
+    /// Requantizes 8 accumulators of columns `c0..c0 + 8` in registers into the low 8 bytes
+    /// (AVX2; bit-identical to [`QEpilogue::store`]). Only for `general == None`.
+    ///
+    /// # Safety
+    /// AVX2 must be available and `c0 + 8 <= bias.len()`.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub(super) unsafe fn requant8(&self, acc: __m256i, c0: usize) -> __m128i {
+        let b = _mm256_loadu_si256(self.bias.as_ptr().add(c0) as *const __m256i);
+        let mu = _mm256_loadu_ps(self.mult.as_ptr().add(c0));
+        let mut f = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(acc, b)), mu);
+        if self.slope != 1.0 {
+            let neg = _mm256_cmp_ps::<_CMP_LT_OQ>(f, _mm256_setzero_ps());
+            f = _mm256_blendv_ps(f, _mm256_mul_ps(f, _mm256_set1_ps(self.slope)), neg);
+        }
+        let f = _mm256_min_ps(
+            _mm256_max_ps(f, _mm256_set1_ps(self.lo - self.zy)),
+            _mm256_set1_ps(self.hi - self.zy),
+        );
+        let q = _mm256_add_epi32(_mm256_cvtps_epi32(f), _mm256_set1_epi32(self.zy as i32));
+        let w = _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256::<1>(q));
+        if self.signed {
+            _mm_packs_epi16(w, w)
+        } else {
+            _mm_packus_epi16(w, w)
+        }
+    }
+}
+
 /// Quantization parameters of a node's scale/zero-point pair, read from its op.
 fn qgemm_parts(node: &Node) -> Result<&crate::ir::QGemmAttrs> {
     match &node.op {
