@@ -2,7 +2,7 @@
 //! activations, int8 OIHW weights packed at build time for the [`qgemm`](super::qgemm)
 //! micro-kernels. Paths: pointwise (1x1, stride 1, unpadded NHWC, C % 4 == 0, u8) runs the
 //! packed product on the input in place; depthwise (group == C) runs a direct kernel with
-//! channels in vector lanes (`vpdpwssd` / `vpmaddwd` of zero-extended bytes against i32
+//! channels in vector lanes (`vpmaddwd` of zero-extended bytes against i32
 //! weights, requantized in registers; portable scalar fallback); everything
 //! else gathers im2col tiles (padding holds the input zero point) per worker.
 
@@ -119,7 +119,7 @@ fn build_with(graph: &Graph, node: &Node, isa: QIsa) -> Result<Box<dyn Kernel>> 
     let taps = g.kh * g.kw;
     let name_s = node.name.clone();
     if nhwc && groups == cin && groups == cout && groups > 1 {
-        // Depthwise: weights as i32 [tap][c] (the operand of `vpmaddwd`/`vpdpwssd` against
+        // Depthwise: weights as i32 [tap][c] (the operand of `vpmaddwd` against
         // zero-extended bytes). Padded taps read the zero point, so the correction
         // `-za * sum_taps w` goes into the bias like the GEMM paths' column sums.
         let mut dw_w = vec![0i32; taps * cout];
@@ -400,15 +400,15 @@ fn dw_row(
     }
 }
 
-/// One output row of an NHWC depthwise conv with AVX-512 VNNI: 16 channels in the lanes of
-/// one accumulator, per tap the bytes zero-extended to i32 and `vpdpwssd` against the i32
+/// One output row of an NHWC depthwise conv with AVX-512: 16 channels in the lanes of one
+/// accumulator, per tap the bytes zero-extended to i32 and `vpmaddwd` against the i32
 /// weights (an exact `x * w`), requantized in registers; the channel tail is masked.
 ///
 /// # Safety
-/// AVX-512F/BW/VNNI must be available; `x` holds the whole NHWC input, `w` taps * C values,
+/// AVX-512F/BW/VL/VNNI must be available; `x` holds the whole NHWC input, `w` taps * C values,
 /// `o` the `ow * C` bytes of output row `row`, and `epi.general` is `None`.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn dw_row_vnni512(
     g: &Geom,
@@ -426,32 +426,48 @@ unsafe fn dw_row_vnni512(
     let (xp, wp, op) = (x.as_ptr(), w.as_ptr(), o.as_mut_ptr());
     let zav = _mm512_set1_epi32(za as i32);
     let fl = _mm_set1_epi8(if flip { i8::MIN } else { 0 });
-    for ox in 0..g.ow {
+    // Four output pixels share each weight load (the last group repeats its final pixel and
+    // drops the copies); channel blocks inside, so one group's weights stay in L1.
+    const PX: usize = 4;
+    let mut ox0 = 0;
+    while ox0 < g.ow {
+        let np = PX.min(g.ow - ox0);
+        let mut oxs = [0usize; PX];
+        for (p, v) in oxs.iter_mut().enumerate() {
+            *v = ox0 + p.min(np - 1);
+        }
         let mut cb = 0;
         while cb < c {
             let nb = (c - cb).min(16);
             let m: __mmask16 = if nb == 16 { 0xffff } else { (1u16 << nb) - 1 };
-            let mut acc = _mm512_setzero_si512();
+            let mut acc = [_mm512_setzero_si512(); PX];
             for ky in 0..g.kh {
                 let iy = (oy * g.sh + ky * g.dh).wrapping_sub(g.pt);
+                let row_ok = iy < g.h;
+                let xrow = xp.add((ni * g.h + iy.min(g.h.saturating_sub(1))) * g.w * c + cb);
                 for kx in 0..g.kw {
-                    let ix = (ox * g.sw + kx * g.dw).wrapping_sub(g.pl);
                     let t = ky * g.kw + kx;
                     let wv = _mm512_maskz_loadu_epi32(m, wp.add(t * c + cb));
-                    let xv = if iy < g.h && ix < g.w {
-                        let s = ((ni * g.h + iy) * g.w + ix) * c + cb;
-                        let b = _mm_maskz_loadu_epi8(m, xp.add(s) as *const i8);
-                        _mm512_cvtepu8_epi32(_mm_xor_si128(b, fl))
-                    } else {
-                        zav
-                    };
-                    acc = _mm512_dpwssd_epi32(acc, xv, wv);
+                    for p in 0..PX {
+                        let ix = (oxs[p] * g.sw + kx * g.dw).wrapping_sub(g.pl);
+                        let xv = if row_ok && ix < g.w {
+                            let b = _mm_maskz_loadu_epi8(m, xrow.add(ix * c) as *const i8);
+                            _mm512_cvtepu8_epi32(_mm_xor_si128(b, fl))
+                        } else {
+                            zav
+                        };
+                        // `vpmaddwd` + `vpaddd`: exact, and a 1-cycle accumulation chain.
+                        acc[p] = _mm512_add_epi32(acc[p], _mm512_madd_epi16(xv, wv));
+                    }
                 }
             }
-            let q = epi.requant16(acc, cb, m);
-            _mm_mask_storeu_epi8(op.add(ox * c + cb) as *mut i8, m, q);
+            for p in 0..np {
+                let q = epi.requant16(acc[p], cb, m);
+                _mm_mask_storeu_epi8(op.add(oxs[p] * c + cb) as *mut i8, m, q);
+            }
             cb += nb;
         }
+        ox0 += np;
     }
 }
 

@@ -60,6 +60,7 @@ impl QIsa {
                 QIsa::Avx512Vnni => {
                     is_x86_feature_detected!("avx512f")
                         && is_x86_feature_detected!("avx512bw")
+                        && is_x86_feature_detected!("avx512vl")
                         && is_x86_feature_detected!("avx512vnni")
                 }
                 QIsa::AvxVnni => {
@@ -164,6 +165,14 @@ impl PackedQB {
             // SAFETY: the ISA was checked available when packing; bounds were checked above.
             unsafe {
                 match self.isa {
+                    QIsa::Avx512Vnni if epi.general.is_none() => {
+                        self.run_fused_vnni512(m, a, lda, out, ldc, epi);
+                        return Ok(());
+                    }
+                    QIsa::AvxVnni | QIsa::Avx2 if epi.general.is_none() => {
+                        self.run_fused_avx2(m, a, lda, out, ldc, epi);
+                        return Ok(());
+                    }
                     QIsa::Avx512Vnni => {
                         self.run_avx512(m, a, lda, out, ldc, epi);
                         return Ok(());
@@ -192,6 +201,132 @@ impl PackedQB {
         epi: &QEpilogue,
     ) {
         self.run_impl(m, a, lda, out, ldc, epi)
+    }
+
+    /// AVX-512 VNNI product with the requantization in registers: each 6 x 32 tile goes
+    /// straight from the accumulators to the 8-bit output (masked at the column tail).
+    ///
+    /// # Safety
+    /// AVX-512 VNNI available; operand sizes checked by [`PackedQB::run`]; `epi.general` None.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[allow(clippy::needless_range_loop)] // register tiles index several arrays in step
+    unsafe fn run_fused_vnni512(
+        &self,
+        m: usize,
+        a: &[u8],
+        lda: usize,
+        out: &mut [u8],
+        ldc: usize,
+        epi: &QEpilogue,
+    ) {
+        let groups = self.kp / 4;
+        let op = out.as_mut_ptr();
+        for &(c0, w, off) in &self.panels {
+            let bp = self.data.as_ptr().add(off);
+            let nv = w / 16;
+            let mut masks = [0 as __mmask16; 2];
+            for (v, mk) in masks.iter_mut().enumerate().take(nv) {
+                let col = c0 + v * 16;
+                let nb = self.n.saturating_sub(col).min(16);
+                *mk = ((1u32 << nb) - 1) as __mmask16;
+            }
+            let mut i = 0;
+            while i < m {
+                let rows = 6.min(m - i);
+                let ap = a.as_ptr().add(i * lda);
+                let mut rp = [ap; 6];
+                for (r, p) in rp.iter_mut().enumerate() {
+                    *p = ap.add(r.min(rows - 1) * lda);
+                }
+                let mut c = [[_mm512_setzero_si512(); 2]; 6];
+                if nv == 2 {
+                    for g in 0..groups {
+                        let b0 = _mm512_loadu_si512(bp.add(g * 128) as *const _);
+                        let b1 = _mm512_loadu_si512(bp.add(g * 128 + 64) as *const _);
+                        for r in 0..6 {
+                            let av = _mm512_set1_epi32(
+                                (rp[r].add(g * 4) as *const i32).read_unaligned(),
+                            );
+                            c[r][0] = _mm512_dpbusd_epi32(c[r][0], av, b0);
+                            c[r][1] = _mm512_dpbusd_epi32(c[r][1], av, b1);
+                        }
+                    }
+                } else {
+                    for g in 0..groups {
+                        let b0 = _mm512_loadu_si512(bp.add(g * 64) as *const _);
+                        for r in 0..6 {
+                            let av = _mm512_set1_epi32(
+                                (rp[r].add(g * 4) as *const i32).read_unaligned(),
+                            );
+                            c[r][0] = _mm512_dpbusd_epi32(c[r][0], av, b0);
+                        }
+                    }
+                }
+                for r in 0..rows {
+                    let orow = op.add((i + r) * ldc);
+                    for v in 0..nv {
+                        if masks[v] == 0 {
+                            continue;
+                        }
+                        let col = c0 + v * 16;
+                        let q = epi.requant16(c[r][v], col, masks[v]);
+                        _mm_mask_storeu_epi8(orow.add(col) as *mut i8, masks[v], q);
+                    }
+                }
+                i += rows;
+            }
+        }
+    }
+
+    /// AVX2 / AVX-VNNI product with the requantization in registers (8 columns per vector;
+    /// a column tail below 8 goes through the scalar epilogue).
+    ///
+    /// # Safety
+    /// AVX2 available (and AVX-VNNI for that ISA); sizes checked by [`PackedQB::run`];
+    /// `epi.general` None.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn run_fused_avx2(
+        &self,
+        m: usize,
+        a: &[u8],
+        lda: usize,
+        out: &mut [u8],
+        ldc: usize,
+        epi: &QEpilogue,
+    ) {
+        let mr = self.isa.mr();
+        for &(c0, w, off) in &self.panels {
+            let panel = &self.data[off..off + self.kp * w];
+            let valid = w.min(self.n - c0);
+            let mut i = 0;
+            while i < m {
+                let rows = mr.min(m - i);
+                let arow = &a[i * lda..];
+                let mut t = [[_mm256_setzero_si256(); 4]; 2];
+                if self.isa == QIsa::AvxVnni {
+                    t = micro_avxvnni_regs(rows, arow, lda, panel, w, self.kp);
+                } else {
+                    t[0] = micro_avx2_regs(arow, panel, w, self.kp);
+                }
+                for (r, tr) in t.iter().enumerate().take(rows) {
+                    let o = &mut out[(i + r) * ldc + c0..(i + r) * ldc + c0 + valid];
+                    let mut j = 0;
+                    while j + 8 <= valid {
+                        let q = epi.requant8(tr[j / 8], c0 + j);
+                        _mm_storel_epi64(o.as_mut_ptr().add(j) as *mut __m128i, q);
+                        j += 8;
+                    }
+                    if j < valid {
+                        let mut tmp = [0i32; 8];
+                        _mm256_storeu_si256(tmp.as_mut_ptr() as *mut __m256i, tr[j / 8]);
+                        epi.store(&tmp[..valid - j], c0 + j, &mut o[j..]);
+                    }
+                }
+                i += rows;
+            }
+        }
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -370,6 +505,75 @@ unsafe fn micro_avxvnni(
     }
 }
 
+/// [`micro_avxvnni`] returning the 2 x 32 accumulators in registers.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,avxvnni")]
+#[inline]
+unsafe fn micro_avxvnni_regs(
+    rows: usize,
+    a: &[u8],
+    lda: usize,
+    panel: &[i8],
+    w: usize,
+    kp: usize,
+) -> [[__m256i; 4]; 2] {
+    let ap = a.as_ptr();
+    let bp = panel.as_ptr();
+    let mut c = [[_mm256_setzero_si256(); 4]; 2];
+    let r1 = ap.add((rows - 1).min(1) * lda);
+    if w == NR {
+        for g in 0..kp / 4 {
+            let a0 = _mm256_set1_epi32((ap.add(g * 4) as *const i32).read_unaligned());
+            let a1 = _mm256_set1_epi32((r1.add(g * 4) as *const i32).read_unaligned());
+            for v in 0..4 {
+                let b = _mm256_loadu_si256(bp.add(g * 128 + v * 32) as *const _);
+                c[0][v] = _mm256_dpbusd_avx_epi32(c[0][v], a0, b);
+                c[1][v] = _mm256_dpbusd_avx_epi32(c[1][v], a1, b);
+            }
+        }
+    } else {
+        for g in 0..kp / 4 {
+            let a0 = _mm256_set1_epi32((ap.add(g * 4) as *const i32).read_unaligned());
+            let a1 = _mm256_set1_epi32((r1.add(g * 4) as *const i32).read_unaligned());
+            for v in 0..2 {
+                let b = _mm256_loadu_si256(bp.add(g * 64 + v * 32) as *const _);
+                c[0][v] = _mm256_dpbusd_avx_epi32(c[0][v], a0, b);
+                c[1][v] = _mm256_dpbusd_avx_epi32(c[1][v], a1, b);
+            }
+        }
+    }
+    c
+}
+
+/// [`micro_avx2`] returning one row's column sums in registers (8 columns per vector).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+#[allow(clippy::needless_range_loop)] // register tiles index several arrays in step
+unsafe fn micro_avx2_regs(a: &[u8], panel: &[i8], w: usize, kp: usize) -> [__m256i; 4] {
+    let ap = a.as_ptr();
+    let bp = panel.as_ptr();
+    let mut c = [_mm256_setzero_si256(); 8];
+    let nq = w / 4;
+    for g in 0..kp / 4 {
+        let a4 = (ap.add(g * 4) as *const u32).read_unaligned();
+        let a16 = _mm_cvtepu8_epi16(_mm_cvtsi32_si128(a4 as i32));
+        let av = _mm256_broadcastq_epi64(a16);
+        for q in 0..nq {
+            let b = _mm_loadu_si128(bp.add(g * w * 4 + q * 16) as *const _);
+            c[q] = _mm256_add_epi32(c[q], _mm256_madd_epi16(av, _mm256_cvtepi8_epi16(b)));
+        }
+    }
+    // Pairs (k01, k23) per column, 4 columns per vector: horizontal adds of two vectors give
+    // columns [0 1 4 5 | 2 3 6 7]; a 64-bit permute restores the order.
+    let mut o = [_mm256_setzero_si256(); 4];
+    for v in 0..nq / 2 {
+        let h = _mm256_hadd_epi32(c[2 * v], c[2 * v + 1]);
+        o[v] = _mm256_permute4x64_epi64::<0b11_01_10_00>(h);
+    }
+    o
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 #[allow(clippy::needless_range_loop)] // register tiles index several arrays in step
@@ -502,8 +706,8 @@ impl QEpilogue {
     /// results are bit-identical. Only for `general == None`.
     ///
     /// # Safety
-    /// AVX-512F/BW must be available and lanes of `m` must be columns below `bias.len()`.
-    #[target_feature(enable = "avx512f,avx512bw")]
+    /// AVX-512F/BW/VL must be available and lanes of `m` must be columns below `bias.len()`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     #[inline]
     pub(super) unsafe fn requant16(&self, acc: __m512i, c0: usize, m: __mmask16) -> __m128i {
         let b = _mm512_maskz_loadu_epi32(m, self.bias.as_ptr().add(c0));
