@@ -944,9 +944,16 @@ mod tests {
         v
     }
 
-    /// Every ISA path against a naive i32 reference, odd sizes, extreme values included.
+    /// Every ISA path against a naive i32 reference, odd sizes, extreme values included, with
+    /// and without a fused LeakyRelu (the in-register epilogues' slope path).
     #[test]
     fn packed_gemm_matches_naive_reference_on_all_isas() {
+        for alpha in [None, Some(0.1f32)] {
+            gemm_case(alpha);
+        }
+    }
+
+    fn gemm_case(alpha: Option<f32>) {
         let mut rng = Rng(7);
         for &(m, k, n) in &[
             (1, 1, 1),
@@ -954,6 +961,7 @@ mod tests {
             (13, 64, 48),
             (6, 37, 33),
             (20, 300, 70),
+            (9, 16, 100),
         ] {
             let a: Vec<u8> = (0..m * k)
                 .map(|i| if i % 7 == 0 { 255 } else { rng.next() as u8 })
@@ -981,13 +989,18 @@ mod tests {
                         .sum::<i32>()
                         + bias[j];
                     let f = acc as f32 * (0.02 * ws[j] / 0.5);
+                    let f = match alpha {
+                        Some(a) if f < 0.0 => f * a,
+                        _ => f,
+                    };
                     let q = (f.round_ties_even() as i32 - 5).clamp(-128, 127);
                     want[i * n + j] = q as i8 as u8;
                 }
             }
             for isa in isas() {
                 let p = PackedQB::pack(k, n, |kk, j| b[kk * n + j], isa);
-                let epi = QEpilogue::new(x, &ws, y, &bias, &p.col_sums, None);
+                let act = alpha.map(|alpha| Activation::LeakyRelu { alpha });
+                let epi = QEpilogue::new(x, &ws, y, &bias, &p.col_sums, act);
                 let kp = p.kp;
                 let mut ap = vec![0u8; m * kp];
                 for i in 0..m {
