@@ -180,7 +180,9 @@ fn build_with(graph: &Graph, node: &Node, isa: QIsa) -> Result<Box<dyn Kernel>> 
     let kp = packed.first().map_or(4, |p| p.kp);
     let threads = rayon::current_num_threads().max(1);
     // Per worker: an im2col tile, plus (NCHW) an output tile to scatter from.
-    let slot = (TILE_ROWS * kp + if nhwc { 0 } else { TILE_ROWS * cout }).next_multiple_of(64);
+    // NHWC tiles keep 64 bytes of slack: the im2col fast path moves 16/32-byte blocks that may
+    // run past a row's end (into the next row, rewritten after, or the slack).
+    let slot = (TILE_ROWS * kp + if nhwc { 64 } else { TILE_ROWS * cout }).next_multiple_of(64);
     Ok(Box::new(QConvKernel {
         g,
         imp: if pointwise {
@@ -208,10 +210,27 @@ impl QConvKernel {
             let p = r0 + r;
             let (ni, rem) = (p / (g.oh * g.ow), p % (g.oh * g.ow));
             let (oy, ox) = (rem / g.ow, rem % g.ow);
-            let dst = &mut col[r * kp..(r + 1) * kp];
             let mut k = 0;
+            let span = g.kw * g.cin_g;
             for ky in 0..g.kh {
                 let iy = (oy * g.sh + ky * g.dh).wrapping_sub(g.pt);
+                let ix0 = (ox * g.sw).wrapping_sub(g.pl);
+                if g.nhwc
+                    && !flip
+                    && g.cin_g == g.cin
+                    && g.dw == 1
+                    && iy < g.h
+                    && ix0 < g.w
+                    && ix0 + g.kw <= g.w
+                {
+                    // The whole kernel row is one contiguous run of the input.
+                    let s = ((ni * g.h + iy) * g.w + ix0) * g.cin;
+                    let d = r * kp + k;
+                    copy_run(&mut col[..], d, x, s, span);
+                    k += span;
+                    continue;
+                }
+                let dst = &mut col[r * kp..(r + 1) * kp];
                 for kx in 0..g.kw {
                     let ix = (ox * g.sw + kx * g.dw).wrapping_sub(g.pl);
                     let d = &mut dst[k..k + g.cin_g];
@@ -229,7 +248,7 @@ impl QConvKernel {
                     k += g.cin_g;
                 }
             }
-            dst[k..].fill(0);
+            col[r * kp + k..(r + 1) * kp].fill(0);
         }
     }
 
@@ -328,6 +347,23 @@ impl QConvKernel {
                 }
                 dw_row(g, x, w, row, o, epi, za, flip);
             });
+    }
+}
+
+/// Copies `len` bytes `x[s..]` to `col[d..]`; short runs move as one 16- or 32-byte block when
+/// both sides have that many bytes in bounds (the bytes past `len` are rewritten later).
+#[inline(always)]
+fn copy_run(col: &mut [u8], d: usize, x: &[u8], s: usize, len: usize) {
+    if len <= 16 && s + 16 <= x.len() && d + 16 <= col.len() {
+        let mut b = [0u8; 16];
+        b.copy_from_slice(&x[s..s + 16]);
+        col[d..d + 16].copy_from_slice(&b);
+    } else if len <= 32 && s + 32 <= x.len() && d + 32 <= col.len() {
+        let mut b = [0u8; 32];
+        b.copy_from_slice(&x[s..s + 32]);
+        col[d..d + 32].copy_from_slice(&b);
+    } else {
+        col[d..d + len].copy_from_slice(&x[s..s + len]);
     }
 }
 
@@ -801,6 +837,18 @@ mod tests {
             act: None,
         };
         let cases = [
+            // im2col with contiguous kernel rows of 24 and 48 bytes (block and slice copies),
+            // and an i8 input (flipped, per-tap copies)
+            Case { ..base },
+            Case {
+                cin: 16,
+                cout: 40,
+                ..base
+            },
+            Case {
+                signed_in: true,
+                ..base
+            },
             // im2col, odd channel counts, asymmetric padding, stride 2
             Case {
                 cin: 3,

@@ -30,8 +30,10 @@ pub fn build(graph: &Graph, node: &Node) -> Result<Box<dyn Kernel>> {
                     "needs a 256-entry table and an 8-bit input",
                 ));
             }
+            let mut t = [0u8; 256];
+            t.copy_from_slice(table);
             return Ok(Box::new(LutKernel {
-                table: table.clone(),
+                table: t,
                 len: numel(&shape),
                 dtype: *dtype,
                 name: node.name.clone(),
@@ -296,7 +298,7 @@ fn shape_err_name(name: &str, what: &str) -> Error {
 
 /// Maps each input byte through a 256-entry table.
 struct LutKernel {
-    table: Vec<u8>,
+    table: [u8; 256],
     len: usize,
     dtype: DataType,
     name: String,
@@ -316,12 +318,65 @@ impl Kernel for LutKernel {
         }
         let xs = x.bytes;
         let t = &self.table;
+        #[cfg(target_arch = "x86_64")]
+        let vbmi = lut_vbmi_available();
         drive(out.bytes, |start, chunk| {
-            for (j, y) in chunk.iter_mut().enumerate() {
-                *y = t[xs[start + j] as usize];
+            let src = &xs[start..start + chunk.len()];
+            #[cfg(target_arch = "x86_64")]
+            if vbmi {
+                // SAFETY: AVX-512 VBMI/BW checked at run time; equal slice lengths.
+                unsafe { lut_vbmi(t, src, chunk) };
+                return;
             }
+            lut_scalar(t, src, chunk);
         });
         Ok(())
+    }
+}
+
+/// Table lookup, portable (the fixed-size table removes the bounds checks).
+fn lut_scalar(t: &[u8; 256], src: &[u8], dst: &mut [u8]) {
+    for (y, &x) in dst.iter_mut().zip(src) {
+        *y = t[x as usize];
+    }
+}
+
+/// True when the 64-byte `vpermi2b` table lookup can run.
+#[cfg(target_arch = "x86_64")]
+fn lut_vbmi_available() -> bool {
+    is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vbmi")
+}
+
+/// Table lookup of 64 bytes at a time: two `vpermi2b` over the table's halves (indexed by
+/// the low 7 bits), selected by each byte's top bit; the tail is masked.
+///
+/// # Safety
+/// AVX-512F/BW/VBMI must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+unsafe fn lut_vbmi(t: &[u8; 256], src: &[u8], dst: &mut [u8]) {
+    use std::arch::x86_64::*;
+    let tp = t.as_ptr();
+    let q: [__m512i; 4] = [
+        _mm512_loadu_si512(tp as *const _),
+        _mm512_loadu_si512(tp.add(64) as *const _),
+        _mm512_loadu_si512(tp.add(128) as *const _),
+        _mm512_loadu_si512(tp.add(192) as *const _),
+    ];
+    let n = src.len().min(dst.len());
+    let mut i = 0;
+    while i < n {
+        let rest = n - i;
+        let m: __mmask64 = if rest >= 64 { !0 } else { (1u64 << rest) - 1 };
+        let x = _mm512_maskz_loadu_epi8(m, src.as_ptr().add(i) as *const i8);
+        let lo = _mm512_permutex2var_epi8(q[0], x, q[1]);
+        let hi = _mm512_permutex2var_epi8(q[2], x, q[3]);
+        let top = _mm512_movepi8_mask(x);
+        let y = _mm512_mask_blend_epi8(top, lo, hi);
+        _mm512_mask_storeu_epi8(dst.as_mut_ptr().add(i) as *mut i8, m, y);
+        i += 64;
     }
 }
 
@@ -414,6 +469,34 @@ mod tests {
         for (i, &v) in dv.iter().enumerate() {
             let c = (i / 2) % 3;
             assert_eq!(v, (qv[i] as i32 - zps[c] as i32) as f32 * scales[c]);
+        }
+    }
+
+    #[test]
+    fn lut_paths_match_naive_lookup() {
+        let mut t = [0u8; 256];
+        for (i, v) in t.iter_mut().enumerate() {
+            *v = (i as u8).wrapping_mul(37).wrapping_add(11);
+        }
+        // All byte values, a length with a 64-byte tail, and an empty run.
+        for n in [0usize, 1, 63, 64, 256 + 77] {
+            let src: Vec<u8> = (0..n).map(|i| (i * 151 % 256) as u8).collect();
+            let want: Vec<u8> = src
+                .iter()
+                .map(|&b| b.wrapping_mul(37).wrapping_add(11))
+                .collect();
+            let mut got = vec![0u8; n];
+            lut_scalar(&t, &src, &mut got);
+            assert_eq!(got, want, "scalar n={n}");
+            #[cfg(target_arch = "x86_64")]
+            if lut_vbmi_available() {
+                let mut got = vec![0u8; n];
+                // SAFETY: availability checked just above.
+                unsafe { lut_vbmi(&t, &src, &mut got) };
+                assert_eq!(got, want, "vbmi n={n}");
+            } else {
+                println!("SKIP: QLut VBMI path because this CPU lacks AVX-512 VBMI");
+            }
         }
     }
 
