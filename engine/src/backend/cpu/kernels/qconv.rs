@@ -465,12 +465,61 @@ unsafe fn dw_row_vnni512(
     // Four output pixels share each weight load (the last group repeats its final pixel and
     // drops the copies); channel blocks inside, so one group's weights stay in L1.
     const PX: usize = 4;
+    // Interior fast path: byte offsets of each tap from a pixel's top-left input, when the
+    // whole window of this output row lies inside the image rows.
+    let taps = g.kh * g.kw;
+    let mut toff = [0usize; 64];
+    let rows_ok = oy * g.sh >= g.pt && oy * g.sh - g.pt + (g.kh - 1) * g.dh < g.h;
+    let fast = rows_ok && taps <= toff.len();
+    if fast {
+        for ky in 0..g.kh {
+            for kx in 0..g.kw {
+                toff[ky * g.kw + kx] = (ky * g.dh * g.w + kx * g.dw) * c;
+            }
+        }
+    }
+    let span_x = (g.kw - 1) * g.dw;
     let mut ox0 = 0;
     while ox0 < g.ow {
         let np = PX.min(g.ow - ox0);
         let mut oxs = [0usize; PX];
         for (p, v) in oxs.iter_mut().enumerate() {
             *v = ox0 + p.min(np - 1);
+        }
+        if fast && ox0 * g.sw >= g.pl && oxs[PX - 1] * g.sw - g.pl + span_x < g.w {
+            let top = (ni * g.h + oy * g.sh - g.pt) * g.w;
+            let mut base = [0usize; PX];
+            for p in 0..PX {
+                base[p] = (top + oxs[p] * g.sw - g.pl) * c;
+            }
+            let mut cb = 0;
+            while cb < c {
+                let nb = (c - cb).min(16);
+                let m: __mmask16 = if nb == 16 { 0xffff } else { (1u16 << nb) - 1 };
+                let mut acc = [_mm512_setzero_si512(); PX];
+                let full = nb == 16;
+                for (t, &off) in toff[..taps].iter().enumerate() {
+                    let wv = _mm512_maskz_loadu_epi32(m, wp.add(t * c + cb));
+                    for p in 0..PX {
+                        let src = xp.add(base[p] + off + cb);
+                        let b = if full {
+                            _mm_loadu_si128(src as *const __m128i)
+                        } else {
+                            _mm_maskz_loadu_epi8(m, src as *const i8)
+                        };
+                        let b = if flip { _mm_xor_si128(b, fl) } else { b };
+                        // Four independent pixel chains hide `vpdpwssd`'s latency.
+                        acc[p] = _mm512_dpwssd_epi32(acc[p], _mm512_cvtepu8_epi32(b), wv);
+                    }
+                }
+                for p in 0..np {
+                    let q = epi.requant16(acc[p], cb, m);
+                    _mm_mask_storeu_epi8(op.add(oxs[p] * c + cb) as *mut i8, m, q);
+                }
+                cb += nb;
+            }
+            ox0 += np;
+            continue;
         }
         let mut cb = 0;
         while cb < c {
