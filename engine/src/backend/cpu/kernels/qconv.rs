@@ -206,10 +206,21 @@ impl QConvKernel {
     fn im2col(&self, x: &[u8], gi: usize, r0: usize, rows: usize, kp: usize, col: &mut [u8]) {
         let g = &self.g;
         let (za, flip) = (self.za, self.flip);
+        // Output coordinates of the first row, then stepped (no divisions per row).
+        let (mut ni, rem) = (r0 / (g.oh * g.ow), r0 % (g.oh * g.ow));
+        let (mut oy, mut ox) = (rem / g.ow, rem % g.ow);
         for r in 0..rows {
-            let p = r0 + r;
-            let (ni, rem) = (p / (g.oh * g.ow), p % (g.oh * g.ow));
-            let (oy, ox) = (rem / g.ow, rem % g.ow);
+            if r > 0 {
+                ox += 1;
+                if ox == g.ow {
+                    ox = 0;
+                    oy += 1;
+                    if oy == g.oh {
+                        oy = 0;
+                        ni += 1;
+                    }
+                }
+            }
             let mut k = 0;
             let span = g.kw * g.cin_g;
             for ky in 0..g.kh {
@@ -230,10 +241,15 @@ impl QConvKernel {
                     k += span;
                     continue;
                 }
-                let dst = &mut col[r * kp..(r + 1) * kp];
                 for kx in 0..g.kw {
                     let ix = (ox * g.sw + kx * g.dw).wrapping_sub(g.pl);
-                    let d = &mut dst[k..k + g.cin_g];
+                    if g.nhwc && !flip && iy < g.h && ix < g.w {
+                        let s = ((ni * g.h + iy) * g.w + ix) * g.cin + gi * g.cin_g;
+                        copy_run(&mut col[..], r * kp + k, x, s, g.cin_g);
+                        k += g.cin_g;
+                        continue;
+                    }
+                    let d = &mut col[r * kp + k..r * kp + k + g.cin_g];
                     if iy >= g.h || ix >= g.w {
                         d.fill(za);
                     } else if g.nhwc {
@@ -350,15 +366,16 @@ impl QConvKernel {
     }
 }
 
-/// Copies `len` bytes `x[s..]` to `col[d..]`; short runs move as one 16- or 32-byte block when
-/// both sides have that many bytes in bounds (the bytes past `len` are rewritten later).
+/// Copies `len` bytes `x[s..]` to `col[d..]` as 16- or 32-byte blocks when both sides have the
+/// rounded-up length in bounds (the bytes written past `len` are rewritten later).
 #[inline(always)]
 fn copy_run(col: &mut [u8], d: usize, x: &[u8], s: usize, len: usize) {
+    let n32 = len.div_ceil(32) * 32;
     if len <= 16 && s + 16 <= x.len() && d + 16 <= col.len() {
         let mut b = [0u8; 16];
         b.copy_from_slice(&x[s..s + 16]);
         col[d..d + 16].copy_from_slice(&b);
-    } else if len <= 32 && s + 32 <= x.len() && d + 32 <= col.len() {
+    } else if n32 == 32 && s + 32 <= x.len() && d + 32 <= col.len() {
         let mut b = [0u8; 32];
         b.copy_from_slice(&x[s..s + 32]);
         col[d..d + 32].copy_from_slice(&b);

@@ -177,6 +177,48 @@ unsafe fn quantize_slice_avx2(xs: &[f32], out: &mut [u8], p: (f32, f32, f32, f32
     quantize_slice_impl(xs, out, p)
 }
 
+/// Per-tensor dequantization of 8-bit `xs` (scale, zero point, signed input) into `out`:
+/// `(x - z) as f32 * s`, with the AVX-512 or AVX2 compilation of the loop when present.
+fn dequantize_slice(xs: &[u8], out: &mut [f32], p: (f32, i32, bool)) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") {
+            // SAFETY: the required CPU features were detected at run time.
+            return unsafe { dequantize_slice_avx512(xs, out, p) };
+        }
+        if is_x86_feature_detected!("avx2") {
+            // SAFETY: as above.
+            return unsafe { dequantize_slice_avx2(xs, out, p) };
+        }
+    }
+    dequantize_slice_impl(xs, out, p)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn dequantize_slice_avx512(xs: &[u8], out: &mut [f32], p: (f32, i32, bool)) {
+    dequantize_slice_impl(xs, out, p)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn dequantize_slice_avx2(xs: &[u8], out: &mut [f32], p: (f32, i32, bool)) {
+    dequantize_slice_impl(xs, out, p)
+}
+
+#[inline(always)]
+fn dequantize_slice_impl(xs: &[u8], out: &mut [f32], (s, z, signed): (f32, i32, bool)) {
+    if signed {
+        for (y, &x) in out.iter_mut().zip(xs) {
+            *y = (x as i8 as i32 - z) as f32 * s;
+        }
+    } else {
+        for (y, &x) in out.iter_mut().zip(xs) {
+            *y = (x as i32 - z) as f32 * s;
+        }
+    }
+}
+
 #[inline(always)]
 fn quantize_slice_impl(xs: &[f32], out: &mut [u8], p: (f32, f32, f32, f32, bool)) {
     // Round half to even by adding and subtracting 1.5 * 2^23 (exact once clamped to the 8-bit
@@ -259,6 +301,14 @@ impl Kernel for QdqKernel {
         } else {
             let o: &mut [f32] = super::elementwise::view_mut(out.bytes, self.len, name)?;
             match self.in_dtype {
+                DataType::U8 | DataType::I8 if c == 1 => {
+                    // Per tensor: one vectorised loop (`(x - z) as f32 * s`, as below).
+                    let xs: &[u8] = view(x.bytes, self.len, name)?;
+                    let p = (scales[0], zps[0], self.in_dtype == DataType::I8);
+                    drive(o, |start, chunk| {
+                        dequantize_slice(&xs[start..start + chunk.len()], chunk, p)
+                    });
+                }
                 DataType::U8 => {
                     let xs: &[u8] = view(x.bytes, self.len, name)?;
                     drive(o, |start, chunk| {
@@ -469,6 +519,26 @@ mod tests {
         for (i, &v) in dv.iter().enumerate() {
             let c = (i / 2) % 3;
             assert_eq!(v, (qv[i] as i32 - zps[c] as i32) as f32 * scales[c]);
+        }
+    }
+
+    #[test]
+    fn dequantize_per_tensor_u8_and_i8_match_naive() {
+        let n = 3 * 4096 + 37;
+        let bytes: Vec<u8> = (0..n).map(|i| (i * 97 % 256) as u8).collect();
+        let s = Tensor::from_f32(vec![], vec![0.0137]).unwrap();
+        let x = Tensor::new(vec![n], crate::ir::TensorData::U8(bytes.clone())).unwrap();
+        let z = Tensor::new(vec![], crate::ir::TensorData::U8(vec![131])).unwrap();
+        let d = eval(Op::DequantizeLinear { axis: 1 }, vec![x, s.clone(), z]);
+        for (i, &v) in d.as_f32().unwrap().iter().enumerate() {
+            assert_eq!(v, (bytes[i] as i32 - 131) as f32 * 0.0137, "u8 element {i}");
+        }
+        let signed: Vec<i8> = bytes.iter().map(|&b| b as i8).collect();
+        let x = Tensor::new(vec![n], crate::ir::TensorData::I8(signed.clone())).unwrap();
+        let z = Tensor::new(vec![], crate::ir::TensorData::I8(vec![-9])).unwrap();
+        let d = eval(Op::DequantizeLinear { axis: 1 }, vec![x, s, z]);
+        for (i, &v) in d.as_f32().unwrap().iter().enumerate() {
+            assert_eq!(v, (signed[i] as i32 + 9) as f32 * 0.0137, "i8 element {i}");
         }
     }
 
