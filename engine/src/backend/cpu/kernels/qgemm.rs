@@ -231,50 +231,16 @@ impl PackedQB {
                 let nb = self.n.saturating_sub(col).min(16);
                 *mk = ((1u32 << nb) - 1) as __mmask16;
             }
+            // 6 x 32 tiles, or 12 x 16 on a 16-wide panel (12 accumulation chains either way,
+            // enough to hide `vpdpbusd`'s latency).
             let mut i = 0;
             while i < m {
-                let rows = 6.min(m - i);
-                let ap = a.as_ptr().add(i * lda);
-                let mut rp = [ap; 6];
-                for (r, p) in rp.iter_mut().enumerate() {
-                    *p = ap.add(r.min(rows - 1) * lda);
-                }
-                let mut c = [[_mm512_setzero_si512(); 2]; 6];
-                if nv == 2 {
-                    for g in 0..groups {
-                        let b0 = _mm512_loadu_si512(bp.add(g * 128) as *const _);
-                        let b1 = _mm512_loadu_si512(bp.add(g * 128 + 64) as *const _);
-                        for r in 0..6 {
-                            let av = _mm512_set1_epi32(
-                                (rp[r].add(g * 4) as *const i32).read_unaligned(),
-                            );
-                            c[r][0] = _mm512_dpbusd_epi32(c[r][0], av, b0);
-                            c[r][1] = _mm512_dpbusd_epi32(c[r][1], av, b1);
-                        }
-                    }
+                let (ap, orow) = (a.as_ptr().add(i * lda), op.add(i * ldc + c0));
+                i += if nv == 2 {
+                    tile_vnni512::<6, 2>(m - i, ap, lda, bp, groups, orow, ldc, epi, c0, masks)
                 } else {
-                    for g in 0..groups {
-                        let b0 = _mm512_loadu_si512(bp.add(g * 64) as *const _);
-                        for r in 0..6 {
-                            let av = _mm512_set1_epi32(
-                                (rp[r].add(g * 4) as *const i32).read_unaligned(),
-                            );
-                            c[r][0] = _mm512_dpbusd_epi32(c[r][0], av, b0);
-                        }
-                    }
-                }
-                for r in 0..rows {
-                    let orow = op.add((i + r) * ldc);
-                    for v in 0..nv {
-                        if masks[v] == 0 {
-                            continue;
-                        }
-                        let col = c0 + v * 16;
-                        let q = epi.requant16(c[r][v], col, masks[v]);
-                        _mm_mask_storeu_epi8(orow.add(col) as *mut i8, masks[v], q);
-                    }
-                }
-                i += rows;
+                    tile_vnni512::<12, 1>(m - i, ap, lda, bp, groups, orow, ldc, epi, c0, masks)
+                };
             }
         }
     }
@@ -401,6 +367,60 @@ impl PackedQB {
         }
         micro_portable(rows, a, lda, panel, w, kp, acc);
     }
+}
+
+/// One VNNI register tile: `R` rows (fewer at the end: the last valid row repeats, its
+/// results dropped) against `NV` 16-column vectors of a packed panel, requantized in registers
+/// and stored (columns masked by `masks`) at `out` (row stride `ldc`, first column `c0` of the
+/// epilogue). Returns the number of rows done.
+///
+/// # Safety
+/// AVX-512 VNNI available; `min(left, R)` rows of `4 * groups` bytes readable from `ap` at
+/// stride `lda`, `groups` groups of `NV * 64` bytes at `bp`, the masked outputs writable.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)] // register tiles
+unsafe fn tile_vnni512<const R: usize, const NV: usize>(
+    left: usize,
+    ap: *const u8,
+    lda: usize,
+    bp: *const i8,
+    groups: usize,
+    out: *mut u8,
+    ldc: usize,
+    epi: &QEpilogue,
+    c0: usize,
+    masks: [__mmask16; 2],
+) -> usize {
+    let rows = R.min(left);
+    let mut rp = [ap; R];
+    for (r, p) in rp.iter_mut().enumerate() {
+        *p = ap.add(r.min(rows - 1) * lda);
+    }
+    let mut c = [[_mm512_setzero_si512(); NV]; R];
+    for g in 0..groups {
+        let mut b = [_mm512_setzero_si512(); NV];
+        for v in 0..NV {
+            b[v] = _mm512_loadu_si512(bp.add(g * 64 * NV + v * 64) as *const _);
+        }
+        for r in 0..R {
+            let av = _mm512_set1_epi32((rp[r].add(g * 4) as *const i32).read_unaligned());
+            for v in 0..NV {
+                c[r][v] = _mm512_dpbusd_epi32(c[r][v], av, b[v]);
+            }
+        }
+    }
+    for r in 0..rows {
+        for v in 0..NV {
+            if masks[v] == 0 {
+                continue;
+            }
+            let q = epi.requant16(c[r][v], c0 + v * 16, masks[v]);
+            _mm_mask_storeu_epi8(out.add(r * ldc + v * 16) as *mut i8, masks[v], q);
+        }
+    }
+    rows
 }
 
 fn micro_portable(
