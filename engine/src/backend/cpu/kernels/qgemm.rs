@@ -529,6 +529,7 @@ unsafe fn micro_avxvnni(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,avxvnni")]
 #[inline]
+#[allow(clippy::needless_range_loop)] // register tiles index several arrays in step
 unsafe fn micro_avxvnni_regs(
     rows: usize,
     a: &[u8],
