@@ -262,7 +262,12 @@ impl PackedQB {
         ldc: usize,
         epi: &QEpilogue,
     ) {
-        let mr = self.isa.mr();
+        // AVX2 runs two rows per tile here (B widened once for both).
+        let mr = if self.isa == QIsa::Avx2 {
+            2
+        } else {
+            self.isa.mr()
+        };
         for &(c0, w, off) in &self.panels {
             let panel = &self.data[off..off + self.kp * w];
             let valid = w.min(self.n - c0);
@@ -270,12 +275,11 @@ impl PackedQB {
             while i < m {
                 let rows = mr.min(m - i);
                 let arow = &a[i * lda..];
-                let mut t = [[_mm256_setzero_si256(); 4]; 2];
-                if self.isa == QIsa::AvxVnni {
-                    t = micro_avxvnni_regs(rows, arow, lda, panel, w, self.kp);
+                let t = if self.isa == QIsa::AvxVnni {
+                    micro_avxvnni_regs(rows, arow, lda, panel, w, self.kp)
                 } else {
-                    t[0] = micro_avx2_regs(arow, panel, w, self.kp);
-                }
+                    micro_avx2_2rows(rows, arow, lda, panel, w, self.kp)
+                };
                 for (r, tr) in t.iter().enumerate().take(rows) {
                     let o = &mut out[(i + r) * ldc + c0..(i + r) * ldc + c0 + valid];
                     let mut j = 0;
@@ -566,31 +570,45 @@ unsafe fn micro_avxvnni_regs(
     c
 }
 
-/// [`micro_avx2`] returning one row's column sums in registers (8 columns per vector).
+/// AVX2 tile of two rows (the second repeats the first when `rows == 1`) by a 16- or 32-wide
+/// panel, 16 columns at a time: each B quad widened to i16 once for both rows, exact
+/// `vpmaddwd` pair sums, then horizontal adds into column order (8 columns per vector).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 #[inline]
 #[allow(clippy::needless_range_loop)] // register tiles index several arrays in step
-unsafe fn micro_avx2_regs(a: &[u8], panel: &[i8], w: usize, kp: usize) -> [__m256i; 4] {
-    let ap = a.as_ptr();
+unsafe fn micro_avx2_2rows(
+    rows: usize,
+    a: &[u8],
+    lda: usize,
+    panel: &[i8],
+    w: usize,
+    kp: usize,
+) -> [[__m256i; 4]; 2] {
+    let a0p = a.as_ptr();
+    let a1p = a0p.add((rows - 1).min(1) * lda);
     let bp = panel.as_ptr();
-    let mut c = [_mm256_setzero_si256(); 8];
-    let nq = w / 4;
-    for g in 0..kp / 4 {
-        let a4 = (ap.add(g * 4) as *const u32).read_unaligned();
-        let a16 = _mm_cvtepu8_epi16(_mm_cvtsi32_si128(a4 as i32));
-        let av = _mm256_broadcastq_epi64(a16);
-        for q in 0..nq {
-            let b = _mm_loadu_si128(bp.add(g * w * 4 + q * 16) as *const _);
-            c[q] = _mm256_add_epi32(c[q], _mm256_madd_epi16(av, _mm256_cvtepi8_epi16(b)));
+    let mut o = [[_mm256_setzero_si256(); 4]; 2];
+    for half in 0..w / 16 {
+        let mut c = [[_mm256_setzero_si256(); 4]; 2];
+        for g in 0..kp / 4 {
+            let w0 = (a0p.add(g * 4) as *const u32).read_unaligned();
+            let w1 = (a1p.add(g * 4) as *const u32).read_unaligned();
+            let a0 = _mm256_broadcastq_epi64(_mm_cvtepu8_epi16(_mm_cvtsi32_si128(w0 as i32)));
+            let a1 = _mm256_broadcastq_epi64(_mm_cvtepu8_epi16(_mm_cvtsi32_si128(w1 as i32)));
+            for q in 0..4 {
+                let b = _mm_loadu_si128(bp.add(g * w * 4 + (half * 4 + q) * 16) as *const _);
+                let b16 = _mm256_cvtepi8_epi16(b);
+                c[0][q] = _mm256_add_epi32(c[0][q], _mm256_madd_epi16(a0, b16));
+                c[1][q] = _mm256_add_epi32(c[1][q], _mm256_madd_epi16(a1, b16));
+            }
         }
-    }
-    // Pairs (k01, k23) per column, 4 columns per vector: horizontal adds of two vectors give
-    // columns [0 1 4 5 | 2 3 6 7]; a 64-bit permute restores the order.
-    let mut o = [_mm256_setzero_si256(); 4];
-    for v in 0..nq / 2 {
-        let h = _mm256_hadd_epi32(c[2 * v], c[2 * v + 1]);
-        o[v] = _mm256_permute4x64_epi64::<0b11_01_10_00>(h);
+        for r in 0..2 {
+            for v in 0..2 {
+                let h = _mm256_hadd_epi32(c[r][2 * v], c[r][2 * v + 1]);
+                o[r][half * 2 + v] = _mm256_permute4x64_epi64::<0b11_01_10_00>(h);
+            }
+        }
     }
     o
 }
