@@ -1,8 +1,9 @@
 //! INT8 convolution (a folded `DQ -> Conv -> Q`), requantization fused: NHWC or NCHW 8-bit
 //! activations, int8 OIHW weights packed at build time for the [`qgemm`](super::qgemm)
 //! micro-kernels. Paths: pointwise (1x1, stride 1, unpadded NHWC, C % 4 == 0, u8) runs the
-//! packed product on the input in place; depthwise (group == C) runs a direct kernel over
-//! channels (i32 accumulation, auto-vectorised with AVX-512BW / AVX2 where present); everything
+//! packed product on the input in place; depthwise (group == C) runs a direct kernel with
+//! channels in vector lanes (`vpmaddwd` of zero-extended bytes against i32
+//! weights, requantized in registers; portable scalar fallback); everything
 //! else gathers im2col tiles (padding holds the input zero point) per worker.
 
 use rayon::prelude::*;
@@ -41,7 +42,7 @@ struct Geom {
 
 enum Imp {
     Pointwise,
-    Depthwise { w: Vec<i16> },
+    Depthwise { w: Vec<i32> },
     Im2col,
 }
 
@@ -118,14 +119,18 @@ fn build_with(graph: &Graph, node: &Node, isa: QIsa) -> Result<Box<dyn Kernel>> 
     let taps = g.kh * g.kw;
     let name_s = node.name.clone();
     if nhwc && groups == cin && groups == cout && groups > 1 {
-        // Depthwise: weights as i16 [tap][c]; the zero point is subtracted from the input.
-        let mut dw_w = vec![0i16; taps * cout];
+        // Depthwise: weights as i32 [tap][c] (the operand of `vpmaddwd` against
+        // zero-extended bytes). Padded taps read the zero point, so the correction
+        // `-za * sum_taps w` goes into the bias like the GEMM paths' column sums.
+        let mut dw_w = vec![0i32; taps * cout];
+        let mut sums = vec![0i32; cout];
         for c in 0..cout {
             for t in 0..taps {
-                dw_w[t * cout + c] = wt[c * taps + t] as i16;
+                dw_w[t * cout + c] = wt[c * taps + t] as i32;
+                sums[c] += wt[c * taps + t] as i32;
             }
         }
-        let epi = QEpilogue::new(x, &q.w_scales, q.y, &bias, &vec![0; cout], act);
+        let epi = QEpilogue::new(x, &q.w_scales, q.y, &bias, &sums, act);
         return Ok(Box::new(QConvKernel {
             g,
             imp: Imp::Depthwise { w: dw_w },
@@ -175,7 +180,9 @@ fn build_with(graph: &Graph, node: &Node, isa: QIsa) -> Result<Box<dyn Kernel>> 
     let kp = packed.first().map_or(4, |p| p.kp);
     let threads = rayon::current_num_threads().max(1);
     // Per worker: an im2col tile, plus (NCHW) an output tile to scatter from.
-    let slot = (TILE_ROWS * kp + if nhwc { 0 } else { TILE_ROWS * cout }).next_multiple_of(64);
+    // NHWC tiles keep 64 bytes of slack: the im2col fast path moves 16/32-byte blocks that may
+    // run past a row's end (into the next row, rewritten after, or the slack).
+    let slot = (TILE_ROWS * kp + if nhwc { 64 } else { TILE_ROWS * cout }).next_multiple_of(64);
     Ok(Box::new(QConvKernel {
         g,
         imp: if pointwise {
@@ -199,17 +206,50 @@ impl QConvKernel {
     fn im2col(&self, x: &[u8], gi: usize, r0: usize, rows: usize, kp: usize, col: &mut [u8]) {
         let g = &self.g;
         let (za, flip) = (self.za, self.flip);
+        // Output coordinates of the first row, then stepped (no divisions per row).
+        let (mut ni, rem) = (r0 / (g.oh * g.ow), r0 % (g.oh * g.ow));
+        let (mut oy, mut ox) = (rem / g.ow, rem % g.ow);
         for r in 0..rows {
-            let p = r0 + r;
-            let (ni, rem) = (p / (g.oh * g.ow), p % (g.oh * g.ow));
-            let (oy, ox) = (rem / g.ow, rem % g.ow);
-            let dst = &mut col[r * kp..(r + 1) * kp];
+            if r > 0 {
+                ox += 1;
+                if ox == g.ow {
+                    ox = 0;
+                    oy += 1;
+                    if oy == g.oh {
+                        oy = 0;
+                        ni += 1;
+                    }
+                }
+            }
             let mut k = 0;
+            let span = g.kw * g.cin_g;
             for ky in 0..g.kh {
                 let iy = (oy * g.sh + ky * g.dh).wrapping_sub(g.pt);
+                let ix0 = (ox * g.sw).wrapping_sub(g.pl);
+                if g.nhwc
+                    && !flip
+                    && g.cin_g == g.cin
+                    && g.dw == 1
+                    && iy < g.h
+                    && ix0 < g.w
+                    && ix0 + g.kw <= g.w
+                {
+                    // The whole kernel row is one contiguous run of the input.
+                    let s = ((ni * g.h + iy) * g.w + ix0) * g.cin;
+                    let d = r * kp + k;
+                    copy_run(&mut col[..], d, x, s, span);
+                    k += span;
+                    continue;
+                }
                 for kx in 0..g.kw {
                     let ix = (ox * g.sw + kx * g.dw).wrapping_sub(g.pl);
-                    let d = &mut dst[k..k + g.cin_g];
+                    if g.nhwc && !flip && iy < g.h && ix < g.w {
+                        let s = ((ni * g.h + iy) * g.w + ix) * g.cin + gi * g.cin_g;
+                        copy_run(&mut col[..], r * kp + k, x, s, g.cin_g);
+                        k += g.cin_g;
+                        continue;
+                    }
+                    let d = &mut col[r * kp + k..r * kp + k + g.cin_g];
                     if iy >= g.h || ix >= g.w {
                         d.fill(za);
                     } else if g.nhwc {
@@ -224,7 +264,7 @@ impl QConvKernel {
                     k += g.cin_g;
                 }
             }
-            dst[k..].fill(0);
+            col[r * kp + k..(r + 1) * kp].fill(0);
         }
     }
 
@@ -297,44 +337,102 @@ impl QConvKernel {
         Ok(())
     }
 
-    fn run_depthwise(&self, x: &[u8], out: &mut [u8], w: &[i16]) {
+    fn run_depthwise(&self, x: &[u8], out: &mut [u8], w: &[i32]) {
         let g = &self.g;
         let epi = &self.epis[0];
+        let (za, flip) = (self.za, self.flip);
         out.par_chunks_mut(g.ow * g.cout)
             .enumerate()
             .for_each(|(row, o)| {
                 #[cfg(target_arch = "x86_64")]
-                {
-                    // SAFETY: `isa` was checked available when the kernel was built; VNNI
-                    // AVX-512 implies AVX-512BW, and AVX-VNNI implies AVX2.
+                if epi.general.is_none() {
+                    // SAFETY: `isa` was checked available when the kernel was built (VNNI
+                    // AVX-512 implies AVX-512BW, AVX-VNNI implies AVX2); `run` checked the
+                    // input size, `w` holds taps * C values and `o` is one output row.
                     match self.isa {
                         QIsa::Avx512Vnni => {
-                            unsafe { dw_row_avx512(g, x, w, row, o, epi, self.za, self.flip) };
+                            unsafe { dw_row_vnni512(g, x, w, row, o, epi, za, flip) };
                             return;
                         }
                         QIsa::AvxVnni | QIsa::Avx2 => {
-                            unsafe { dw_row_avx2(g, x, w, row, o, epi, self.za, self.flip) };
+                            unsafe { dw_row_avx2(g, x, w, row, o, epi, za, flip) };
                             return;
                         }
                         QIsa::Portable => {}
                     }
                 }
-                dw_row(g, x, w, row, o, epi, self.za, self.flip);
+                dw_row(g, x, w, row, o, epi, za, flip);
             });
     }
 }
 
-/// Channels per accumulation block of the depthwise kernel (stack buffer).
+/// Copies `len` bytes `x[s..]` to `col[d..]` as 16- or 32-byte blocks when both sides have the
+/// rounded-up length in bounds (the bytes written past `len` are rewritten later).
+#[inline(always)]
+fn copy_run(col: &mut [u8], d: usize, x: &[u8], s: usize, len: usize) {
+    let n32 = len.div_ceil(32) * 32;
+    if len <= 16 && s + 16 <= x.len() && d + 16 <= col.len() {
+        let mut b = [0u8; 16];
+        b.copy_from_slice(&x[s..s + 16]);
+        col[d..d + 16].copy_from_slice(&b);
+    } else if n32 == 32 && s + 32 <= x.len() && d + 32 <= col.len() {
+        let mut b = [0u8; 32];
+        b.copy_from_slice(&x[s..s + 32]);
+        col[d..d + 32].copy_from_slice(&b);
+    } else {
+        col[d..d + len].copy_from_slice(&x[s..s + len]);
+    }
+}
+
+/// Channels per accumulation block of the portable depthwise kernel (stack buffer).
 const DW_BLOCK: usize = 256;
 
-/// One output row of an NHWC depthwise conv: `acc[c] = bias + sum_taps (x - za) * w`, then the
-/// epilogue (whose column sums are zero: the zero point is subtracted here).
+/// Accumulates channels `cb..cb + acc.len()` of output pixel `(ni, oy, ox)` of an NHWC
+/// depthwise conv into `acc`: `sum_taps x * w`, padded taps reading the zero point `za`.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn dw_pixel(
+    g: &Geom,
+    x: &[u8],
+    w: &[i32],
+    (ni, oy, ox): (usize, usize, usize),
+    cb: usize,
+    acc: &mut [i32],
+    za: u8,
+    flip: bool,
+) {
+    let c = g.cin;
+    let nb = acc.len();
+    acc.fill(0);
+    for ky in 0..g.kh {
+        let iy = (oy * g.sh + ky * g.dh).wrapping_sub(g.pt);
+        for kx in 0..g.kw {
+            let ix = (ox * g.sw + kx * g.dw).wrapping_sub(g.pl);
+            let t = ky * g.kw + kx;
+            let ws = &w[t * c + cb..t * c + cb + nb];
+            if iy >= g.h || ix >= g.w {
+                for (a, &wv) in acc.iter_mut().zip(ws) {
+                    *a += za as i32 * wv;
+                }
+                continue;
+            }
+            let s = ((ni * g.h + iy) * g.w + ix) * c + cb;
+            let xs = &x[s..s + nb];
+            let f = if flip { 0x80 } else { 0 };
+            for ((a, &xv), &wv) in acc.iter_mut().zip(xs).zip(ws) {
+                *a += (xv ^ f) as i32 * wv;
+            }
+        }
+    }
+}
+
+/// One output row of an NHWC depthwise conv (portable): per pixel and channel block
+/// [`dw_pixel`], then the epilogue (whose bias holds `-za * sum_taps w`).
 #[allow(clippy::too_many_arguments)]
 fn dw_row(
     g: &Geom,
     x: &[u8],
-    w: &[i16],
+    w: &[i32],
     row: usize,
     o: &mut [u8],
     epi: &QEpilogue,
@@ -343,75 +441,195 @@ fn dw_row(
 ) {
     let c = g.cin;
     let (ni, oy) = (row / g.oh, row % g.oh);
-    let za = za as i32;
     let mut acc = [0i32; DW_BLOCK];
     for ox in 0..g.ow {
         let mut cb = 0;
         while cb < c {
             let nb = DW_BLOCK.min(c - cb);
-            let acc = &mut acc[..nb];
-            acc.fill(0);
-            for ky in 0..g.kh {
-                let iy = (oy * g.sh + ky * g.dh).wrapping_sub(g.pt);
-                if iy >= g.h {
-                    continue;
-                }
-                for kx in 0..g.kw {
-                    let ix = (ox * g.sw + kx * g.dw).wrapping_sub(g.pl);
-                    if ix >= g.w {
-                        continue;
-                    }
-                    let s = ((ni * g.h + iy) * g.w + ix) * c + cb;
-                    let xs = &x[s..s + nb];
-                    let t = ky * g.kw + kx;
-                    let ws = &w[t * c + cb..t * c + cb + nb];
-                    if flip {
-                        for ((a, &xv), &wv) in acc.iter_mut().zip(xs).zip(ws) {
-                            *a += ((xv ^ 0x80) as i32 - za) * wv as i32;
-                        }
-                    } else {
-                        for ((a, &xv), &wv) in acc.iter_mut().zip(xs).zip(ws) {
-                            *a += (xv as i32 - za) * wv as i32;
-                        }
-                    }
-                }
-            }
-            epi.store(acc, cb, &mut o[ox * c + cb..ox * c + cb + nb]);
+            dw_pixel(g, x, w, (ni, oy, ox), cb, &mut acc[..nb], za, flip);
+            epi.store(&acc[..nb], cb, &mut o[ox * c + cb..ox * c + cb + nb]);
             cb += nb;
         }
     }
 }
 
+/// One output row of an NHWC depthwise conv with AVX-512: 16 channels in the lanes of one
+/// accumulator, per tap the bytes zero-extended to i32 and `vpmaddwd` against the i32
+/// weights (an exact `x * w`), requantized in registers; the channel tail is masked.
+///
+/// # Safety
+/// AVX-512F/BW/VL/VNNI must be available; `x` holds the whole NHWC input, `w` taps * C values,
+/// `o` the `ow * C` bytes of output row `row`, and `epi.general` is `None`.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn dw_row_avx512(
+unsafe fn dw_row_vnni512(
     g: &Geom,
     x: &[u8],
-    w: &[i16],
+    w: &[i32],
     row: usize,
     o: &mut [u8],
     epi: &QEpilogue,
     za: u8,
     flip: bool,
 ) {
-    dw_row(g, x, w, row, o, epi, za, flip)
+    use std::arch::x86_64::*;
+    let c = g.cin;
+    let (ni, oy) = (row / g.oh, row % g.oh);
+    let (xp, wp, op) = (x.as_ptr(), w.as_ptr(), o.as_mut_ptr());
+    let zav = _mm512_set1_epi32(za as i32);
+    let fl = _mm_set1_epi8(if flip { i8::MIN } else { 0 });
+    // Four output pixels share each weight load (the last group repeats its final pixel and
+    // drops the copies); channel blocks inside, so one group's weights stay in L1.
+    const PX: usize = 4;
+    // Interior fast path: byte offsets of each tap from a pixel's top-left input, when the
+    // whole window of this output row lies inside the image rows.
+    let taps = g.kh * g.kw;
+    let mut toff = [0usize; 64];
+    let rows_ok = oy * g.sh >= g.pt && oy * g.sh - g.pt + (g.kh - 1) * g.dh < g.h;
+    let fast = rows_ok && taps <= toff.len();
+    if fast {
+        for ky in 0..g.kh {
+            for kx in 0..g.kw {
+                toff[ky * g.kw + kx] = (ky * g.dh * g.w + kx * g.dw) * c;
+            }
+        }
+    }
+    let span_x = (g.kw - 1) * g.dw;
+    let mut ox0 = 0;
+    while ox0 < g.ow {
+        let np = PX.min(g.ow - ox0);
+        let mut oxs = [0usize; PX];
+        for (p, v) in oxs.iter_mut().enumerate() {
+            *v = ox0 + p.min(np - 1);
+        }
+        if fast && ox0 * g.sw >= g.pl && oxs[PX - 1] * g.sw - g.pl + span_x < g.w {
+            let top = (ni * g.h + oy * g.sh - g.pt) * g.w;
+            let mut base = [0usize; PX];
+            for p in 0..PX {
+                base[p] = (top + oxs[p] * g.sw - g.pl) * c;
+            }
+            let mut cb = 0;
+            while cb < c {
+                let nb = (c - cb).min(16);
+                let m: __mmask16 = if nb == 16 { 0xffff } else { (1u16 << nb) - 1 };
+                let mut acc = [_mm512_setzero_si512(); PX];
+                let full = nb == 16;
+                for (t, &off) in toff[..taps].iter().enumerate() {
+                    let wv = _mm512_maskz_loadu_epi32(m, wp.add(t * c + cb));
+                    for p in 0..PX {
+                        let src = xp.add(base[p] + off + cb);
+                        let b = if full {
+                            _mm_loadu_si128(src as *const __m128i)
+                        } else {
+                            _mm_maskz_loadu_epi8(m, src as *const i8)
+                        };
+                        let b = if flip { _mm_xor_si128(b, fl) } else { b };
+                        // Four independent pixel chains hide `vpdpwssd`'s latency.
+                        acc[p] = _mm512_dpwssd_epi32(acc[p], _mm512_cvtepu8_epi32(b), wv);
+                    }
+                }
+                for p in 0..np {
+                    let q = epi.requant16(acc[p], cb, m);
+                    _mm_mask_storeu_epi8(op.add(oxs[p] * c + cb) as *mut i8, m, q);
+                }
+                cb += nb;
+            }
+            ox0 += np;
+            continue;
+        }
+        let mut cb = 0;
+        while cb < c {
+            let nb = (c - cb).min(16);
+            let m: __mmask16 = if nb == 16 { 0xffff } else { (1u16 << nb) - 1 };
+            let mut acc = [_mm512_setzero_si512(); PX];
+            for ky in 0..g.kh {
+                let iy = (oy * g.sh + ky * g.dh).wrapping_sub(g.pt);
+                let row_ok = iy < g.h;
+                let xrow = xp.add((ni * g.h + iy.min(g.h.saturating_sub(1))) * g.w * c + cb);
+                for kx in 0..g.kw {
+                    let t = ky * g.kw + kx;
+                    let wv = _mm512_maskz_loadu_epi32(m, wp.add(t * c + cb));
+                    for p in 0..PX {
+                        let ix = (oxs[p] * g.sw + kx * g.dw).wrapping_sub(g.pl);
+                        let xv = if row_ok && ix < g.w {
+                            let b = _mm_maskz_loadu_epi8(m, xrow.add(ix * c) as *const i8);
+                            _mm512_cvtepu8_epi32(_mm_xor_si128(b, fl))
+                        } else {
+                            zav
+                        };
+                        // `vpmaddwd` + `vpaddd`: exact, and a 1-cycle accumulation chain.
+                        acc[p] = _mm512_add_epi32(acc[p], _mm512_madd_epi16(xv, wv));
+                    }
+                }
+            }
+            for p in 0..np {
+                let q = epi.requant16(acc[p], cb, m);
+                _mm_mask_storeu_epi8(op.add(oxs[p] * c + cb) as *mut i8, m, q);
+            }
+            cb += nb;
+        }
+        ox0 += np;
+    }
 }
 
+/// One output row of an NHWC depthwise conv with AVX2: 8 channels per accumulator,
+/// `vpmaddwd` of zero-extended bytes against i32 weights (exact), requantized in registers;
+/// the last `C % 8` channels go through [`dw_pixel`] and the scalar epilogue.
+///
+/// # Safety
+/// AVX2 must be available; buffers as for [`dw_row_vnni512`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn dw_row_avx2(
     g: &Geom,
     x: &[u8],
-    w: &[i16],
+    w: &[i32],
     row: usize,
     o: &mut [u8],
     epi: &QEpilogue,
     za: u8,
     flip: bool,
 ) {
-    dw_row(g, x, w, row, o, epi, za, flip)
+    use std::arch::x86_64::*;
+    let c = g.cin;
+    let c8 = c / 8 * 8;
+    let (ni, oy) = (row / g.oh, row % g.oh);
+    let (xp, wp) = (x.as_ptr(), w.as_ptr());
+    let zav = _mm256_set1_epi32(za as i32);
+    let fl = _mm_set1_epi8(if flip { i8::MIN } else { 0 });
+    let mut tail = [0i32; 8];
+    for ox in 0..g.ow {
+        let mut cb = 0;
+        while cb < c8 {
+            let mut acc = _mm256_setzero_si256();
+            for ky in 0..g.kh {
+                let iy = (oy * g.sh + ky * g.dh).wrapping_sub(g.pt);
+                for kx in 0..g.kw {
+                    let ix = (ox * g.sw + kx * g.dw).wrapping_sub(g.pl);
+                    let t = ky * g.kw + kx;
+                    let wv = _mm256_loadu_si256(wp.add(t * c + cb) as *const __m256i);
+                    let xv = if iy < g.h && ix < g.w {
+                        let s = ((ni * g.h + iy) * g.w + ix) * c + cb;
+                        let b = _mm_loadl_epi64(xp.add(s) as *const __m128i);
+                        _mm256_cvtepu8_epi32(_mm_xor_si128(b, fl))
+                    } else {
+                        zav
+                    };
+                    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(xv, wv));
+                }
+            }
+            let q = epi.requant8(acc, cb);
+            _mm_storel_epi64(o.as_mut_ptr().add(ox * c + cb) as *mut __m128i, q);
+            cb += 8;
+        }
+        if c8 < c {
+            let acc = &mut tail[..c - c8];
+            dw_pixel(g, x, w, (ni, oy, ox), c8, acc, za, flip);
+            epi.store(acc, c8, &mut o[ox * c + c8..ox * c + c]);
+        }
+    }
 }
 
 impl Kernel for QConvKernel {
@@ -559,7 +777,14 @@ mod tests {
                         }
                         let xu = super::super::qgemm::u8_params(x);
                         let mult = xu.scale * ws[o] / y.scale;
-                        let q = ((acc as f32 * mult).round_ties_even() + 9.0).clamp(lo, hi) as u8;
+                        let f = acc as f32 * mult;
+                        let f = match c.act {
+                            Some(crate::ir::Activation::LeakyRelu { alpha }) if f < 0.0 => {
+                                f * alpha
+                            }
+                            _ => f,
+                        };
+                        let q = (f.round_ties_even() + 9.0).clamp(lo, hi) as u8;
                         let idx = if c.nhwc {
                             ((ni * oh + oy) * ow + ox) * c.cout + o
                         } else {
@@ -678,6 +903,18 @@ mod tests {
             act: None,
         };
         let cases = [
+            // im2col with contiguous kernel rows of 24 and 48 bytes (block and slice copies),
+            // and an i8 input (flipped, per-tap copies)
+            Case { ..base },
+            Case {
+                cin: 16,
+                cout: 40,
+                ..base
+            },
+            Case {
+                signed_in: true,
+                ..base
+            },
             // im2col, odd channel counts, asymmetric padding, stride 2
             Case {
                 cin: 3,
@@ -718,6 +955,33 @@ mod tests {
                 stride: 2,
                 pad: [1, 1, 2, 2],
                 signed_in: true,
+                ..base
+            },
+            // depthwise with a channel tail below one vector, stride 2, asymmetric padding,
+            // fused activations (the in-register epilogues), and a dilated one
+            Case {
+                cin: 13,
+                cout: 13,
+                group: 13,
+                stride: 2,
+                pad: [0, 1, 2, 0],
+                act: Some(crate::ir::Activation::Relu),
+                ..base
+            },
+            Case {
+                cin: 40,
+                cout: 40,
+                group: 40,
+                signed_in: true,
+                act: Some(crate::ir::Activation::LeakyRelu { alpha: 0.1 }),
+                ..base
+            },
+            Case {
+                cin: 32,
+                cout: 32,
+                group: 32,
+                dil: 2,
+                pad: [2, 2, 2, 2],
                 ..base
             },
             // grouped (not depthwise), dilated

@@ -60,6 +60,7 @@ impl QIsa {
                 QIsa::Avx512Vnni => {
                     is_x86_feature_detected!("avx512f")
                         && is_x86_feature_detected!("avx512bw")
+                        && is_x86_feature_detected!("avx512vl")
                         && is_x86_feature_detected!("avx512vnni")
                 }
                 QIsa::AvxVnni => {
@@ -164,6 +165,14 @@ impl PackedQB {
             // SAFETY: the ISA was checked available when packing; bounds were checked above.
             unsafe {
                 match self.isa {
+                    QIsa::Avx512Vnni if epi.general.is_none() => {
+                        self.run_fused_vnni512(m, a, lda, out, ldc, epi);
+                        return Ok(());
+                    }
+                    QIsa::AvxVnni | QIsa::Avx2 if epi.general.is_none() => {
+                        self.run_fused_avx2(m, a, lda, out, ldc, epi);
+                        return Ok(());
+                    }
                     QIsa::Avx512Vnni => {
                         self.run_avx512(m, a, lda, out, ldc, epi);
                         return Ok(());
@@ -192,6 +201,102 @@ impl PackedQB {
         epi: &QEpilogue,
     ) {
         self.run_impl(m, a, lda, out, ldc, epi)
+    }
+
+    /// AVX-512 VNNI product with the requantization in registers: each 6 x 32 tile goes
+    /// straight from the accumulators to the 8-bit output (masked at the column tail).
+    ///
+    /// # Safety
+    /// AVX-512 VNNI available; operand sizes checked by [`PackedQB::run`]; `epi.general` None.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[allow(clippy::needless_range_loop)] // register tiles index several arrays in step
+    unsafe fn run_fused_vnni512(
+        &self,
+        m: usize,
+        a: &[u8],
+        lda: usize,
+        out: &mut [u8],
+        ldc: usize,
+        epi: &QEpilogue,
+    ) {
+        let groups = self.kp / 4;
+        let op = out.as_mut_ptr();
+        for &(c0, w, off) in &self.panels {
+            let bp = self.data.as_ptr().add(off);
+            let nv = w / 16;
+            let mut masks = [0 as __mmask16; 2];
+            for (v, mk) in masks.iter_mut().enumerate().take(nv) {
+                let col = c0 + v * 16;
+                let nb = self.n.saturating_sub(col).min(16);
+                *mk = ((1u32 << nb) - 1) as __mmask16;
+            }
+            // 6 x 32 tiles, or 12 x 16 on a 16-wide panel (12 accumulation chains either way,
+            // enough to hide `vpdpbusd`'s latency).
+            let mut i = 0;
+            while i < m {
+                let (ap, orow) = (a.as_ptr().add(i * lda), op.add(i * ldc + c0));
+                i += if nv == 2 {
+                    tile_vnni512::<6, 2>(m - i, ap, lda, bp, groups, orow, ldc, epi, c0, masks)
+                } else {
+                    tile_vnni512::<12, 1>(m - i, ap, lda, bp, groups, orow, ldc, epi, c0, masks)
+                };
+            }
+        }
+    }
+
+    /// AVX2 / AVX-VNNI product with the requantization in registers (8 columns per vector;
+    /// a column tail below 8 goes through the scalar epilogue).
+    ///
+    /// # Safety
+    /// AVX2 available (and AVX-VNNI for that ISA); sizes checked by [`PackedQB::run`];
+    /// `epi.general` None.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn run_fused_avx2(
+        &self,
+        m: usize,
+        a: &[u8],
+        lda: usize,
+        out: &mut [u8],
+        ldc: usize,
+        epi: &QEpilogue,
+    ) {
+        // AVX2 runs two rows per tile here (B widened once for both).
+        let mr = if self.isa == QIsa::Avx2 {
+            2
+        } else {
+            self.isa.mr()
+        };
+        for &(c0, w, off) in &self.panels {
+            let panel = &self.data[off..off + self.kp * w];
+            let valid = w.min(self.n - c0);
+            let mut i = 0;
+            while i < m {
+                let rows = mr.min(m - i);
+                let arow = &a[i * lda..];
+                let t = if self.isa == QIsa::AvxVnni {
+                    micro_avxvnni_regs(rows, arow, lda, panel, w, self.kp)
+                } else {
+                    micro_avx2_2rows(rows, arow, lda, panel, w, self.kp)
+                };
+                for (r, tr) in t.iter().enumerate().take(rows) {
+                    let o = &mut out[(i + r) * ldc + c0..(i + r) * ldc + c0 + valid];
+                    let mut j = 0;
+                    while j + 8 <= valid {
+                        let q = epi.requant8(tr[j / 8], c0 + j);
+                        _mm_storel_epi64(o.as_mut_ptr().add(j) as *mut __m128i, q);
+                        j += 8;
+                    }
+                    if j < valid {
+                        let mut tmp = [0i32; 8];
+                        _mm256_storeu_si256(tmp.as_mut_ptr() as *mut __m256i, tr[j / 8]);
+                        epi.store(&tmp[..valid - j], c0 + j, &mut o[j..]);
+                    }
+                }
+                i += rows;
+            }
+        }
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -266,6 +371,60 @@ impl PackedQB {
         }
         micro_portable(rows, a, lda, panel, w, kp, acc);
     }
+}
+
+/// One VNNI register tile: `R` rows (fewer at the end: the last valid row repeats, its
+/// results dropped) against `NV` 16-column vectors of a packed panel, requantized in registers
+/// and stored (columns masked by `masks`) at `out` (row stride `ldc`, first column `c0` of the
+/// epilogue). Returns the number of rows done.
+///
+/// # Safety
+/// AVX-512 VNNI available; `min(left, R)` rows of `4 * groups` bytes readable from `ap` at
+/// stride `lda`, `groups` groups of `NV * 64` bytes at `bp`, the masked outputs writable.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)] // register tiles
+unsafe fn tile_vnni512<const R: usize, const NV: usize>(
+    left: usize,
+    ap: *const u8,
+    lda: usize,
+    bp: *const i8,
+    groups: usize,
+    out: *mut u8,
+    ldc: usize,
+    epi: &QEpilogue,
+    c0: usize,
+    masks: [__mmask16; 2],
+) -> usize {
+    let rows = R.min(left);
+    let mut rp = [ap; R];
+    for (r, p) in rp.iter_mut().enumerate() {
+        *p = ap.add(r.min(rows - 1) * lda);
+    }
+    let mut c = [[_mm512_setzero_si512(); NV]; R];
+    for g in 0..groups {
+        let mut b = [_mm512_setzero_si512(); NV];
+        for v in 0..NV {
+            b[v] = _mm512_loadu_si512(bp.add(g * 64 * NV + v * 64) as *const _);
+        }
+        for r in 0..R {
+            let av = _mm512_set1_epi32((rp[r].add(g * 4) as *const i32).read_unaligned());
+            for v in 0..NV {
+                c[r][v] = _mm512_dpbusd_epi32(c[r][v], av, b[v]);
+            }
+        }
+    }
+    for r in 0..rows {
+        for v in 0..NV {
+            if masks[v] == 0 {
+                continue;
+            }
+            let q = epi.requant16(c[r][v], c0 + v * 16, masks[v]);
+            _mm_mask_storeu_epi8(out.add(r * ldc + v * 16) as *mut i8, masks[v], q);
+        }
+    }
+    rows
 }
 
 fn micro_portable(
@@ -368,6 +527,90 @@ unsafe fn micro_avxvnni(
             _mm256_storeu_si256(acc[r].as_mut_ptr().add(v * 8) as *mut _, c[r][v]);
         }
     }
+}
+
+/// [`micro_avxvnni`] returning the 2 x 32 accumulators in registers.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,avxvnni")]
+#[inline]
+#[allow(clippy::needless_range_loop)] // register tiles index several arrays in step
+unsafe fn micro_avxvnni_regs(
+    rows: usize,
+    a: &[u8],
+    lda: usize,
+    panel: &[i8],
+    w: usize,
+    kp: usize,
+) -> [[__m256i; 4]; 2] {
+    let ap = a.as_ptr();
+    let bp = panel.as_ptr();
+    let mut c = [[_mm256_setzero_si256(); 4]; 2];
+    let r1 = ap.add((rows - 1).min(1) * lda);
+    if w == NR {
+        for g in 0..kp / 4 {
+            let a0 = _mm256_set1_epi32((ap.add(g * 4) as *const i32).read_unaligned());
+            let a1 = _mm256_set1_epi32((r1.add(g * 4) as *const i32).read_unaligned());
+            for v in 0..4 {
+                let b = _mm256_loadu_si256(bp.add(g * 128 + v * 32) as *const _);
+                c[0][v] = _mm256_dpbusd_avx_epi32(c[0][v], a0, b);
+                c[1][v] = _mm256_dpbusd_avx_epi32(c[1][v], a1, b);
+            }
+        }
+    } else {
+        for g in 0..kp / 4 {
+            let a0 = _mm256_set1_epi32((ap.add(g * 4) as *const i32).read_unaligned());
+            let a1 = _mm256_set1_epi32((r1.add(g * 4) as *const i32).read_unaligned());
+            for v in 0..2 {
+                let b = _mm256_loadu_si256(bp.add(g * 64 + v * 32) as *const _);
+                c[0][v] = _mm256_dpbusd_avx_epi32(c[0][v], a0, b);
+                c[1][v] = _mm256_dpbusd_avx_epi32(c[1][v], a1, b);
+            }
+        }
+    }
+    c
+}
+
+/// AVX2 tile of two rows (the second repeats the first when `rows == 1`) by a 16- or 32-wide
+/// panel, 16 columns at a time: each B quad widened to i16 once for both rows, exact
+/// `vpmaddwd` pair sums, then horizontal adds into column order (8 columns per vector).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+#[allow(clippy::needless_range_loop)] // register tiles index several arrays in step
+unsafe fn micro_avx2_2rows(
+    rows: usize,
+    a: &[u8],
+    lda: usize,
+    panel: &[i8],
+    w: usize,
+    kp: usize,
+) -> [[__m256i; 4]; 2] {
+    let a0p = a.as_ptr();
+    let a1p = a0p.add((rows - 1).min(1) * lda);
+    let bp = panel.as_ptr();
+    let mut o = [[_mm256_setzero_si256(); 4]; 2];
+    for half in 0..w / 16 {
+        let mut c = [[_mm256_setzero_si256(); 4]; 2];
+        for g in 0..kp / 4 {
+            let w0 = (a0p.add(g * 4) as *const u32).read_unaligned();
+            let w1 = (a1p.add(g * 4) as *const u32).read_unaligned();
+            let a0 = _mm256_broadcastq_epi64(_mm_cvtepu8_epi16(_mm_cvtsi32_si128(w0 as i32)));
+            let a1 = _mm256_broadcastq_epi64(_mm_cvtepu8_epi16(_mm_cvtsi32_si128(w1 as i32)));
+            for q in 0..4 {
+                let b = _mm_loadu_si128(bp.add(g * w * 4 + (half * 4 + q) * 16) as *const _);
+                let b16 = _mm256_cvtepi8_epi16(b);
+                c[0][q] = _mm256_add_epi32(c[0][q], _mm256_madd_epi16(a0, b16));
+                c[1][q] = _mm256_add_epi32(c[1][q], _mm256_madd_epi16(a1, b16));
+            }
+        }
+        for r in 0..2 {
+            for v in 0..2 {
+                let h = _mm256_hadd_epi32(c[r][2 * v], c[r][2 * v + 1]);
+                o[r][half * 2 + v] = _mm256_permute4x64_epi64::<0b11_01_10_00>(h);
+            }
+        }
+    }
+    o
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -490,6 +733,67 @@ impl QEpilogue {
             // SAFETY: f is finite (finite factors) and clamped to the 8-bit range.
             let q = unsafe { ((f + MAGIC) - MAGIC + zy).to_int_unchecked::<i32>() };
             out[j] = if signed { q as i8 as u8 } else { q as u8 };
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl QEpilogue {
+    /// Requantizes 16 accumulators of columns `c0..c0 + 16` (lanes outside `m` are ignored,
+    /// their bias/multiplier not read) in registers, into 16 bytes. Same arithmetic as
+    /// [`QEpilogue::store`] (i32 -> f32 rounding, one multiply, clamp, round half to even), so the
+    /// results are bit-identical. Only for `general == None`.
+    ///
+    /// # Safety
+    /// AVX-512F/BW/VL must be available and lanes of `m` must be columns below `bias.len()`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    #[inline]
+    pub(super) unsafe fn requant16(&self, acc: __m512i, c0: usize, m: __mmask16) -> __m128i {
+        let b = _mm512_maskz_loadu_epi32(m, self.bias.as_ptr().add(c0));
+        let mu = _mm512_maskz_loadu_ps(m, self.mult.as_ptr().add(c0));
+        let mut f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(acc, b)), mu);
+        if self.slope != 1.0 {
+            let neg = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(f, _mm512_setzero_ps());
+            f = _mm512_mask_mul_ps(f, neg, f, _mm512_set1_ps(self.slope));
+        }
+        let f = _mm512_min_ps(
+            _mm512_max_ps(f, _mm512_set1_ps(self.lo - self.zy)),
+            _mm512_set1_ps(self.hi - self.zy),
+        );
+        // Default MXCSR rounding: to nearest, ties to even.
+        let q = _mm512_add_epi32(_mm512_cvtps_epi32(f), _mm512_set1_epi32(self.zy as i32));
+        if self.signed {
+            _mm512_cvtsepi32_epi8(q)
+        } else {
+            _mm512_cvtusepi32_epi8(q)
+        }
+    }
+
+    /// Requantizes 8 accumulators of columns `c0..c0 + 8` in registers into the low 8 bytes
+    /// (AVX2; bit-identical to [`QEpilogue::store`]). Only for `general == None`.
+    ///
+    /// # Safety
+    /// AVX2 must be available and `c0 + 8 <= bias.len()`.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub(super) unsafe fn requant8(&self, acc: __m256i, c0: usize) -> __m128i {
+        let b = _mm256_loadu_si256(self.bias.as_ptr().add(c0) as *const __m256i);
+        let mu = _mm256_loadu_ps(self.mult.as_ptr().add(c0));
+        let mut f = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(acc, b)), mu);
+        if self.slope != 1.0 {
+            let neg = _mm256_cmp_ps::<_CMP_LT_OQ>(f, _mm256_setzero_ps());
+            f = _mm256_blendv_ps(f, _mm256_mul_ps(f, _mm256_set1_ps(self.slope)), neg);
+        }
+        let f = _mm256_min_ps(
+            _mm256_max_ps(f, _mm256_set1_ps(self.lo - self.zy)),
+            _mm256_set1_ps(self.hi - self.zy),
+        );
+        let q = _mm256_add_epi32(_mm256_cvtps_epi32(f), _mm256_set1_epi32(self.zy as i32));
+        let w = _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256::<1>(q));
+        if self.signed {
+            _mm_packs_epi16(w, w)
+        } else {
+            _mm_packus_epi16(w, w)
         }
     }
 }
@@ -679,9 +983,16 @@ mod tests {
         v
     }
 
-    /// Every ISA path against a naive i32 reference, odd sizes, extreme values included.
+    /// Every ISA path against a naive i32 reference, odd sizes, extreme values included, with
+    /// and without a fused LeakyRelu (the in-register epilogues' slope path).
     #[test]
     fn packed_gemm_matches_naive_reference_on_all_isas() {
+        for alpha in [None, Some(0.1f32)] {
+            gemm_case(alpha);
+        }
+    }
+
+    fn gemm_case(alpha: Option<f32>) {
         let mut rng = Rng(7);
         for &(m, k, n) in &[
             (1, 1, 1),
@@ -689,6 +1000,7 @@ mod tests {
             (13, 64, 48),
             (6, 37, 33),
             (20, 300, 70),
+            (9, 16, 100),
         ] {
             let a: Vec<u8> = (0..m * k)
                 .map(|i| if i % 7 == 0 { 255 } else { rng.next() as u8 })
@@ -716,13 +1028,18 @@ mod tests {
                         .sum::<i32>()
                         + bias[j];
                     let f = acc as f32 * (0.02 * ws[j] / 0.5);
+                    let f = match alpha {
+                        Some(a) if f < 0.0 => f * a,
+                        _ => f,
+                    };
                     let q = (f.round_ties_even() as i32 - 5).clamp(-128, 127);
                     want[i * n + j] = q as i8 as u8;
                 }
             }
             for isa in isas() {
                 let p = PackedQB::pack(k, n, |kk, j| b[kk * n + j], isa);
-                let epi = QEpilogue::new(x, &ws, y, &bias, &p.col_sums, None);
+                let act = alpha.map(|alpha| Activation::LeakyRelu { alpha });
+                let epi = QEpilogue::new(x, &ws, y, &bias, &p.col_sums, act);
                 let kp = p.kp;
                 let mut ap = vec![0u8; m * kp];
                 for i in 0..m {

@@ -30,8 +30,10 @@ pub fn build(graph: &Graph, node: &Node) -> Result<Box<dyn Kernel>> {
                     "needs a 256-entry table and an 8-bit input",
                 ));
             }
+            let mut t = [0u8; 256];
+            t.copy_from_slice(table);
             return Ok(Box::new(LutKernel {
-                table: table.clone(),
+                table: t,
                 len: numel(&shape),
                 dtype: *dtype,
                 name: node.name.clone(),
@@ -175,6 +177,48 @@ unsafe fn quantize_slice_avx2(xs: &[f32], out: &mut [u8], p: (f32, f32, f32, f32
     quantize_slice_impl(xs, out, p)
 }
 
+/// Per-tensor dequantization of 8-bit `xs` (scale, zero point, signed input) into `out`:
+/// `(x - z) as f32 * s`, with the AVX-512 or AVX2 compilation of the loop when present.
+fn dequantize_slice(xs: &[u8], out: &mut [f32], p: (f32, i32, bool)) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") {
+            // SAFETY: the required CPU features were detected at run time.
+            return unsafe { dequantize_slice_avx512(xs, out, p) };
+        }
+        if is_x86_feature_detected!("avx2") {
+            // SAFETY: as above.
+            return unsafe { dequantize_slice_avx2(xs, out, p) };
+        }
+    }
+    dequantize_slice_impl(xs, out, p)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn dequantize_slice_avx512(xs: &[u8], out: &mut [f32], p: (f32, i32, bool)) {
+    dequantize_slice_impl(xs, out, p)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn dequantize_slice_avx2(xs: &[u8], out: &mut [f32], p: (f32, i32, bool)) {
+    dequantize_slice_impl(xs, out, p)
+}
+
+#[inline(always)]
+fn dequantize_slice_impl(xs: &[u8], out: &mut [f32], (s, z, signed): (f32, i32, bool)) {
+    if signed {
+        for (y, &x) in out.iter_mut().zip(xs) {
+            *y = (x as i8 as i32 - z) as f32 * s;
+        }
+    } else {
+        for (y, &x) in out.iter_mut().zip(xs) {
+            *y = (x as i32 - z) as f32 * s;
+        }
+    }
+}
+
 #[inline(always)]
 fn quantize_slice_impl(xs: &[f32], out: &mut [u8], p: (f32, f32, f32, f32, bool)) {
     // Round half to even by adding and subtracting 1.5 * 2^23 (exact once clamped to the 8-bit
@@ -257,6 +301,14 @@ impl Kernel for QdqKernel {
         } else {
             let o: &mut [f32] = super::elementwise::view_mut(out.bytes, self.len, name)?;
             match self.in_dtype {
+                DataType::U8 | DataType::I8 if c == 1 => {
+                    // Per tensor: one vectorised loop (`(x - z) as f32 * s`, as below).
+                    let xs: &[u8] = view(x.bytes, self.len, name)?;
+                    let p = (scales[0], zps[0], self.in_dtype == DataType::I8);
+                    drive(o, |start, chunk| {
+                        dequantize_slice(&xs[start..start + chunk.len()], chunk, p)
+                    });
+                }
                 DataType::U8 => {
                     let xs: &[u8] = view(x.bytes, self.len, name)?;
                     drive(o, |start, chunk| {
@@ -296,7 +348,7 @@ fn shape_err_name(name: &str, what: &str) -> Error {
 
 /// Maps each input byte through a 256-entry table.
 struct LutKernel {
-    table: Vec<u8>,
+    table: [u8; 256],
     len: usize,
     dtype: DataType,
     name: String,
@@ -316,12 +368,65 @@ impl Kernel for LutKernel {
         }
         let xs = x.bytes;
         let t = &self.table;
+        #[cfg(target_arch = "x86_64")]
+        let vbmi = lut_vbmi_available();
         drive(out.bytes, |start, chunk| {
-            for (j, y) in chunk.iter_mut().enumerate() {
-                *y = t[xs[start + j] as usize];
+            let src = &xs[start..start + chunk.len()];
+            #[cfg(target_arch = "x86_64")]
+            if vbmi {
+                // SAFETY: AVX-512 VBMI/BW checked at run time; equal slice lengths.
+                unsafe { lut_vbmi(t, src, chunk) };
+                return;
             }
+            lut_scalar(t, src, chunk);
         });
         Ok(())
+    }
+}
+
+/// Table lookup, portable (the fixed-size table removes the bounds checks).
+fn lut_scalar(t: &[u8; 256], src: &[u8], dst: &mut [u8]) {
+    for (y, &x) in dst.iter_mut().zip(src) {
+        *y = t[x as usize];
+    }
+}
+
+/// True when the 64-byte `vpermi2b` table lookup can run.
+#[cfg(target_arch = "x86_64")]
+fn lut_vbmi_available() -> bool {
+    is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vbmi")
+}
+
+/// Table lookup of 64 bytes at a time: two `vpermi2b` over the table's halves (indexed by
+/// the low 7 bits), selected by each byte's top bit; the tail is masked.
+///
+/// # Safety
+/// AVX-512F/BW/VBMI must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+unsafe fn lut_vbmi(t: &[u8; 256], src: &[u8], dst: &mut [u8]) {
+    use std::arch::x86_64::*;
+    let tp = t.as_ptr();
+    let q: [__m512i; 4] = [
+        _mm512_loadu_si512(tp as *const _),
+        _mm512_loadu_si512(tp.add(64) as *const _),
+        _mm512_loadu_si512(tp.add(128) as *const _),
+        _mm512_loadu_si512(tp.add(192) as *const _),
+    ];
+    let n = src.len().min(dst.len());
+    let mut i = 0;
+    while i < n {
+        let rest = n - i;
+        let m: __mmask64 = if rest >= 64 { !0 } else { (1u64 << rest) - 1 };
+        let x = _mm512_maskz_loadu_epi8(m, src.as_ptr().add(i) as *const i8);
+        let lo = _mm512_permutex2var_epi8(q[0], x, q[1]);
+        let hi = _mm512_permutex2var_epi8(q[2], x, q[3]);
+        let top = _mm512_movepi8_mask(x);
+        let y = _mm512_mask_blend_epi8(top, lo, hi);
+        _mm512_mask_storeu_epi8(dst.as_mut_ptr().add(i) as *mut i8, m, y);
+        i += 64;
     }
 }
 
@@ -414,6 +519,54 @@ mod tests {
         for (i, &v) in dv.iter().enumerate() {
             let c = (i / 2) % 3;
             assert_eq!(v, (qv[i] as i32 - zps[c] as i32) as f32 * scales[c]);
+        }
+    }
+
+    #[test]
+    fn dequantize_per_tensor_u8_and_i8_match_naive() {
+        let n = 3 * 4096 + 37;
+        let bytes: Vec<u8> = (0..n).map(|i| (i * 97 % 256) as u8).collect();
+        let s = Tensor::from_f32(vec![], vec![0.0137]).unwrap();
+        let x = Tensor::new(vec![n], crate::ir::TensorData::U8(bytes.clone())).unwrap();
+        let z = Tensor::new(vec![], crate::ir::TensorData::U8(vec![131])).unwrap();
+        let d = eval(Op::DequantizeLinear { axis: 1 }, vec![x, s.clone(), z]);
+        for (i, &v) in d.as_f32().unwrap().iter().enumerate() {
+            assert_eq!(v, (bytes[i] as i32 - 131) as f32 * 0.0137, "u8 element {i}");
+        }
+        let signed: Vec<i8> = bytes.iter().map(|&b| b as i8).collect();
+        let x = Tensor::new(vec![n], crate::ir::TensorData::I8(signed.clone())).unwrap();
+        let z = Tensor::new(vec![], crate::ir::TensorData::I8(vec![-9])).unwrap();
+        let d = eval(Op::DequantizeLinear { axis: 1 }, vec![x, s, z]);
+        for (i, &v) in d.as_f32().unwrap().iter().enumerate() {
+            assert_eq!(v, (signed[i] as i32 + 9) as f32 * 0.0137, "i8 element {i}");
+        }
+    }
+
+    #[test]
+    fn lut_paths_match_naive_lookup() {
+        let mut t = [0u8; 256];
+        for (i, v) in t.iter_mut().enumerate() {
+            *v = (i as u8).wrapping_mul(37).wrapping_add(11);
+        }
+        // All byte values, a length with a 64-byte tail, and an empty run.
+        for n in [0usize, 1, 63, 64, 256 + 77] {
+            let src: Vec<u8> = (0..n).map(|i| (i * 151 % 256) as u8).collect();
+            let want: Vec<u8> = src
+                .iter()
+                .map(|&b| b.wrapping_mul(37).wrapping_add(11))
+                .collect();
+            let mut got = vec![0u8; n];
+            lut_scalar(&t, &src, &mut got);
+            assert_eq!(got, want, "scalar n={n}");
+            #[cfg(target_arch = "x86_64")]
+            if lut_vbmi_available() {
+                let mut got = vec![0u8; n];
+                // SAFETY: availability checked just above.
+                unsafe { lut_vbmi(&t, &src, &mut got) };
+                assert_eq!(got, want, "vbmi n={n}");
+            } else {
+                println!("SKIP: QLut VBMI path because this CPU lacks AVX-512 VBMI");
+            }
         }
     }
 
