@@ -3,6 +3,7 @@ weights) to ONNX for Vigil, and times torch eager under a CUDA graph and torch.c
 1 and 32, fp32 and fp16 (VIGIL_TORCH_COMPILE=0 skips torch.compile). Prints one `TORCH ...` line per measurement."""
 import os, sys, time
 import torch, torchvision
+from torch_timing import modes
 
 out = sys.argv[1]
 torch.backends.cudnn.benchmark = True
@@ -12,16 +13,6 @@ models = {
     "resnet50": torchvision.models.resnet50(weights=None),
     "mobilenetv3l": torchvision.models.mobilenet_v3_large(weights=None),
 }
-def bench(fn, x, iters=200):
-    for _ in range(20):
-        fn(x)
-    torch.cuda.synchronize()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    ts = []
-    for _ in range(iters):
-        s.record(); fn(x); e.record(); torch.cuda.synchronize(); ts.append(s.elapsed_time(e))
-    ts.sort()
-    return ts[len(ts) // 2]
 for name, m in models.items():
     m = m.eval()
     path = os.path.join(out, f"{name}.onnx")
@@ -36,24 +27,5 @@ for name, m in models.items():
         mm = m.to("cuda", dt)
         for b in batches:
             x = torch.randn(b, 3, 224, 224, device="cuda", dtype=dt)
-            with torch.inference_mode():
-                eager = bench(mm, x)
-                static = x.clone()
-                g = torch.cuda.CUDAGraph()
-                s = torch.cuda.Stream()
-                s.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(s):
-                    for _ in range(3):
-                        mm(static)
-                torch.cuda.current_stream().wait_stream(s)
-                with torch.cuda.graph(g):
-                    y = mm(static)
-                graph = bench(lambda _x: g.replay(), x)
-                comp = float("nan")
-                if os.environ.get("VIGIL_TORCH_COMPILE", "1") != "0":
-                    try:
-                        cm = torch.compile(mm)
-                        comp = bench(cm, x, 100)
-                    except Exception as ex:  # report, do not hide
-                        print(f"TORCH {name} compile failed: {ex}")
+            eager, graph, comp = modes(name, mm, x, os.environ.get("VIGIL_TORCH_COMPILE", "1") != "0")
             print(f"TORCH {name} {str(dt)[6:]} batch {b}: eager {eager:.3f} ms, cuda-graph {graph:.3f} ms, compile {comp:.3f} ms", flush=True)

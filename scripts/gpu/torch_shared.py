@@ -8,6 +8,7 @@ import os, sys
 import numpy as np
 import onnx, onnxruntime as ort, torch
 from onnx2torch import convert
+from torch_timing import modes
 
 models, work = sys.argv[1], sys.argv[2]
 os.makedirs(work, exist_ok=True)
@@ -42,17 +43,6 @@ def shape_constants_on_host(m):
                 setattr(mod, attr, t.cpu())
     return m
 
-def bench(fn, x, iters=200):
-    for _ in range(20):
-        fn(x)
-    torch.cuda.synchronize()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    ts = []
-    for _ in range(iters):
-        s.record(); fn(x); e.record(); torch.cuda.synchronize(); ts.append(s.elapsed_time(e))
-    ts.sort()
-    return ts[len(ts) // 2]
-
 for name in ("efficientnet-lite0", "nanodet-m-416"):
     src = os.path.join(models, f"{name}.onnx")
     simp = os.path.join(work, f"{name}.simp.onnx")
@@ -73,24 +63,5 @@ for name in ("efficientnet-lite0", "nanodet-m-416"):
     for dt in (getattr(torch, d) for d in os.environ.get("VIGIL_TORCH_DTYPES", "float32,float16").split(",")):
         mm = shape_constants_on_host(m.to("cuda", dt))
         xt = torch.from_numpy(x).to("cuda", dt)
-        with torch.inference_mode():
-            eager = bench(mm, xt)
-            static = xt.clone()
-            g = torch.cuda.CUDAGraph()
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                for _ in range(3):
-                    mm(static)
-            torch.cuda.current_stream().wait_stream(s)
-            with torch.cuda.graph(g):
-                mm(static)
-            graph = bench(lambda _x: g.replay(), xt)
-            comp = float("nan")
-            if os.environ.get("VIGIL_TORCH_COMPILE", "0") != "0":
-                try:
-                    cm = torch.compile(mm)
-                    comp = bench(cm, xt, 100)
-                except Exception as ex:  # report, do not hide
-                    print(f"TORCH {name} compile failed: {type(ex).__name__}: {str(ex)[:200]}", flush=True)
+        eager, graph, comp = modes(name, mm, xt, os.environ.get("VIGIL_TORCH_COMPILE", "0") != "0")
         print(f"TORCH {name} {str(dt)[6:]} batch 1: eager {eager:.3f} ms, cuda-graph {graph:.3f} ms, compile {comp:.3f} ms", flush=True)

@@ -291,7 +291,20 @@ impl GpuImageConverter {
                 src.len()
             )));
         }
-        let s = self.upload(0, &src[..need])?;
+        self.yuv_kernel(self.yuyv, &src[..need], (width, height, stride), None, k)
+    }
+
+    /// Uploads a YUV frame, runs conversion kernel `f` (one thread per pixel pair; `extra` is
+    /// the NV12 kernel's chroma-mode argument) and downloads the packed RGB8 result.
+    fn yuv_kernel(
+        &mut self,
+        f: Function,
+        src: &[u8],
+        (width, height, stride): (usize, usize, usize),
+        extra: Option<i32>,
+        k: &YuvCoeffs,
+    ) -> Result<Vec<u8>> {
+        let s = self.upload(0, src)?;
         let ctx = Arc::clone(&self.ctx);
         let d = self.rgb.at_least(&ctx, width * height * 3)?;
         let mut args = vec![
@@ -301,8 +314,9 @@ impl GpuImageConverter {
             Arg::I(to_i32(height, "height")?),
             Arg::I(to_i32(stride, "stride")?),
         ];
+        args.extend(extra.map(Arg::I));
         args.extend(Self::coeff_args(k));
-        self.launch(self.yuyv, width / 2 * height, &args)?;
+        self.launch(f, width / 2 * height, &args)?;
         let mut out = vec![0u8; width * height * 3];
         self.download(&mut out, d)?;
         Ok(out)
@@ -337,22 +351,13 @@ impl GpuImageConverter {
                 src.len()
             )));
         }
-        let s = self.upload(0, &src[..need])?;
-        let ctx = Arc::clone(&self.ctx);
-        let d = self.rgb.at_least(&ctx, width * height * 3)?;
-        let mut args = vec![
-            Arg::P(s),
-            Arg::P(d),
-            Arg::I(to_i32(width, "width")?),
-            Arg::I(to_i32(height, "height")?),
-            Arg::I(to_i32(stride, "stride")?),
-            Arg::I(i32::from(cubic)),
-        ];
-        args.extend(Self::coeff_args(k));
-        self.launch(self.nv12, width / 2 * height, &args)?;
-        let mut out = vec![0u8; width * height * 3];
-        self.download(&mut out, d)?;
-        Ok(out)
+        self.yuv_kernel(
+            self.nv12,
+            &src[..need],
+            (width, height, stride),
+            Some(i32::from(cubic)),
+            k,
+        )
     }
 
     /// Packed RGB8 HWC (`width`·`height`·3 bytes) → [1, 3, H, W] f32 tensor and its transform,
