@@ -27,6 +27,33 @@ pub enum Arg {
     Io(usize),
 }
 
+/// Geometry of an NHWC im2col (see [`Gen::im2col_into_scratch`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Im2col {
+    pub n: usize,
+    pub c: usize,
+    pub h: usize,
+    pub w: usize,
+    pub oh: usize,
+    pub ow: usize,
+    pub kh: usize,
+    pub kw: usize,
+    pub stride: [usize; 2],
+    pub pad: [usize; 2],
+    pub dilation: [usize; 2],
+}
+
+impl Im2col {
+    /// Rows of the patch matrix (output pixels).
+    pub fn rows(&self) -> usize {
+        self.n * self.oh * self.ow
+    }
+    /// Columns of the patch matrix (the GEMM's reduction length).
+    pub fn cols(&self) -> usize {
+        self.kh * self.kw * self.c
+    }
+}
+
 /// One generated kernel launch: a flat 1-D grid over `threads` threads.
 #[derive(Clone, Debug)]
 pub struct GenKernel {
@@ -372,6 +399,35 @@ impl Gen {
         self.kernel(
             &[(Arg::Val(x), "const F".into()), (Arg::Scratch, "F".into())],
             total,
+            &body,
+        )
+    }
+
+    /// Unfolds NHWC `x` into the node's scratch slot as the row-major `[N·OH·OW, KH·KW·C]`
+    /// patch matrix (column order kh, kw, c: the OHWI weight order), zeros where the window
+    /// falls in the padding, so that a convolution becomes one GEMM.
+    pub fn im2col_into_scratch(&mut self, x: ValueId, geom: &Im2col) -> GenKernel {
+        let Im2col {
+            n,
+            c,
+            h,
+            w,
+            oh,
+            ow,
+            kh,
+            kw,
+            stride: [sh, sw],
+            pad: [pt, pl],
+            dilation: [dh, dw],
+        } = *geom;
+        let shape = [n, oh, ow, kh, kw, c];
+        let body = format!(
+            "{} i64 y = q1*{sh}LL - {pt}LL + q3*{dh}LL; i64 xx = q2*{sw}LL - {pl}LL + q4*{dw}LL; p1[i] = (y >= 0 && y < {h}LL && xx >= 0 && xx < {w}LL) ? (float)p0[((q0*{h}LL + y)*{w}LL + xx)*{c}LL + q5] : 0.f;",
+            decompose(&shape, "q")
+        );
+        self.kernel(
+            &[(Arg::Val(x), "const F".into()), (Arg::Scratch, "F".into())],
+            shape.iter().product(),
             &body,
         )
     }

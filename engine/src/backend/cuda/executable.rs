@@ -10,7 +10,7 @@ use cudarc::cublas::{result as blas, sys as blas_sys};
 use cudarc::cudnn::{result as dnn, sys as dnn_sys};
 use cudarc::driver::{result as drv, sys, CudaContext, CudaEvent, CudaGraph, CudaStream};
 
-use super::codegen::{Arg, Gen, GenKernel};
+use super::codegen::{Arg, Gen, GenKernel, Im2col};
 use super::device::{alloc_arena, drv_err, Arena, DeviceBuffer, Function, Module, PinnedBuffer};
 use super::dnn::{
     blas_err, choose_algo, dnn_err, AlgoChoice, BlasHandle, ConvDescs, ConvGeom, DnnHandle,
@@ -23,6 +23,8 @@ use crate::plan::{self, MemoryPlan, ALIGNMENT};
 
 /// Bytes of the arena's tail reserved for cuBLAS's workspace.
 const BLAS_WS: usize = 32 << 20;
+/// Largest im2col patch matrix a convolution may unfold into its scratch slot.
+const IM2COL_LIMIT: usize = 64 << 20;
 /// Largest cuDNN workspace an algorithm may use.
 const DNN_WS_LIMIT: usize = 256 << 20;
 const BLOCK: u32 = 256;
@@ -45,6 +47,8 @@ struct ConvStep {
 
 /// A pointwise NHWC convolution run as one cuBLASLt GEMM with its epilogue fused.
 struct PointwiseStep {
+    /// The node (whose scratch slot holds the im2col patch matrix, if any).
+    node: usize,
     x: Arg,
     y: ValueId,
     /// Residual added through the GEMM's C operand.
@@ -490,22 +494,43 @@ impl Builder<'_> {
         } else {
             best.time_ms + if needs_epi { epi_ms } else { 0.0 }
         };
-        let pointwise = nhwc
+        let lt_on = std::env::var("VIGIL_CUDA_LT").map_or(true, |v| v != "0");
+        let gemm_able = nhwc
+            && symmetric
+            && a.group == 1
+            && (bias.is_none() || bias_ptr.is_some())
+            && lt_on;
+        let pointwise = gemm_able
             && w4[2] == 1
             && w4[3] == 1
             && stride == [1, 1]
             && dil == [1, 1]
-            && pad == [0, 0]
-            && symmetric
-            && a.group == 1
-            && (bias.is_none() || bias_ptr.is_some())
-            && std::env::var("VIGIL_CUDA_LT").map_or(true, |v| v != "0");
-        if pointwise {
+            && pad == [0, 0];
+        // Any other dense NHWC convolution may run as an im2col pass (into the node's scratch
+        // slot) plus the same GEMM: at batch 1 with few output pixels cuDNN has only implicit
+        // GEMMs that leave most of the GPU idle, while cuBLASLt can split the long reduction.
+        let unfold = Im2col {
+            n: xdims[0],
+            c: xdims[1],
+            h: xdims[2],
+            w: xdims[3],
+            oh: yd[2],
+            ow: yd[3],
+            kh: w4[2],
+            kw: w4[3],
+            stride,
+            pad,
+            dilation: dil,
+        };
+        let elem = if self.fp16 { 2 } else { 4 };
+        let col_bytes = unfold.rows() * unfold.cols() * elem;
+        let im2col = gemm_able && !pointwise && col_bytes <= IM2COL_LIMIT;
+        if pointwise || im2col {
             let relu = a.activation == Some(Activation::Relu);
             let shape = PointwiseShape {
                 m: yd[0] * yd[2] * yd[3],
                 n: yd[1],
-                k: xd[1],
+                k: if im2col { unfold.cols() } else { xd[1] },
                 half: self.fp16,
                 epilogue: Epilogue {
                     bias: bias_ptr.is_some(),
@@ -514,24 +539,34 @@ impl Builder<'_> {
                 },
             };
             let rest = if relu { None } else { a.activation };
+            // The unfold writes the patch matrix once and reads x (mostly from cache).
+            let unfold_ms = if im2col {
+                0.003 + 2.0 * col_bytes as f32 / 3.0e9
+            } else {
+                0.0
+            };
+            let gb = if im2col { alit(col_bytes) } else { xb };
             // Offset by the plan's alignment so the search sees pointers aligned no better
             // than the arena's.
-            let t = self.tmp(xb + 2 * yb + BLAS_WS + 4 * ALIGNMENT + 256)? + ALIGNMENT as u64;
+            let t = self.tmp(gb + 2 * yb + BLAS_WS + 4 * ALIGNMENT + 256)? + ALIGNMENT as u64;
             let bufs = SearchBuffers {
                 x: t,
                 w: wbuf.ptr(),
-                y: t + (xb + ALIGNMENT) as u64,
-                z: t + (xb + yb + 2 * ALIGNMENT) as u64,
-                ws: (t + (xb + 2 * yb + 3 * ALIGNMENT) as u64).div_ceil(256) * 256,
+                y: t + (gb + ALIGNMENT) as u64,
+                z: t + (gb + yb + 2 * ALIGNMENT) as u64,
+                ws: (t + (gb + 2 * yb + 3 * ALIGNMENT) as u64).div_ceil(256) * 256,
                 ws_limit: BLAS_WS,
             };
             let mm = LtMatmul::build(self.lt, shape, bias_ptr.unwrap_or(0), self.stream, &bufs);
-            let lt_ms = |mm: &LtMatmul| mm.time_ms + if rest.is_some() { epi_ms } else { 0.0 };
+            let lt_ms = |mm: &LtMatmul| {
+                mm.time_ms + unfold_ms + if rest.is_some() { epi_ms } else { 0.0 }
+            };
             if let Some(mm) = mm.ok().filter(|mm| lt_ms(mm) < cudnn_ms) {
                 self.note = format!(
-                    " cublasLt ws {} KiB {:.4} ms (cuDNN {:?} {:.4} ms) m{} n{} k{}{}",
+                    " cublasLt{} ws {} KiB {:.4} ms (cuDNN {:?} {:.4} ms) m{} n{} k{}{}",
+                    if im2col { " im2col" } else { "" },
                     mm.workspace >> 10,
-                    mm.time_ms,
+                    lt_ms(&mm),
                     algo.algo,
                     cudnn_ms,
                     shape.m,
@@ -539,8 +574,17 @@ impl Builder<'_> {
                     shape.k,
                     if rest.is_some() { " +act" } else { "" },
                 );
+                let x_gemm = if im2col {
+                    let k = self.gen.im2col_into_scratch(x, &unfold);
+                    self.launch(idx, k);
+                    self.scratch[idx] = alit(col_bytes);
+                    Arg::Scratch
+                } else {
+                    xarg
+                };
                 self.steps.push(Step::Pointwise(Box::new(PointwiseStep {
-                    x: xarg,
+                    node: idx,
+                    x: x_gemm,
                     y,
                     z,
                     w: wbuf,
@@ -1091,10 +1135,10 @@ impl CudaRun {
                 },
                 Step::Pointwise(p) => Resolved::Pointwise {
                     mm: Box::new(p.mm.instance()?),
-                    x: resolve(p.x, 0)?,
+                    x: resolve(p.x, p.node)?,
                     w: p.w.ptr(),
                     y: slot(p.y)?,
-                    z: p.z.map(|z| resolve(z, 0)).transpose()?.unwrap_or(0),
+                    z: p.z.map(|z| resolve(z, p.node)).transpose()?.unwrap_or(0),
                     ws: blas_ws,
                 },
                 Step::Gemm(gm) => Resolved::Gemm {
