@@ -166,6 +166,7 @@ impl Model {
             inputs: self.inputs.clone(),
             outputs,
             preprocessor: self.preprocessor.clone(),
+            device_outputs: None,
         }
     }
 }
@@ -176,6 +177,9 @@ pub struct ExecutionContext {
     inputs: Vec<TensorInfo>,
     outputs: Vec<Tensor>,
     preprocessor: Preprocessor,
+    /// The last run's outputs when [`ExecutionContext::run_vision`] left them on the device
+    /// (the host `outputs` are then stale).
+    device_outputs: Option<Vec<crate::backend::DeviceOutput>>,
 }
 
 impl ExecutionContext {
@@ -204,8 +208,75 @@ impl ExecutionContext {
                 inputs.len()
             )));
         }
+        self.device_outputs = None;
         self.inner.run(inputs, &mut self.outputs)?;
         Ok(&self.outputs)
+    }
+
+    /// Runs the model for a vision task whose results [`Self::postprocess`] will compute:
+    /// when the preprocessor can decode `spec` on the device (NanoDet on CUDA), the outputs
+    /// stay there and nothing but the final detections ever comes back to the host.
+    pub fn run_vision(
+        &mut self,
+        inputs: &[&Tensor],
+        spec: &crate::vision::VisionSpec,
+        overrides: &crate::vision::Overrides,
+    ) -> Result<()> {
+        if self.preprocessor.decodes_on_device(spec, overrides) {
+            if inputs.len() != self.inputs.len() {
+                return Err(Error::BadInput(format!(
+                    "model takes {} input(s), got {}",
+                    self.inputs.len(),
+                    inputs.len()
+                )));
+            }
+            self.device_outputs = None;
+            if let Some(d) = self.inner.run_on_device(inputs)? {
+                self.device_outputs = Some(d);
+                return Ok(());
+            }
+        }
+        self.run_ref(inputs).map(|_| ())
+    }
+
+    /// Results of the last [`Self::run_vision`]: decoded on the device when its outputs stayed
+    /// there (falling back, logged, to downloading them if that fails), else on the host.
+    pub fn postprocess(
+        &mut self,
+        spec: &crate::vision::VisionSpec,
+        transform: &crate::vision::ImageTransform,
+        overrides: &crate::vision::Overrides,
+    ) -> Result<crate::vision::Results> {
+        if let Some(d) = &self.device_outputs {
+            match self
+                .preprocessor
+                .postprocess_device(spec, d, transform, overrides)
+            {
+                Ok(r) => return Ok(r),
+                Err(e) => {
+                    tracing::warn!("device postprocessing failed, using the host: {e}");
+                    self.inner.download_outputs(&mut self.outputs)?;
+                    self.device_outputs = None;
+                }
+            }
+        }
+        self.preprocessor
+            .postprocess(spec, &self.outputs, transform, overrides)
+    }
+
+    /// The last run's raw outputs on the host, downloading them first if they were left on
+    /// the device (so callers may still inspect them after [`Self::run_vision`]).
+    pub fn host_outputs(&mut self) -> Result<&[Tensor]> {
+        if self.device_outputs.is_some() {
+            self.inner.download_outputs(&mut self.outputs)?;
+            self.device_outputs = None;
+        }
+        Ok(&self.outputs)
+    }
+
+    /// Whether the last run left its outputs on the device (see [`Self::run_vision`]).
+    pub fn outputs_on_device(&self) -> bool {
+        self.device_outputs.is_some()
     }
 
     /// Runs the model and returns owned copies of the outputs ([`Model::outputs`] order).

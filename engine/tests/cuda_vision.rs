@@ -527,6 +527,31 @@ fn facade_gpu_path_matches_the_cpu_path_on_eval_photos() {
             let ov = Overrides::default();
             let got = vision::infer_image(&mut gpu, &spec, bytes, &lim, &ov).expect("gpu path");
             let want = vision::infer_image(&mut cpu, &spec, bytes, &lim, &ov).expect("cpu path");
+            // NanoDet's raw outputs stay on the GPU (only detections come back); the CPU
+            // preprocessor's context downloads them and decodes on the host.
+            let detector = file.starts_with("nanodet");
+            assert_eq!(
+                gpu.outputs_on_device(),
+                detector,
+                "{file}: outputs left on the device"
+            );
+            assert!(!cpu.outputs_on_device(), "{file}: host path downloads");
+            if detector {
+                // The raw outputs left on the device download to what a host run gives.
+                let kept: Vec<Tensor> = gpu.host_outputs().expect("download").to_vec();
+                let host = cpu.host_outputs().expect("host outputs");
+                assert_eq!(kept.len(), host.len());
+                for (k, h) in kept.iter().zip(host) {
+                    let d = k
+                        .as_f32()
+                        .expect("f32")
+                        .iter()
+                        .zip(h.as_f32().expect("f32"))
+                        .map(|(a, b)| (a - b).abs())
+                        .fold(0f32, f32::max);
+                    assert!(d <= 1e-4, "{file} {name}: downloaded outputs differ by {d}");
+                }
+            }
             // The GPU preprocessing is bit-identical, so both contexts run the same tensor.
             let img = vision::decode_image(bytes, &lim).expect("decode");
             let (a, ta) = gpu

@@ -78,10 +78,10 @@ impl FrameInfer for ExecutionContext {
         let (tensor, transform) = pre.preprocess(img, &spec.preprocess)?;
         t.preprocess_ms = ms(s);
         let s = Instant::now();
-        let outputs = self.run_ref(&[&tensor])?;
+        self.run_vision(&[&tensor], spec, overrides)?;
         t.inference_ms = ms(s);
         let s = Instant::now();
-        let r = pre.postprocess(spec, outputs, &transform, overrides);
+        let r = self.postprocess(spec, &transform, overrides);
         t.postprocess_ms = ms(s);
         r
     }

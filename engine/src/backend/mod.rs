@@ -51,6 +51,18 @@ pub fn check_signature(graph: &Graph, inputs: &[&Tensor], outputs: &[Tensor]) ->
             outputs.len()
         )));
     }
+    check_inputs(graph, inputs)
+}
+
+/// Checks the inputs' count, types and shapes against the graph (see [`check_signature`]).
+pub fn check_inputs(graph: &Graph, inputs: &[&Tensor]) -> Result<()> {
+    if inputs.len() != graph.inputs.len() {
+        return Err(crate::error::Error::BadInput(format!(
+            "model takes {} inputs, got {}",
+            graph.inputs.len(),
+            inputs.len()
+        )));
+    }
     for (&v, t) in graph.inputs.iter().zip(inputs) {
         let value = &graph.values[v];
         if t.dtype() != value.dtype || Some(t.shape.as_slice()) != value.shape.as_deref() {
@@ -147,10 +159,38 @@ pub trait Executable: Send + Sync {
     fn arena_lower_bound(&self) -> usize;
 }
 
+/// A graph output left in device memory by [`BackendContext::run_on_device`]; the address is
+/// valid until the context's next run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeviceOutput {
+    /// Device address of the first element.
+    pub ptr: u64,
+    /// Element type (f32 for float outputs, whatever the precision the model ran at).
+    pub dtype: crate::ir::DataType,
+    /// Shape of the output.
+    pub shape: Vec<usize>,
+}
+
 /// Per-request execution state.
 pub trait BackendContext: Send {
     /// Runs the graph: `inputs` in graph-input order, `outputs` pre-shaped in graph-output order.
     fn run(&mut self, inputs: &[&Tensor], outputs: &mut [Tensor]) -> Result<()>;
+
+    /// Runs the graph and leaves its outputs on the device (nothing is copied back), for
+    /// postprocessing there. `None`: this backend has no device memory, so call `run` instead.
+    fn run_on_device(&mut self, inputs: &[&Tensor]) -> Result<Option<Vec<DeviceOutput>>> {
+        let _ = inputs;
+        Ok(None)
+    }
+
+    /// Copies the outputs of the last [`Self::run_on_device`] to the host (the fallback when
+    /// device postprocessing fails).
+    fn download_outputs(&mut self, outputs: &mut [Tensor]) -> Result<()> {
+        let _ = outputs;
+        Err(crate::error::Error::Unsupported(
+            "this backend keeps no outputs on a device".into(),
+        ))
+    }
 }
 
 /// Compiles `graph` for a backend.

@@ -157,6 +157,57 @@ impl Preprocessor {
         super::pipeline::postprocess(spec, outputs, transform, overrides)
     }
 
+    /// Whether [`Self::postprocess_device`] can decode `spec`'s outputs where they were
+    /// computed (a NanoDet head, the GPU detector built, and a usable score threshold).
+    pub fn decodes_on_device(&self, spec: &VisionSpec, overrides: &Overrides) -> bool {
+        #[cfg(feature = "cuda")]
+        if let (
+            Preprocessor::Gpu(g),
+            Task::Detection {
+                head: DetectionHead::Nanodet { .. },
+            },
+        ) = (self, &spec.task)
+        {
+            let threshold = overrides.score_threshold.unwrap_or(spec.score_threshold);
+            return g.det.is_some() && !threshold.is_nan();
+        }
+        let _ = (spec, overrides);
+        false
+    }
+
+    /// Model outputs still in device memory → results, decoded and NMS-ed on the GPU so that
+    /// only the kept detections come back. Errors (the caller then downloads the outputs and
+    /// uses [`Self::postprocess`]) when [`Self::decodes_on_device`] is false or the GPU fails.
+    pub fn postprocess_device(
+        &self,
+        spec: &VisionSpec,
+        outputs: &[crate::backend::DeviceOutput],
+        transform: &ImageTransform,
+        overrides: &Overrides,
+    ) -> Result<Results> {
+        #[cfg(feature = "cuda")]
+        if let (
+            Preprocessor::Gpu(g),
+            Task::Detection {
+                head: DetectionHead::Nanodet { reg_max, strides },
+            },
+        ) = (self, &spec.task)
+        {
+            let threshold = overrides.score_threshold.unwrap_or(spec.score_threshold);
+            if let (Some(det), false) = (&g.det, threshold.is_nan()) {
+                let mut det = det.lock().unwrap_or_else(|e| e.into_inner());
+                let d = det.nanodet_device(
+                    spec, outputs, *reg_max, strides, threshold, transform,
+                )?;
+                return Ok(Results::Detections(d));
+            }
+        }
+        let _ = (spec, outputs, transform, overrides);
+        Err(crate::error::Error::Unsupported(
+            "no device postprocessing for this model here".into(),
+        ))
+    }
+
     /// Converts a YUV frame to RGB on the GPU; `None` on the CPU (the caller converts itself).
     pub fn yuv_to_rgb(&self, f: &YuvFrame<'_>, k: &YuvCoeffs) -> Option<Result<RgbImage>> {
         match self {

@@ -43,7 +43,12 @@ pub fn nms(mut dets: Vec<Detection>, iou_threshold: f32, max_detections: usize) 
 
 /// The two trailing dims of a [1, A, B] or [A, B] tensor.
 fn matrix_dims(t: &Tensor) -> Option<(usize, usize)> {
-    match t.shape.as_slice() {
+    matrix_dims_of(&t.shape)
+}
+
+/// `[1, a, b]` or `[a, b]` as `(a, b)`.
+fn matrix_dims_of(shape: &[usize]) -> Option<(usize, usize)> {
+    match shape {
         [1, a, b] | [a, b] => Some((*a, *b)),
         _ => None,
     }
@@ -101,11 +106,11 @@ pub(crate) struct NanodetLevel {
     pub(crate) n: usize,
 }
 
-/// Matches the NanoDet outputs to strides by shape (see [`decode_nanodet`]); returns the levels
-/// in stride order and the class count.
+/// Matches the NanoDet outputs (given by their shapes, wherever they live) to strides by shape
+/// (see [`decode_nanodet`]); returns the levels in stride order and the class count.
 pub(crate) fn nanodet_levels(
     spec: &VisionSpec,
-    outputs: &[Tensor],
+    outputs: &[&[usize]],
     reg_max: usize,
     strides: &[usize],
 ) -> Result<(Vec<NanodetLevel>, usize)> {
@@ -131,7 +136,7 @@ pub(crate) fn nanodet_levels(
             if used[k] {
                 continue;
             }
-            match matrix_dims(t) {
+            match matrix_dims_of(t) {
                 Some((rows, cols)) if rows == n && cols == box_dim && box_idx.is_none() => {
                     box_idx = Some(k)
                 }
@@ -144,7 +149,7 @@ pub(crate) fn nanodet_levels(
             }
         }
         let (Some(si), Some(bi)) = (score_idx, box_idx) else {
-            let shapes: Vec<_> = outputs.iter().map(|t| t.shape.clone()).collect();
+            let shapes: Vec<_> = outputs.to_vec();
             return Err(Error::Shape(format!(
                 "NanoDet stride {s}: expected outputs [1, {n}, C] (scores) and [1, {n}, {box_dim}] (boxes) \
                  for a {iw}x{ih} input; got {shapes:?}"
@@ -152,8 +157,9 @@ pub(crate) fn nanodet_levels(
         };
         used[si] = true;
         used[bi] = true;
-        let c = outputs[si].as_f32()?.len() / n;
-        if outputs[bi].as_f32()?.len() != n * box_dim {
+        let numel = |k: usize| outputs[k].iter().product::<usize>();
+        let c = numel(si) / n;
+        if numel(bi) != n * box_dim {
             return Err(Error::Shape(format!(
                 "NanoDet stride {s}: box tensor size mismatch"
             )));
@@ -189,7 +195,8 @@ pub fn decode_nanodet(
     score_threshold: f32,
     transform: &ImageTransform,
 ) -> Result<Vec<Detection>> {
-    let (levels, c) = nanodet_levels(spec, outputs, reg_max, strides)?;
+    let shapes: Vec<&[usize]> = outputs.iter().map(|t| t.shape.as_slice()).collect();
+    let (levels, c) = nanodet_levels(spec, &shapes, reg_max, strides)?;
     let nb = reg_max + 1;
     let box_dim = 4 * nb;
     let mut cands = Vec::new();

@@ -80,13 +80,14 @@ pub fn infer_image(
     timings.preprocess_ms = ms_since(t);
 
     let t = Instant::now();
-    // The context's own output buffers: no copy of the (possibly large) raw outputs.
-    let outputs = ctx.run_ref(&[&tensor])?;
+    // The context's own output buffers (no copy of the raw outputs); NanoDet outputs of CUDA
+    // models stay on the GPU.
+    ctx.run_vision(&[&tensor], spec, overrides)?;
     timings.inference_ms = ms_since(t);
 
     let t = Instant::now();
     // NanoDet decode + NMS on the GPU for CUDA models, else `postprocess`.
-    let results = pre.postprocess(spec, outputs, &transform, overrides)?;
+    let results = ctx.postprocess(spec, &transform, overrides)?;
     timings.postprocess_ms = ms_since(t);
 
     Ok(ImageInference {

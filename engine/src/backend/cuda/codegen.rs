@@ -28,7 +28,7 @@ pub enum Arg {
 }
 
 /// Geometry of an NHWC im2col (see [`Gen::im2col_into_scratch`]).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Im2col {
     pub n: usize,
     pub c: usize,
@@ -67,6 +67,8 @@ pub struct Gen {
     pub src: String,
     pub extras: Vec<Vec<u8>>,
     count: usize,
+    /// Activations stored as half.
+    fp16: bool,
 }
 
 const PRELUDE: &str = r#"
@@ -262,6 +264,7 @@ impl Gen {
             src: format!("{PRELUDE}typedef {storage} F;\n"),
             extras: Vec::new(),
             count: 0,
+            fp16,
         }
     }
 
@@ -405,7 +408,8 @@ impl Gen {
 
     /// Unfolds NHWC `x` into the node's scratch slot as the row-major `[N·OH·OW, KH·KW·C]`
     /// patch matrix (column order kh, kw, c: the OHWI weight order), zeros where the window
-    /// falls in the padding, so that a convolution becomes one GEMM.
+    /// falls in the padding, so that a convolution becomes one GEMM. Each thread copies the
+    /// widest run of channels (up to 16 bytes) that divides C, as raw bits.
     pub fn im2col_into_scratch(&mut self, x: ValueId, geom: &Im2col) -> GenKernel {
         let Im2col {
             n,
@@ -420,9 +424,15 @@ impl Gen {
             pad: [pt, pl],
             dilation: [dh, dw],
         } = *geom;
-        let shape = [n, oh, ow, kh, kw, c];
+        let elem = if self.fp16 { 2 } else { 4 };
+        let (unit, ty) = [(16, "uint4"), (8, "uint2"), (4, "unsigned int"), (2, "unsigned short")]
+            .into_iter()
+            .find(|&(u, _)| u >= elem && (c * elem) % u == 0)
+            .unwrap_or((elem, if elem == 2 { "unsigned short" } else { "unsigned int" }));
+        let cu = c * elem / unit;
+        let shape = [n, oh, ow, kh, kw, cu];
         let body = format!(
-            "{} i64 y = q1*{sh}LL - {pt}LL + q3*{dh}LL; i64 xx = q2*{sw}LL - {pl}LL + q4*{dw}LL; p1[i] = (y >= 0 && y < {h}LL && xx >= 0 && xx < {w}LL) ? (float)p0[((q0*{h}LL + y)*{w}LL + xx)*{c}LL + q5] : 0.f;",
+            "{} i64 y = q1*{sh}LL - {pt}LL + q3*{dh}LL; i64 xx = q2*{sw}LL - {pl}LL + q4*{dw}LL; typedef {ty} U; U v = U(); if (y >= 0 && y < {h}LL && xx >= 0 && xx < {w}LL) v = ((const U*)p0)[((q0*{h}LL + y)*{w}LL + xx)*{cu}LL + q5]; ((U*)p1)[i] = v;",
             decompose(&shape, "q")
         );
         self.kernel(

@@ -25,8 +25,9 @@ use cudarc::driver::{result as drv, CudaContext};
 use super::device::{drv_err, Function, Module};
 use super::vision::{launch_1d, launch_grid, Arg, Slot};
 use crate::error::{Error, Result};
-use crate::ir::Tensor;
-use crate::vision::detect::nanodet_levels;
+use crate::backend::DeviceOutput;
+use crate::ir::{DataType, Tensor};
+use crate::vision::detect::{nanodet_levels, NanodetLevel};
 use crate::vision::{label_for, BBox, Detection, ImageTransform, VisionSpec};
 
 /// Most candidates the suppression mask is built for (its size grows with the square).
@@ -454,7 +455,8 @@ impl GpuDetector {
     }
 
     /// Decodes NanoDet GFL outputs and runs per-class NMS on the GPU: the same detections as
-    /// [`crate::vision::decode_nanodet`] (boxes in original pixels, best first).
+    /// [`crate::vision::decode_nanodet`] (boxes in original pixels, best first). The host
+    /// outputs are uploaded first; [`Self::nanodet_device`] starts from device outputs.
     pub fn nanodet(
         &mut self,
         spec: &VisionSpec,
@@ -464,9 +466,8 @@ impl GpuDetector {
         score_threshold: f32,
         transform: &ImageTransform,
     ) -> Result<Vec<Detection>> {
-        let (levels, c) = nanodet_levels(spec, outputs, reg_max, strides)?;
-        let nb = reg_max + 1;
-        let total: usize = levels.iter().map(|l| l.n).sum();
+        let shapes: Vec<&[usize]> = outputs.iter().map(|t| t.shape.as_slice()).collect();
+        let (levels, c) = nanodet_levels(spec, &shapes, reg_max, strides)?;
         // Stage every level's scores and boxes in one upload buffer.
         let mut offsets = Vec::with_capacity(levels.len());
         let mut staged: Vec<u8> = Vec::new();
@@ -480,24 +481,81 @@ impl GpuDetector {
         let ctx = Arc::clone(&self.ctx);
         let input = self.buf.input.at_least(&ctx, staged.len())?;
         self.upload(input, &staged)?;
+        let ptrs: Vec<(u64, u64)> = offsets
+            .iter()
+            .map(|&(so, bo)| (input + so as u64, input + bo as u64))
+            .collect();
+        let p = DecodeParams {
+            reg_max,
+            classes: c,
+            score_threshold,
+        };
+        self.decode_levels(spec, &levels, &ptrs, &p, transform)
+    }
+
+    /// [`Self::nanodet`] on outputs that are still in device memory (from
+    /// [`crate::backend::BackendContext::run_on_device`], same device): only the kept
+    /// detections come back to the host.
+    pub fn nanodet_device(
+        &mut self,
+        spec: &VisionSpec,
+        outputs: &[DeviceOutput],
+        reg_max: usize,
+        strides: &[usize],
+        score_threshold: f32,
+        transform: &ImageTransform,
+    ) -> Result<Vec<Detection>> {
+        if let Some(o) = outputs.iter().find(|o| o.dtype != DataType::F32) {
+            return Err(Error::BadInput(format!(
+                "NanoDet outputs must be f32, got {:?} {:?}",
+                o.dtype, o.shape
+            )));
+        }
+        let shapes: Vec<&[usize]> = outputs.iter().map(|o| o.shape.as_slice()).collect();
+        let (levels, c) = nanodet_levels(spec, &shapes, reg_max, strides)?;
+        let ptrs: Vec<(u64, u64)> = levels
+            .iter()
+            .map(|lv| (outputs[lv.scores].ptr, outputs[lv.boxes].ptr))
+            .collect();
+        let p = DecodeParams {
+            reg_max,
+            classes: c,
+            score_threshold,
+        };
+        self.decode_levels(spec, &levels, &ptrs, &p, transform)
+    }
+
+    /// Decodes the levels (score and box tensors at the given device addresses), then sorts
+    /// and suppresses the candidates on the device.
+    fn decode_levels(
+        &mut self,
+        spec: &VisionSpec,
+        levels: &[NanodetLevel],
+        ptrs: &[(u64, u64)],
+        p: &DecodeParams,
+        transform: &ImageTransform,
+    ) -> Result<Vec<Detection>> {
+        let nb = p.reg_max + 1;
+        let total: usize = levels.iter().map(|l| l.n).sum();
+        let ctx = Arc::clone(&self.ctx);
         let count = self.buf.count.at_least(&ctx, 4)?;
         self.upload(count, &0u32.to_le_bytes())?;
         let (cbox, cscore, ccls, ckey) = self.candidates(total.max(1))?;
         let mut base = 0usize;
-        for (lv, &(so, bo)) in levels.iter().zip(&offsets) {
+        for (lv, &(sp, bp)) in levels.iter().zip(ptrs) {
             launch_1d(
                 &ctx,
                 self.decode,
                 lv.n,
                 &[
-                    Arg::P(input + so as u64),
-                    Arg::P(input + bo as u64),
+                    Arg::P(sp),
+                    Arg::P(bp),
                     Arg::I(to_i32(lv.n, "anchors")?),
-                    Arg::I(to_i32(c, "classes")?),
+                    Arg::I(to_i32(p.classes, "classes")?),
                     Arg::I(to_i32(lv.fw, "feature width")?),
                     Arg::F(lv.stride as f32),
                     Arg::I(to_i32(nb, "bins")?),
-                    Arg::F(score_threshold),
+                    Arg::F(p.score_threshold),
                     Arg::I(to_i32(base, "anchor")?),
                     Arg::F(transform.scale_x),
                     Arg::F(transform.scale_y),
@@ -525,6 +583,13 @@ impl GpuDetector {
         let kept = self.sort_and_suppress(n, spec.iou_threshold, spec.max_detections)?;
         Self::detections(&spec.labels, kept)
     }
+}
+
+/// The scalar parameters of a NanoDet decode.
+struct DecodeParams {
+    reg_max: usize,
+    classes: usize,
+    score_threshold: f32,
 }
 
 #[cfg(test)]

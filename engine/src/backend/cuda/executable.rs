@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::cublas::{result as blas, sys as blas_sys};
 use cudarc::cudnn::{result as dnn, sys as dnn_sys};
@@ -14,9 +14,10 @@ use super::codegen::{Arg, Gen, GenKernel, Im2col};
 use super::device::{alloc_arena, drv_err, Arena, DeviceBuffer, Function, Module, PinnedBuffer};
 use super::dnn::{
     blas_err, choose_algo, dnn_err, AlgoChoice, BlasHandle, ConvDescs, ConvGeom, DnnHandle,
+    time_warm,
 };
 use super::lt::{Epilogue, LtHandle, LtMatmul, PointwiseShape, SearchBuffers};
-use crate::backend::{BackendContext, Executable};
+use crate::backend::{BackendContext, DeviceOutput, Executable};
 use crate::error::{Error, Result};
 use crate::ir::{Activation, DataType, Graph, Layout, Node, Op, Tensor, ValueId};
 use crate::plan::{self, MemoryPlan, ALIGNMENT};
@@ -494,7 +495,10 @@ impl Builder<'_> {
         } else {
             best.time_ms + if needs_epi { epi_ms } else { 0.0 }
         };
-        let lt_on = std::env::var("VIGIL_CUDA_LT").map_or(true, |v| v != "0");
+        // VIGIL_CUDA_LT=0 turns the cuBLASLt paths off, =force takes them whenever they apply
+        // (A/B measurements and tests of the im2col path).
+        let lt_env = std::env::var("VIGIL_CUDA_LT").unwrap_or_default();
+        let (lt_on, lt_force) = (lt_env != "0", lt_env == "force");
         let gemm_able = nhwc
             && symmetric
             && a.group == 1
@@ -524,7 +528,10 @@ impl Builder<'_> {
         };
         let elem = if self.fp16 { 2 } else { 4 };
         let col_bytes = unfold.rows() * unfold.cols() * elem;
-        let im2col = gemm_able && !pointwise && col_bytes <= IM2COL_LIMIT;
+        let im2col = gemm_able
+            && !pointwise
+            && col_bytes <= IM2COL_LIMIT
+            && std::env::var("VIGIL_CUDA_IM2COL").map_or(true, |v| v != "0");
         if pointwise || im2col {
             let relu = a.activation == Some(Activation::Relu);
             let shape = PointwiseShape {
@@ -539,16 +546,17 @@ impl Builder<'_> {
                 },
             };
             let rest = if relu { None } else { a.activation };
-            // The unfold writes the patch matrix once and reads x (mostly from cache).
+            let gb = if im2col { alit(col_bytes) } else { xb };
+            // Offset by the plan's alignment so the search sees pointers aligned no better
+            // than the arena's; x for the unfold's timing sits after everything else.
+            let t = self.tmp(gb + 2 * yb + BLAS_WS + xb + 5 * ALIGNMENT + 256)?
+                + ALIGNMENT as u64;
             let unfold_ms = if im2col {
-                0.003 + 2.0 * col_bytes as f32 / 3.0e9
+                let xt = (t + (gb + 2 * yb + BLAS_WS + 4 * ALIGNMENT) as u64).div_ceil(256) * 256;
+                self.im2col_ms(&unfold, xt, t)?
             } else {
                 0.0
             };
-            let gb = if im2col { alit(col_bytes) } else { xb };
-            // Offset by the plan's alignment so the search sees pointers aligned no better
-            // than the arena's.
-            let t = self.tmp(gb + 2 * yb + BLAS_WS + 4 * ALIGNMENT + 256)? + ALIGNMENT as u64;
             let bufs = SearchBuffers {
                 x: t,
                 w: wbuf.ptr(),
@@ -561,7 +569,7 @@ impl Builder<'_> {
             let lt_ms = |mm: &LtMatmul| {
                 mm.time_ms + unfold_ms + if rest.is_some() { epi_ms } else { 0.0 }
             };
-            if let Some(mm) = mm.ok().filter(|mm| lt_ms(mm) < cudnn_ms) {
+            if let Some(mm) = mm.ok().filter(|mm| lt_force || lt_ms(mm) < cudnn_ms) {
                 self.note = format!(
                     " cublasLt{} ws {} KiB {:.4} ms (cuDNN {:?} {:.4} ms) m{} n{} k{}{}",
                     if im2col { " im2col" } else { "" },
@@ -636,6 +644,39 @@ impl Builder<'_> {
             self.launch(idx, k);
         }
         Ok(())
+    }
+
+    /// Measured milliseconds of the im2col kernel for `unfold` from `x` into `col` (compiled
+    /// on its own for the measurement; memoised per geometry and precision, process-wide).
+    fn im2col_ms(&mut self, unfold: &Im2col, x: u64, col: u64) -> Result<f32> {
+        type Cache = Mutex<HashMap<(Im2col, bool), f32>>;
+        static CACHE: OnceLock<Cache> = OnceLock::new();
+        let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+        let key = (*unfold, self.fp16);
+        if let Some(&t) = cache.lock().ok().as_ref().and_then(|c| c.get(&key)) {
+            return Ok(t);
+        }
+        let mut g = Gen::new(self.fp16);
+        let k = g.im2col_into_scratch(0, unfold);
+        let module = Module::compile(self.ctx, &g.src)?;
+        let f = module.function(&k.name)?;
+        let grid = u32::try_from(k.threads.div_ceil(BLOCK as usize))
+            .map_err(|_| Error::Unsupported(format!("im2col of {} items", k.threads)))?;
+        let s = self.stream;
+        let t = time_warm(s, || {
+            let args = [x, col];
+            let mut ptrs = [
+                &args[0] as *const u64 as *mut c_void,
+                &args[1] as *const u64 as *mut c_void,
+            ];
+            // SAFETY: the kernel takes (x, col); both search buffers hold the unfold's bytes.
+            unsafe { drv::launch_kernel(f.0, (grid, 1, 1), (BLOCK, 1, 1), 0, s, &mut ptrs) }
+                .map_err(drv_err("kernel launch"))
+        })?;
+        if let Ok(mut c) = cache.lock() {
+            c.insert(key, t);
+        }
+        Ok(t)
     }
 
     fn gemm(&mut self, idx: usize, node: &Node) -> Result<()> {
@@ -1024,7 +1065,10 @@ struct CudaRun {
     ins: Vec<(u64, usize, usize)>,
     outs: Vec<Option<(u64, usize, usize)>>,
     resolved: Vec<Resolved>,
+    /// The captured inference: with the output download, and without it (outputs left on
+    /// the device for device postprocessing).
     graph: Option<CudaGraph>,
+    graph_device: Option<CudaGraph>,
     runs: usize,
     use_graph: bool,
     /// Timing events around the compute part of each inference.
@@ -1182,6 +1226,7 @@ impl CudaRun {
             outs,
             resolved,
             graph: None,
+            graph_device: None,
             runs: 0,
             use_graph,
             events,
@@ -1189,8 +1234,9 @@ impl CudaRun {
         })
     }
 
-    /// Enqueues one whole inference on the stream (what a CUDA graph captures).
-    fn enqueue(&self, capturing: bool) -> Result<()> {
+    /// Enqueues one whole inference on the stream (what a CUDA graph captures); `download`
+    /// adds the copy of the outputs to the pinned staging buffer.
+    fn enqueue(&self, capturing: bool, download: bool) -> Result<()> {
         let s = self.stream.cu_stream();
         let sin = self.staging_in.bytes();
         for &(dst, off, n) in &self.ins {
@@ -1376,6 +1422,9 @@ impl CudaRun {
             record(&p.events[self.resolved.len()], s, capturing)?;
         }
         record(&self.events.1, s, capturing)?;
+        if !download {
+            return Ok(());
+        }
         let sout = self.staging_out.bytes();
         for &(src, off, n) in self.outs.iter().flatten() {
             // SAFETY: as for the inputs; the staging buffer is pinned and outlives the work.
@@ -1388,11 +1437,11 @@ impl CudaRun {
     }
 }
 
-impl BackendContext for CudaRun {
-    fn run(&mut self, inputs: &[&Tensor], outputs: &mut [Tensor]) -> Result<()> {
+impl CudaRun {
+    /// Uploads the inputs and runs one inference to completion (replaying the captured graph
+    /// of this variant), with or without the output download.
+    fn execute(&mut self, inputs: &[&Tensor], download: bool) -> Result<()> {
         let exe = Arc::clone(&self.exe);
-        let g = &exe.graph;
-        crate::backend::check_signature(g, inputs, outputs)?;
         exe.ctx.bind_to_thread().map_err(drv_err("bind context"))?;
         for (t, &(_, off, n)) in inputs.iter().zip(&self.ins) {
             self.staging_in.bytes_mut()[off..off + n].copy_from_slice(t.as_bytes());
@@ -1402,13 +1451,18 @@ impl BackendContext for CudaRun {
             // SAFETY: plain profiler range marker (for `ncu --profile-from-start off`).
             let _ = unsafe { sys::cuProfilerStart() };
         }
-        if let Some(graph) = &self.graph {
+        let captured = if download {
+            &self.graph
+        } else {
+            &self.graph_device
+        };
+        if let Some(graph) = captured {
             graph.launch().map_err(drv_err("graph launch"))?;
         } else if self.use_graph && self.runs > 0 {
             self.stream
                 .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
                 .map_err(drv_err("begin capture"))?;
-            let r = self.enqueue(true);
+            let r = self.enqueue(true, download);
             let captured = self
                 .stream
                 .end_capture(sys::CUgraphInstantiate_flags(0))
@@ -1417,9 +1471,13 @@ impl BackendContext for CudaRun {
             let graph = captured?
                 .ok_or_else(|| Error::Unsupported("CUDA graph capture produced nothing".into()))?;
             graph.launch().map_err(drv_err("graph launch"))?;
-            self.graph = Some(graph);
+            if download {
+                self.graph = Some(graph);
+            } else {
+                self.graph_device = Some(graph);
+            }
         } else {
-            self.enqueue(false)?;
+            self.enqueue(false, download)?;
         }
         self.stream
             .synchronize()
@@ -1442,6 +1500,16 @@ impl BackendContext for CudaRun {
             p.runs += 1;
         }
         self.runs += 1;
+        Ok(())
+    }
+}
+
+impl BackendContext for CudaRun {
+    fn run(&mut self, inputs: &[&Tensor], outputs: &mut [Tensor]) -> Result<()> {
+        let exe = Arc::clone(&self.exe);
+        let g = &exe.graph;
+        crate::backend::check_signature(g, inputs, outputs)?;
+        self.execute(inputs, true)?;
         for ((&v, t), o) in g.outputs.iter().zip(outputs.iter_mut()).zip(&self.outs) {
             let value = &g.values[v];
             let shape = g.shape(v)?;
@@ -1452,6 +1520,63 @@ impl BackendContext for CudaRun {
                 (Some((_, off, n)), _) => t
                     .as_bytes_mut()
                     .copy_from_slice(&self.staging_out.bytes()[*off..off + n]),
+                (None, Some(c)) => t.as_bytes_mut().copy_from_slice(c.as_bytes()),
+                (None, None) => {
+                    return Err(Error::InvalidModel(format!(
+                        "output '{}' has no source",
+                        value.name
+                    )))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn run_on_device(&mut self, inputs: &[&Tensor]) -> Result<Option<Vec<DeviceOutput>>> {
+        let exe = Arc::clone(&self.exe);
+        let g = &exe.graph;
+        crate::backend::check_inputs(g, inputs)?;
+        // Outputs that are graph constants have no device slot: postprocess on the host.
+        let mut outs = Vec::with_capacity(self.outs.len());
+        for (&v, o) in g.outputs.iter().zip(&self.outs) {
+            let Some((ptr, _, _)) = *o else {
+                return Ok(None);
+            };
+            outs.push(DeviceOutput {
+                ptr,
+                dtype: g.values[v].dtype,
+                shape: g.shape(v)?.to_vec(),
+            });
+        }
+        self.execute(inputs, false)?;
+        Ok(Some(outs))
+    }
+
+    fn download_outputs(&mut self, outputs: &mut [Tensor]) -> Result<()> {
+        let exe = Arc::clone(&self.exe);
+        let g = &exe.graph;
+        if outputs.len() != g.outputs.len() {
+            return Err(Error::BadInput(format!(
+                "model gives {} outputs, got {} buffers",
+                g.outputs.len(),
+                outputs.len()
+            )));
+        }
+        exe.ctx.bind_to_thread().map_err(drv_err("bind context"))?;
+        for ((&v, t), o) in g.outputs.iter().zip(outputs.iter_mut()).zip(&self.outs) {
+            let value = &g.values[v];
+            let shape = g.shape(v)?;
+            if t.dtype() != value.dtype || t.shape != shape {
+                *t = Tensor::zeros(value.dtype, shape.to_vec());
+            }
+            match (o, &value.constant) {
+                (Some((src, _, n)), _) => {
+                    let dst = t.as_bytes_mut().get_mut(..*n).ok_or_else(|| {
+                        Error::InvalidModel(format!("output '{}' is smaller than its slot", value.name))
+                    })?;
+                    // SAFETY: the slot holds n bytes, written by the synchronised last run.
+                    unsafe { drv::memcpy_dtoh_sync(dst, *src) }.map_err(drv_err("output copy"))?
+                }
                 (None, Some(c)) => t.as_bytes_mut().copy_from_slice(c.as_bytes()),
                 (None, None) => {
                     return Err(Error::InvalidModel(format!(
