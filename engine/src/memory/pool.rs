@@ -443,14 +443,19 @@ impl Inner {
         best
     }
 
-    /// Best fit for `size` units among the spans of `tag`: (span size, offset, node).
+    /// Best fit for `size` units (of class `(fl, sl)`) among the spans of `tag`: (span size,
+    /// offset, node).
     #[inline(always)]
-    fn best_in(&self, tag: u8, size: usize) -> Option<(usize, usize, u32)> {
+    fn best_in(
+        &self,
+        tag: u8,
+        size: usize,
+        (fl, sl): (usize, usize),
+    ) -> Option<(usize, usize, u32)> {
         let idx = &self.index[tag as usize];
         if idx.fl_bitmap == 0 {
             return None;
         }
-        let (fl, sl) = mapping(size);
         if idx.heads[fl][sl] != NIL {
             if let Some(b) = self.scan(tag, fl, sl, size) {
                 return Some(b);
@@ -473,8 +478,9 @@ impl Inner {
     /// it, and returns the used node.
     #[inline]
     fn take(&mut self, size: usize, own: Option<u8>) -> Option<u32> {
-        let any = self.best_in(ANY, size);
-        let mine = own.and_then(|t| self.best_in(t, size));
+        let class = mapping(size);
+        let any = self.best_in(ANY, size, class);
+        let mine = own.and_then(|t| self.best_in(t, size, class));
         let (_, _, i) = match (mine, any) {
             (Some(a), Some(b)) => {
                 if (b.0, b.1) < (a.0, a.1) {
