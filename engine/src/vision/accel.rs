@@ -196,9 +196,8 @@ impl Preprocessor {
             let threshold = overrides.score_threshold.unwrap_or(spec.score_threshold);
             if let (Some(det), false) = (&g.det, threshold.is_nan()) {
                 let mut det = det.lock().unwrap_or_else(|e| e.into_inner());
-                let d = det.nanodet_device(
-                    spec, outputs, *reg_max, strides, threshold, transform,
-                )?;
+                let d =
+                    det.nanodet_device(spec, outputs, *reg_max, strides, threshold, transform)?;
                 return Ok(Results::Detections(d));
             }
         }

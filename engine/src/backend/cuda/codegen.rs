@@ -12,6 +12,8 @@ use crate::ir::{
 
 use crate::backend::resize_taps::{taps, Tap};
 
+mod quant;
+
 /// Where a kernel argument points.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arg {
@@ -425,10 +427,22 @@ impl Gen {
             dilation: [dh, dw],
         } = *geom;
         let elem = if self.fp16 { 2 } else { 4 };
-        let (unit, ty) = [(16, "uint4"), (8, "uint2"), (4, "unsigned int"), (2, "unsigned short")]
-            .into_iter()
-            .find(|&(u, _)| u >= elem && (c * elem) % u == 0)
-            .unwrap_or((elem, if elem == 2 { "unsigned short" } else { "unsigned int" }));
+        let (unit, ty) = [
+            (16, "uint4"),
+            (8, "uint2"),
+            (4, "unsigned int"),
+            (2, "unsigned short"),
+        ]
+        .into_iter()
+        .find(|&(u, _)| u >= elem && (c * elem) % u == 0)
+        .unwrap_or((
+            elem,
+            if elem == 2 {
+                "unsigned short"
+            } else {
+                "unsigned int"
+            },
+        ));
         let cu = c * elem / unit;
         let shape = [n, oh, ow, kh, kw, cu];
         let body = format!(
@@ -471,6 +485,8 @@ impl Gen {
             Op::QuantizeLinear { axis, .. } => self.qdq(g, node, true, *axis).map(|k| vec![k]),
             Op::DequantizeLinear { axis } => self.qdq(g, node, false, *axis).map(|k| vec![k]),
             Op::QLut { table, dtype } => self.qlut(g, node, table, *dtype).map(|k| vec![k]),
+            Op::QConv(q) => self.qconv(g, node, q).map(|k| vec![k]),
+            Op::QGemm(q) => self.qgemm(g, node, q).map(|k| vec![k]),
             Op::ConvTranspose(a) => self.conv_transpose(g, node, a).map(|k| vec![k]),
             _ => Err(unsupported(node, "no CUDA kernel for this op")),
         }

@@ -24,8 +24,8 @@ use cudarc::driver::{result as drv, CudaContext};
 
 use super::device::{drv_err, Function, Module};
 use super::vision::{launch_1d, launch_grid, Arg, Slot};
-use crate::error::{Error, Result};
 use crate::backend::DeviceOutput;
+use crate::error::{Error, Result};
 use crate::ir::{DataType, Tensor};
 use crate::vision::detect::{nanodet_levels, NanodetLevel};
 use crate::vision::{label_for, BBox, Detection, ImageTransform, VisionSpec};

@@ -13,8 +13,8 @@ use cudarc::driver::{result as drv, sys, CudaContext, CudaEvent, CudaGraph, Cuda
 use super::codegen::{Arg, Gen, GenKernel, Im2col};
 use super::device::{alloc_arena, drv_err, Arena, DeviceBuffer, Function, Module, PinnedBuffer};
 use super::dnn::{
-    blas_err, choose_algo, dnn_err, AlgoChoice, BlasHandle, ConvDescs, ConvGeom, DnnHandle,
-    time_warm,
+    blas_err, choose_algo, dnn_err, time_warm, AlgoChoice, BlasHandle, ConvDescs, ConvGeom,
+    DnnHandle,
 };
 use super::lt::{Epilogue, LtHandle, LtMatmul, PointwiseShape, SearchBuffers};
 use crate::backend::{BackendContext, DeviceOutput, Executable};
@@ -499,11 +499,8 @@ impl Builder<'_> {
         // (A/B measurements and tests of the im2col path).
         let lt_env = std::env::var("VIGIL_CUDA_LT").unwrap_or_default();
         let (lt_on, lt_force) = (lt_env != "0", lt_env == "force");
-        let gemm_able = nhwc
-            && symmetric
-            && a.group == 1
-            && (bias.is_none() || bias_ptr.is_some())
-            && lt_on;
+        let gemm_able =
+            nhwc && symmetric && a.group == 1 && (bias.is_none() || bias_ptr.is_some()) && lt_on;
         let pointwise = gemm_able
             && w4[2] == 1
             && w4[3] == 1
@@ -549,8 +546,7 @@ impl Builder<'_> {
             let gb = if im2col { alit(col_bytes) } else { xb };
             // Offset by the plan's alignment so the search sees pointers aligned no better
             // than the arena's; x for the unfold's timing sits after everything else.
-            let t = self.tmp(gb + 2 * yb + BLAS_WS + xb + 5 * ALIGNMENT + 256)?
-                + ALIGNMENT as u64;
+            let t = self.tmp(gb + 2 * yb + BLAS_WS + xb + 5 * ALIGNMENT + 256)? + ALIGNMENT as u64;
             let unfold_ms = if im2col {
                 let xt = (t + (gb + 2 * yb + BLAS_WS + 4 * ALIGNMENT) as u64).div_ceil(256) * 256;
                 self.im2col_ms(&unfold, xt, t)?
@@ -566,9 +562,8 @@ impl Builder<'_> {
                 ws_limit: BLAS_WS,
             };
             let mm = LtMatmul::build(self.lt, shape, bias_ptr.unwrap_or(0), self.stream, &bufs);
-            let lt_ms = |mm: &LtMatmul| {
-                mm.time_ms + unfold_ms + if rest.is_some() { epi_ms } else { 0.0 }
-            };
+            let lt_ms =
+                |mm: &LtMatmul| mm.time_ms + unfold_ms + if rest.is_some() { epi_ms } else { 0.0 };
             if let Some(mm) = mm.ok().filter(|mm| lt_force || lt_ms(mm) < cudnn_ms) {
                 self.note = format!(
                     " cublasLt{} ws {} KiB {:.4} ms (cuDNN {:?} {:.4} ms) m{} n{} k{}{}",
@@ -1572,7 +1567,10 @@ impl BackendContext for CudaRun {
             match (o, &value.constant) {
                 (Some((src, _, n)), _) => {
                     let dst = t.as_bytes_mut().get_mut(..*n).ok_or_else(|| {
-                        Error::InvalidModel(format!("output '{}' is smaller than its slot", value.name))
+                        Error::InvalidModel(format!(
+                            "output '{}' is smaller than its slot",
+                            value.name
+                        ))
                     })?;
                     // SAFETY: the slot holds n bytes, written by the synchronised last run.
                     unsafe { drv::memcpy_dtoh_sync(dst, *src) }.map_err(drv_err("output copy"))?

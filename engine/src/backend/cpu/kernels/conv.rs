@@ -31,25 +31,25 @@ pub fn build(graph: &Graph, node: &Node) -> Result<Box<dyn Kernel>> {
 
 /// 2-D convolution geometry (1-D is H = 1).
 #[derive(Clone, Copy, Debug)]
-pub(super) struct Geom {
-    pub(super) n: usize,
-    pub(super) cin: usize,
-    pub(super) h: usize,
-    pub(super) w: usize,
-    pub(super) cout: usize,
-    pub(super) oh: usize,
-    pub(super) ow: usize,
-    pub(super) kh: usize,
-    pub(super) kw: usize,
-    pub(super) sh: usize,
-    pub(super) sw: usize,
-    pub(super) dh: usize,
-    pub(super) dw: usize,
-    pub(super) pt: usize,
-    pub(super) pl: usize,
-    pub(super) groups: usize,
-    pub(super) cin_g: usize,
-    pub(super) cout_g: usize,
+pub(crate) struct Geom {
+    pub(crate) n: usize,
+    pub(crate) cin: usize,
+    pub(crate) h: usize,
+    pub(crate) w: usize,
+    pub(crate) cout: usize,
+    pub(crate) oh: usize,
+    pub(crate) ow: usize,
+    pub(crate) kh: usize,
+    pub(crate) kw: usize,
+    pub(crate) sh: usize,
+    pub(crate) sw: usize,
+    pub(crate) dh: usize,
+    pub(crate) dw: usize,
+    pub(crate) pt: usize,
+    pub(crate) pl: usize,
+    pub(crate) groups: usize,
+    pub(crate) cin_g: usize,
+    pub(crate) cout_g: usize,
 }
 
 /// Splits an activation shape into (N, C, H, W) for the given layout (rank 3 = 1-D, rank 4 = 2-D).
@@ -154,7 +154,7 @@ struct ConvKernel {
 
 /// Validates a convolution's input, weight and output shapes against its attributes and derives
 /// its geometry; the float and the int8 kernels both build from it.
-pub(super) fn geometry(graph: &Graph, node: &Node, a: &ConvAttrs, name: &str) -> Result<Geom> {
+pub(crate) fn geometry(graph: &Graph, node: &Node, a: &ConvAttrs, name: &str) -> Result<Geom> {
     let (n, cin, h, w) = split_shape(in_shape(graph, node, 0)?, a.layout, name)?;
     let spatial = in_shape(graph, node, 0)?.len() - 2;
     let ws = in_shape(graph, node, 1)?;

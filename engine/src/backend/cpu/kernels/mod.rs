@@ -16,6 +16,11 @@ mod qgemm;
 mod quantize;
 mod resize;
 
+/// Shared with the CUDA backend's int8 kernels, so that both derive the same geometry and
+/// requantize with the same arithmetic.
+pub(crate) use conv::{geometry as conv_geometry, Geom as ConvGeometry};
+pub(crate) use qgemm::{bias_i32, u8_params, weights_i8, QEpilogue};
+
 /// Compiles one node for the shapes recorded in `graph` (shape inference must have run, and
 /// shape-like inputs must be constants). Fails naming the op and node when unsupported.
 pub fn build_kernel(graph: &Graph, node: &Node) -> Result<Box<dyn Kernel>> {

@@ -810,7 +810,7 @@ fn qgemm_parts(node: &Node) -> Result<&crate::ir::QGemmAttrs> {
 }
 
 /// The i32 bias constant of input `k` (zeros when absent), `n` values.
-pub(super) fn bias_i32(graph: &Graph, node: &Node, k: usize, n: usize) -> Result<Vec<i32>> {
+pub(crate) fn bias_i32(graph: &Graph, node: &Node, k: usize, n: usize) -> Result<Vec<i32>> {
     match node.input(k) {
         None => Ok(vec![0; n]),
         Some(v) => match graph.constant(v).map(|t| &t.data) {
@@ -825,7 +825,7 @@ pub(super) fn bias_i32(graph: &Graph, node: &Node, k: usize, n: usize) -> Result
 }
 
 /// The i8 weight constant of input 1.
-pub(super) fn weights_i8<'g>(graph: &'g Graph, node: &Node) -> Result<&'g [i8]> {
+pub(crate) fn weights_i8<'g>(graph: &'g Graph, node: &Node) -> Result<&'g [i8]> {
     match graph.const_input(node, 1).map(|t| &t.data) {
         Some(TensorData::I8(w)) => Ok(w),
         _ => Err(Error::Unsupported(format!(
@@ -946,7 +946,7 @@ pub(super) fn copy_row(dst: &mut [u8], src: &[u8], flip: bool) {
 }
 
 /// The input zero point as seen by the u8 kernels (shifted by 128 for i8 inputs).
-pub(super) fn u8_params(x: QParams) -> QParams {
+pub(crate) fn u8_params(x: QParams) -> QParams {
     match x.dtype {
         DataType::I8 => QParams {
             zero_point: x.zero_point + 128,

@@ -1,0 +1,266 @@
+//! INT8 kernels for the folded QConv and QGemm ops: one thread per output element, 8-bit
+//! operands multiplied four at a time with `__dp4a`, i32 accumulation, and the CPU backend's
+//! requantization ([`QEpilogue`], same arithmetic) fused, so GPU and CPU outputs agree exactly
+//! (activations other than clamps and slopes within one unit of rounding).
+//!
+//! Accumulation uses signed bytes: with `xu` the input in the u8 domain (i8 inputs flipped),
+//! `Σ xu·w = Σ (xu - 128)·w + 128·Σ w`, so the `128·Σ w` term goes into the per-channel bias
+//! with the zero-point correction. Padded taps read the input zero point, as on the CPU.
+
+use std::fmt::Write as _;
+
+use super::{act_expr, flit, input, output, shape_of, unsupported, Arg, Gen, GenKernel};
+use crate::backend::cpu::kernels::{
+    bias_i32, conv_geometry, u8_params, weights_i8, ConvGeometry, QEpilogue,
+};
+use crate::error::Result;
+use crate::ir::{DataType, Graph, Layout, Node, QConvAttrs, QGemmAttrs};
+
+fn i32_bytes(v: &[i32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// The requantization of the i32 sum `t` (bias included) of output channel `co` into `q`
+/// (an int holding the 8-bit value), as CUDA statements.
+fn requant(epi: &QEpilogue) -> String {
+    let mut s = String::from("float f = __fmul_rn(__int2float_rn(t), mult[co]); float q;");
+    if let Some((act, ys)) = epi.general {
+        let real = format!("__fmul_rn(f, {})", flit(ys));
+        let _ = write!(
+            s,
+            " {{ float r = {real}; q = fminf(fmaxf(rintf(__fdiv_rn({}, {})) + {}, {}), {}); }}",
+            act_expr(act, "r"),
+            flit(ys),
+            flit(epi.zy),
+            flit(epi.lo),
+            flit(epi.hi)
+        );
+    } else {
+        if epi.slope != 1.0 {
+            let _ = write!(s, " if (f < 0.f) f = __fmul_rn(f, {});", flit(epi.slope));
+        }
+        let _ = write!(
+            s,
+            " f = fminf(fmaxf(f, {}), {}); q = rintf(f) + {};",
+            flit(epi.lo - epi.zy),
+            flit(epi.hi - epi.zy),
+            flit(epi.zy)
+        );
+    }
+    if epi.signed {
+        s.push_str(" p1[i] = (u8)(signed char)(int)q;");
+    } else {
+        s.push_str(" p1[i] = (u8)(int)q;");
+    }
+    s
+}
+
+/// Per-channel bias (zero-point correction and the `128·Σ w` term folded in) and multiplier.
+fn channel_tables(epi: &QEpilogue, col_sums: &[i32]) -> (Vec<i32>, Vec<f32>) {
+    let bias = epi
+        .bias
+        .iter()
+        .zip(col_sums)
+        .map(|(&b, &s)| b.wrapping_add(s.wrapping_mul(128)))
+        .collect();
+    (bias, epi.mult.clone())
+}
+
+impl Gen {
+    /// An int8 convolution (NCHW or NHWC, any group count, stride, padding and dilation).
+    pub fn qconv(&mut self, g: &Graph, node: &Node, q: &QConvAttrs) -> Result<GenKernel> {
+        let name = format!("QConv '{}'", node.name);
+        let x = input(node, 0)?;
+        let y = output(node, 0)?;
+        let ok8 = |d: DataType| matches!(d, DataType::U8 | DataType::I8);
+        if !ok8(g.values[x].dtype) || !ok8(q.y.dtype) {
+            return Err(unsupported(node, "needs 8-bit input and output"));
+        }
+        let c: ConvGeometry = conv_geometry(g, node, &q.conv, &name)?;
+        if q.w_scales.len() != c.cout {
+            return Err(unsupported(
+                node,
+                "needs one weight scale per output channel",
+            ));
+        }
+        let w = weights_i8(g, node)?;
+        let bias = bias_i32(g, node, 2, c.cout)?;
+        let taps = c.kh * c.kw;
+        let k = taps * c.cin_g;
+        if w.len() != c.cout * k {
+            return Err(unsupported(node, "weights do not match the geometry"));
+        }
+        let nhwc = q.conv.layout == Layout::Nhwc;
+        // Weights as [cout][tap][cin_g padded to 4] (zeros in the padding).
+        let c4 = c.cin_g.div_ceil(4) * 4;
+        let mut packed = vec![0u8; c.cout * taps * c4];
+        let mut sums = vec![0i32; c.cout];
+        for o in 0..c.cout {
+            for ci in 0..c.cin_g {
+                for t in 0..taps {
+                    let v = w[(o * c.cin_g + ci) * taps + t];
+                    packed[(o * taps + t) * c4 + ci] = v as u8;
+                    sums[o] += i32::from(v);
+                }
+            }
+        }
+        let xq = u8_params(q.x);
+        let epi = QEpilogue::new(xq, &q.w_scales, q.y, &bias, &sums, q.conv.activation);
+        let (b2, mult) = channel_tables(&epi, &sums);
+        let za = xq.zero_point.clamp(0, 255);
+        let pad_s = za - 128;
+        let flip = g.values[x].dtype == DataType::U8;
+        let wt = self.extra(packed);
+        let bt = self.extra(i32_bytes(&b2));
+        let mt = self.extra(f32_bytes(&mult));
+        let ConvGeometry {
+            n,
+            cin,
+            h,
+            w: wd,
+            cout,
+            oh,
+            ow,
+            kh,
+            kw,
+            sh,
+            sw,
+            dh,
+            dw,
+            pt,
+            pl,
+            cin_g,
+            cout_g,
+            ..
+        } = c;
+        let (shape, qn, qc, qy, qx) = if nhwc {
+            ([n, oh, ow, cout], 0, 3, 1, 2)
+        } else {
+            ([n, cout, oh, ow], 0, 1, 2, 3)
+        };
+        // The signed byte the input element `e` (u8 bits) contributes.
+        let xs = if flip {
+            "(int)(signed char)(e ^ 0x80)"
+        } else {
+            "(int)(signed char)e"
+        };
+        let vector = nhwc && cin_g % 4 == 0 && cin % 4 == 0;
+        let inner = if vector {
+            let word = if flip { " ^ 0x80808080u" } else { "" };
+            let pad_word = (pad_s as i8 as u8 as u32) * 0x0101_0101;
+            format!(
+                "const unsigned int* xr = (const unsigned int*)(p0 + ((q{qn}*{h}LL + iy)*{wd}LL + ix)*{cin}LL + c0); \
+                 for (int c = 0; c < {cw}; ++c) {{ unsigned int e = inb ? (xr[c]{word}) : {pad_word}u; \
+                 acc = __dp4a((int)e, wr[c], acc); }}",
+                cw = cin_g / 4
+            )
+        } else {
+            let at = if nhwc {
+                format!("((q{qn}*{h}LL + iy)*{wd}LL + ix)*{cin}LL + c0 + c")
+            } else {
+                format!("((q{qn}*{cin}LL + c0 + c)*{h}LL + iy)*{wd}LL + ix")
+            };
+            format!(
+                "const signed char* wb = (const signed char*)wr; for (int c = 0; c < {cin_g}; ++c) {{ \
+                 int v = {pad_s}; if (inb) {{ unsigned int e = p0[{at}]; v = {xs}; }} acc += v * (int)wb[c]; }}"
+            )
+        };
+        let body = format!(
+            "{} const int* w4 = (const int*)p2; const int* bias2 = (const int*)p3; const float* mult = (const float*)p4; \
+             i64 co = q{qc}; i64 c0 = (co / {cout_g}) * {cin_g}; int acc = 0; \
+             for (int ky = 0; ky < {kh}; ++ky) for (int kx = 0; kx < {kw}; ++kx) {{ \
+             i64 iy = q{qy}*{sh}LL - {pt}LL + ky*{dh}LL; i64 ix = q{qx}*{sw}LL - {pl}LL + kx*{dw}LL; \
+             bool inb = iy >= 0 && iy < {h}LL && ix >= 0 && ix < {wd}LL; if (!inb) {{ iy = 0; ix = 0; }} \
+             const int* wr = w4 + (co*{taps} + ky*{kw} + kx)*{c4w}; {inner} }} \
+             int t = (int)((unsigned int)acc + (unsigned int)bias2[co]); {}",
+            super::decompose(&shape, "q"),
+            requant(&epi),
+            c4w = c4 / 4,
+        );
+        Ok(self.kernel(
+            &[
+                (Arg::Val(x), "const u8".into()),
+                (Arg::Val(y), "u8".into()),
+                (wt, "const u8".into()),
+                (bt, "const u8".into()),
+                (mt, "const u8".into()),
+            ],
+            shape_of(g, y)?.iter().product(),
+            &body,
+        ))
+    }
+
+    /// An int8 Gemm `y[m, n] = requant(Σ_k a[m, k]·b[k, n] + bias[n])` (B constant).
+    pub fn qgemm(&mut self, g: &Graph, node: &Node, q: &QGemmAttrs) -> Result<GenKernel> {
+        let a = input(node, 0)?;
+        let y = output(node, 0)?;
+        let ok8 = |d: DataType| matches!(d, DataType::U8 | DataType::I8);
+        if !ok8(g.values[a].dtype) || !ok8(q.y.dtype) {
+            return Err(unsupported(node, "needs 8-bit input and output"));
+        }
+        let (sa, sb) = (shape_of(g, a)?, shape_of(g, input(node, 1)?)?);
+        if sa.len() != 2 || sb.len() != 2 {
+            return Err(unsupported(node, "2-D operands needed"));
+        }
+        let (m, k) = (sa[0], sa[1]);
+        let (kb, n) = if q.trans_b {
+            (sb[1], sb[0])
+        } else {
+            (sb[0], sb[1])
+        };
+        if kb != k || q.w_scales.len() != n {
+            return Err(unsupported(node, "operand shapes differ"));
+        }
+        let w = weights_i8(g, node)?;
+        let bias = bias_i32(g, node, 2, n)?;
+        // B as [n][k padded to 4].
+        let k4 = k.div_ceil(4) * 4;
+        let mut packed = vec![0u8; n * k4];
+        let mut sums = vec![0i32; n];
+        for j in 0..n {
+            for kk in 0..k {
+                let v = if q.trans_b {
+                    w[j * k + kk]
+                } else {
+                    w[kk * n + j]
+                };
+                packed[j * k4 + kk] = v as u8;
+                sums[j] += i32::from(v);
+            }
+        }
+        let aq = u8_params(q.a);
+        let epi = QEpilogue::new(aq, &q.w_scales, q.y, &bias, &sums, q.activation);
+        let (b2, mult) = channel_tables(&epi, &sums);
+        let flip = g.values[a].dtype == DataType::U8;
+        let xs = if flip {
+            "(int)(signed char)(e ^ 0x80)"
+        } else {
+            "(int)(signed char)e"
+        };
+        let wt = self.extra(packed);
+        let bt = self.extra(i32_bytes(&b2));
+        let mt = self.extra(f32_bytes(&mult));
+        let body = format!(
+            "const signed char* wb = (const signed char*)p2 + (i % {n}LL) * {k4}LL; const int* bias2 = (const int*)p3; \
+             const float* mult = (const float*)p4; i64 co = i % {n}LL; const u8* ar = p0 + (i / {n}LL) * {k}LL; int acc = 0; \
+             for (int c = 0; c < {k}; ++c) {{ unsigned int e = ar[c]; acc += {xs} * (int)wb[c]; }} \
+             int t = (int)((unsigned int)acc + (unsigned int)bias2[co]); {}",
+            requant(&epi)
+        );
+        Ok(self.kernel(
+            &[
+                (Arg::Val(a), "const u8".into()),
+                (Arg::Val(y), "u8".into()),
+                (wt, "const u8".into()),
+                (bt, "const u8".into()),
+                (mt, "const u8".into()),
+            ],
+            m * n,
+            &body,
+        ))
+    }
+}
