@@ -55,6 +55,8 @@ pub struct Model {
     report: OptimizeReport,
     /// Where image preprocessing runs for this model's contexts (GPU for CUDA models).
     preprocessor: Preprocessor,
+    /// Executables for batch sizes other than the loaded one, compiled on first use.
+    shapes: Arc<ShapeCache>,
 }
 
 impl Model {
@@ -79,6 +81,8 @@ impl Model {
         }
         let device = resolve_device(opts.device);
         let nhwc = prefers_nhwc(device, opts.precision, opts.batch);
+        // The imported graph, kept for other batch sizes (its constants are shared `Arc`s).
+        let source = graph.clone();
         let report = prepare_with(&mut graph, opts.batch, opts.optimize, nhwc)?;
         let info = |ids: &[usize]| -> Result<Vec<TensorInfo>> {
             ids.iter()
@@ -97,6 +101,13 @@ impl Model {
         let executable = compile_for(device, opts.precision, opts.threads, Arc::clone(&graph))?;
         // CUDA models preprocess on the GPU (device 0, as `compile_for`); CPU if that fails.
         let preprocessor = Preprocessor::for_backend(executable.backend(), 0);
+        let shapes = Arc::new(ShapeCache::new(
+            source,
+            opts,
+            device,
+            Arc::clone(&graph),
+            Arc::clone(&executable),
+        ));
         Ok(Model {
             graph,
             executable,
@@ -104,6 +115,7 @@ impl Model {
             outputs,
             report,
             preprocessor,
+            shapes,
         })
     }
 
@@ -148,11 +160,25 @@ impl Model {
         Ok(self.wrap_context(inner))
     }
 
+    /// The batch size the model was loaded for (other batches are compiled on first use).
+    pub fn batch(&self) -> usize {
+        self.shapes.batch
+    }
+
+    /// Batch sizes compiled so far, the loaded one first (at most [`MAX_SHAPES`]).
+    pub fn compiled_batches(&self) -> Vec<usize> {
+        let mut b = vec![self.shapes.batch];
+        b.extend(self.shapes.lock().iter().map(|s| s.batch));
+        b
+    }
+
     /// A new execution context whose activation arena is a block of `pool` (fails with an
     /// out-of-memory error stating the pool's state when it does not fit).
     pub fn new_context_in(&self, pool: &Arc<crate::memory::HostPool>) -> Result<ExecutionContext> {
         let inner = Arc::clone(&self.executable).new_context_in(pool)?;
-        Ok(self.wrap_context(inner))
+        let mut ctx = self.wrap_context(inner);
+        ctx.pool = Some(Arc::clone(pool));
+        Ok(ctx)
     }
 
     fn wrap_context(&self, inner: Box<dyn BackendContext>) -> ExecutionContext {
@@ -166,6 +192,9 @@ impl Model {
             inputs: self.inputs.clone(),
             outputs,
             preprocessor: self.preprocessor.clone(),
+            shapes: Arc::clone(&self.shapes),
+            other_shapes: Vec::new(),
+            pool: None,
         }
     }
 }
@@ -176,6 +205,12 @@ pub struct ExecutionContext {
     inputs: Vec<TensorInfo>,
     outputs: Vec<Tensor>,
     preprocessor: Preprocessor,
+    /// The model's per-batch executables.
+    shapes: Arc<ShapeCache>,
+    /// One arena (and output buffers) per other batch size this context has run.
+    other_shapes: Vec<ShapeContext>,
+    /// The host pool the arenas come from (`Model::new_context_in`), else each owns its own.
+    pool: Option<Arc<crate::memory::HostPool>>,
 }
 
 impl ExecutionContext {
@@ -196,6 +231,8 @@ impl ExecutionContext {
 
     /// Runs the model; `inputs` are in the order of [`Model::inputs`]. The returned outputs are
     /// buffers owned by the context (reused across runs, so nothing is allocated per inference).
+    /// Inputs with another batch size run on that batch's executable (CPU backend; see
+    /// [`ExecutionContext::arenas`]).
     pub fn run_ref(&mut self, inputs: &[&Tensor]) -> Result<&[Tensor]> {
         if inputs.len() != self.inputs.len() {
             return Err(Error::BadInput(format!(
@@ -203,6 +240,9 @@ impl ExecutionContext {
                 self.inputs.len(),
                 inputs.len()
             )));
+        }
+        if !same_shapes(&self.inputs, inputs) {
+            return self.run_other_shape(inputs);
         }
         self.inner.run(inputs, &mut self.outputs)?;
         Ok(&self.outputs)
@@ -212,5 +252,265 @@ impl ExecutionContext {
     pub fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
         let refs: Vec<&Tensor> = inputs.iter().collect();
         Ok(self.run_ref(&refs)?.to_vec())
+    }
+}
+
+/// The most batch sizes one model compiles (the loaded one included). A run with a new batch
+/// size beyond this fails with [`Error::BadInput`]; nothing is evicted, so every context's
+/// arenas stay valid and a server cannot be made to recompile by alternating batch sizes.
+pub const MAX_SHAPES: usize = 8;
+
+/// One batch size's compiled model.
+struct Specialised {
+    batch: usize,
+    executable: Arc<dyn Executable>,
+    outputs: Vec<TensorInfo>,
+}
+
+/// A model's executables for batch sizes other than the loaded one, shared by its contexts.
+///
+/// A new batch re-runs the load-time passes (`prepare_with`) on the imported graph with that
+/// batch pinned; constants the passes leave alone are the same `Arc`s as the loaded model's,
+/// and constants they rewrite (folded, re-laid-out) are swapped for the loaded model's equal
+/// copies where the bytes match. The backend then compiles it (`Executable::specialise`; the
+/// CPU backend prepacks its kernel weights per batch) and takes the arena plan from the
+/// `PlanCache`.
+struct ShapeCache {
+    source: Graph,
+    batch: usize,
+    optimize: bool,
+    device: Device,
+    precision: Precision,
+    /// Per model input: whether its leading dimension is the batch (`pin_inputs`' rule).
+    batched: Vec<bool>,
+    base_graph: Arc<Graph>,
+    base: Arc<dyn Executable>,
+    compiled: std::sync::Mutex<Vec<Arc<Specialised>>>,
+}
+
+impl ShapeCache {
+    fn new(
+        source: Graph,
+        opts: &ModelOptions,
+        device: Device,
+        base_graph: Arc<Graph>,
+        base: Arc<dyn Executable>,
+    ) -> Self {
+        let batched = source
+            .inputs
+            .iter()
+            .map(|&v| {
+                matches!(
+                    source.values[v].declared.as_deref().and_then(|d| d.first()),
+                    Some(None) | Some(Some(1))
+                )
+            })
+            .collect();
+        ShapeCache {
+            source,
+            batch: opts.batch,
+            optimize: opts.optimize,
+            device,
+            precision: opts.precision,
+            batched,
+            base_graph,
+            base,
+            compiled: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Arc<Specialised>>> {
+        self.compiled.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The batch size `inputs` ask for, or `BadInput` naming what does not fit: every input
+    /// must match the loaded signature except a batched input's leading dimension, and all
+    /// batched inputs must agree on it.
+    fn batch_of(&self, expected: &[TensorInfo], inputs: &[&Tensor]) -> Result<usize> {
+        let mut batch = None;
+        for ((info, t), &batched) in expected.iter().zip(inputs).zip(&self.batched) {
+            let bad = |why: String| {
+                Error::BadInput(format!(
+                    "input '{}' must be {:?} {:?}{}, got {:?} {:?}: {why}",
+                    info.name,
+                    info.dtype,
+                    info.shape,
+                    if batched { " (any batch size)" } else { "" },
+                    t.dtype(),
+                    t.shape
+                ))
+            };
+            if t.dtype() != info.dtype {
+                return Err(bad("wrong element type".into()));
+            }
+            if t.shape.len() != info.shape.len() {
+                return Err(bad(format!(
+                    "rank {} instead of {}",
+                    t.shape.len(),
+                    info.shape.len()
+                )));
+            }
+            let lead = usize::from(batched);
+            if t.shape[lead..] != info.shape[lead..] {
+                return Err(bad(if batched {
+                    "only the batch (leading) dimension may differ".into()
+                } else {
+                    "this input has a fixed shape".into()
+                }));
+            }
+            if batched {
+                let n = t.shape[0];
+                if n == 0 {
+                    return Err(bad("the batch size must be at least 1".into()));
+                }
+                if batch.is_some_and(|b| b != n) {
+                    return Err(bad(format!(
+                        "batch {n} differs from another input's batch {}",
+                        batch.unwrap_or(n)
+                    )));
+                }
+                batch = Some(n);
+            }
+        }
+        batch.ok_or_else(|| {
+            Error::BadInput("inputs do not match the model's fixed input shapes".into())
+        })
+    }
+
+    /// The executable for `batch`: compiled before, or compiled now (under the lock, so two
+    /// contexts asking at once compile it once).
+    fn get_or_compile(&self, batch: usize) -> Result<Arc<Specialised>> {
+        let mut compiled = self.lock();
+        if let Some(s) = compiled.iter().find(|s| s.batch == batch) {
+            return Ok(Arc::clone(s));
+        }
+        // Fail before the passes run where the backend cannot compile another shape.
+        if self.base.backend() != "cpu" {
+            return Err(Error::Unsupported(format!(
+                "the {} backend runs only the batch size the model was loaded for ({}), got \
+                 batch {batch}; load the model with the batch size you need",
+                self.base.backend(),
+                self.batch
+            )));
+        }
+        if compiled.len() + 1 >= MAX_SHAPES {
+            let mut seen = vec![self.batch];
+            seen.extend(compiled.iter().map(|s| s.batch));
+            return Err(Error::BadInput(format!(
+                "batch {batch} would be this model's {}th input shape; at most {MAX_SHAPES} are \
+                 compiled (batches {seen:?} already)",
+                MAX_SHAPES + 1
+            )));
+        }
+        let mut graph = self.source.clone();
+        let nhwc = prefers_nhwc(self.device, self.precision, batch);
+        prepare_with(&mut graph, batch, self.optimize, nhwc)?;
+        share_constants(&mut graph, &self.base_graph);
+        let outputs = graph
+            .outputs
+            .iter()
+            .map(|&v| {
+                Ok(TensorInfo {
+                    name: graph.values[v].name.clone(),
+                    dtype: graph.values[v].dtype,
+                    shape: graph.shape(v)?.to_vec(),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let executable = self.base.specialise(Arc::new(graph))?;
+        let s = Arc::new(Specialised {
+            batch,
+            executable,
+            outputs,
+        });
+        compiled.push(Arc::clone(&s));
+        Ok(s)
+    }
+}
+
+/// Replaces constants of `graph` equal (type, shape, bytes) to one of `base`'s with `base`'s
+/// `Arc`, so a graph prepared for another batch holds no second copy of rewritten weights.
+fn share_constants(graph: &mut Graph, base: &Graph) {
+    use std::collections::{HashMap, HashSet};
+    use std::hash::{Hash, Hasher};
+    let shared: HashSet<*const Tensor> = base
+        .values
+        .iter()
+        .filter_map(|v| v.constant.as_ref().map(Arc::as_ptr))
+        .collect();
+    let key = |t: &Tensor| {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        t.as_bytes().hash(&mut h);
+        (t.dtype(), t.shape.clone(), h.finish())
+    };
+    let mut by_key: HashMap<_, Vec<&Arc<Tensor>>> = HashMap::new();
+    for c in base.values.iter().filter_map(|v| v.constant.as_ref()) {
+        by_key.entry(key(c)).or_default().push(c);
+    }
+    for v in &mut graph.values {
+        let Some(c) = &v.constant else { continue };
+        if shared.contains(&Arc::as_ptr(c)) {
+            continue;
+        }
+        let same = by_key
+            .get(&key(c))
+            .and_then(|cands| cands.iter().find(|b| b.as_bytes() == c.as_bytes()));
+        if let Some(b) = same {
+            v.constant = Some(Arc::clone(b));
+        }
+    }
+}
+
+/// Whether every input has exactly the shape (and type) the context was loaded for.
+fn same_shapes(expected: &[TensorInfo], inputs: &[&Tensor]) -> bool {
+    expected
+        .iter()
+        .zip(inputs)
+        .all(|(i, t)| i.shape == t.shape && i.dtype == t.dtype())
+}
+
+/// A context's state for one other batch size: its arena and output buffers.
+struct ShapeContext {
+    batch: usize,
+    inner: Box<dyn BackendContext>,
+    outputs: Vec<Tensor>,
+}
+
+impl ExecutionContext {
+    /// Activation arenas this context holds: one for the loaded batch size plus one per other
+    /// batch size it has run (runs at a batch seen before allocate nothing).
+    pub fn arenas(&self) -> usize {
+        1 + self.other_shapes.len()
+    }
+
+    /// Runs inputs whose shapes differ from the loaded ones: finds (or makes, once) this
+    /// context's arena for their batch size, compiling the model for it on first use.
+    fn run_other_shape(&mut self, inputs: &[&Tensor]) -> Result<&[Tensor]> {
+        let batch = self.shapes.batch_of(&self.inputs, inputs)?;
+        let i = match self.other_shapes.iter().position(|s| s.batch == batch) {
+            Some(i) => i,
+            None => {
+                let spec = self.shapes.get_or_compile(batch)?;
+                let exe = Arc::clone(&spec.executable);
+                let inner = match &self.pool {
+                    Some(p) => exe.new_context_in(p)?,
+                    None => exe.new_context()?,
+                };
+                let outputs = spec
+                    .outputs
+                    .iter()
+                    .map(|o| Tensor::zeros(o.dtype, o.shape.clone()))
+                    .collect();
+                self.other_shapes.push(ShapeContext {
+                    batch,
+                    inner,
+                    outputs,
+                });
+                self.other_shapes.len() - 1
+            }
+        };
+        let s = &mut self.other_shapes[i];
+        s.inner.run(inputs, &mut s.outputs)?;
+        Ok(&s.outputs)
     }
 }
