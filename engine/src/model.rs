@@ -276,7 +276,8 @@ struct Specialised {
 /// CPU backend prepacks its kernel weights per batch) and takes the arena plan from the
 /// `PlanCache`.
 struct ShapeCache {
-    source: Graph,
+    /// The imported graph; on the first other batch, rewritten by [`free_baked_batch`].
+    source: std::sync::Mutex<(Graph, bool)>,
     batch: usize,
     optimize: bool,
     device: Device,
@@ -307,7 +308,7 @@ impl ShapeCache {
             })
             .collect();
         ShapeCache {
-            source,
+            source: std::sync::Mutex::new((source, false)),
             batch: opts.batch,
             optimize: opts.optimize,
             device,
@@ -402,7 +403,15 @@ impl ShapeCache {
                 MAX_SHAPES + 1
             )));
         }
-        let mut graph = self.source.clone();
+        let mut graph = {
+            let mut src = self.source.lock().unwrap_or_else(|e| e.into_inner());
+            if !src.1 {
+                let n = free_baked_batch(&mut src.0, self.batch)?;
+                tracing::debug!("{n} Reshape(s) with the batch size written in now copy it");
+                src.1 = true;
+            }
+            src.0.clone()
+        };
         let nhwc = prefers_nhwc(self.device, self.precision, batch);
         prepare_with(&mut graph, batch, self.optimize, nhwc)?;
         share_constants(&mut graph, &self.base_graph);
@@ -426,6 +435,52 @@ impl ShapeCache {
         compiled.push(Arc::clone(&s));
         Ok(s)
     }
+}
+
+/// Exporters often write the batch size they traced with into Reshape shapes (`[1, -1]` before
+/// a classifier's Gemm). Where a Reshape's constant shape starts with the loaded `batch`, its
+/// data depends on a model input and that data's leading dimension is the batch at the loaded
+/// size, the leading entry becomes 0 ("copy the input's"): the same result at the loaded batch,
+/// and the batch carried through at any other. Returns the number of Reshapes rewritten.
+fn free_baked_batch(graph: &mut Graph, batch: usize) -> Result<usize> {
+    use crate::ir::Op;
+    let mut shaped = graph.clone();
+    crate::passes::annotate_shapes(&mut shaped, batch)?;
+    let mut from_input = vec![false; graph.values.len()];
+    for &v in &graph.inputs {
+        from_input[v] = true;
+    }
+    for n in &graph.nodes {
+        if n.present_inputs().any(|v| from_input[v]) {
+            for &o in &n.outputs {
+                from_input[o] = true;
+            }
+        }
+    }
+    let mut rewritten = 0;
+    for i in 0..graph.nodes.len() {
+        let node = &graph.nodes[i];
+        let (Op::Reshape { allowzero: false }, Some(x), Some(s)) =
+            (&node.op, node.input(0), node.input(1))
+        else {
+            continue;
+        };
+        let Some(spec) = graph.constant(s) else {
+            continue;
+        };
+        let mut dims = spec.to_i64_vec()?;
+        let lead = shaped.values[x].shape.as_deref().and_then(|d| d.first());
+        if !from_input[x] || dims.first() != Some(&(batch as i64)) || lead != Some(&batch) {
+            continue;
+        }
+        dims[0] = 0;
+        let t = Tensor::from_i64(spec.shape.clone(), dims)?;
+        let name = format!("{}/batch_free", graph.values[s].name);
+        let c = graph.add_constant(name, t);
+        graph.nodes[i].inputs[1] = Some(c);
+        rewritten += 1;
+    }
+    Ok(rewritten)
 }
 
 /// Replaces constants of `graph` equal (type, shape, bytes) to one of `base`'s with `base`'s
