@@ -50,7 +50,10 @@ unsafe impl GlobalAlloc for Counting {
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         if COUNTING.load(Ordering::Relaxed) {
             ALLOCS.fetch_add(1, Ordering::Relaxed);
-            LIVE.fetch_add(new_size as isize - layout.size() as isize, Ordering::Relaxed);
+            LIVE.fetch_add(
+                new_size as isize - layout.size() as isize,
+                Ordering::Relaxed,
+            );
         }
         // SAFETY: same contract as the caller's.
         unsafe { System.realloc(ptr, layout, new_size) }
@@ -121,7 +124,10 @@ fn image(seed: u64, n: usize) -> Vec<f32> {
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 #[test]
@@ -175,7 +181,10 @@ fn batch_three_rows_match_batch_one_on_one_context() {
     let x0 = Tensor::from_f32(vec![1, 3, 224, 224], images[0].clone()).expect("input");
     let again = ctx.run(std::slice::from_ref(&x0)).expect("batch 1 again");
     assert_eq!(again[0].to_f32_vec(), singles[0]);
-    assert_eq!((cache.misses(), cache.hits(), cache.len()), (misses, hits, plans));
+    assert_eq!(
+        (cache.misses(), cache.hits(), cache.len()),
+        (misses, hits, plans)
+    );
     assert_eq!(ctx.arenas(), 2);
 
     // Steady state at either seen batch: no heap allocation, no new arena.
@@ -211,7 +220,11 @@ fn batch_three_rows_match_batch_one_on_one_context() {
     let out = c.run(std::slice::from_ref(&batch3)).expect("batch 3");
     assert_eq!(out[0].to_f32_vec(), rows);
     assert_eq!(cache.misses(), misses, "batch 3 was planned again");
-    assert_eq!(cache.hits(), hits + 1, "batch 3's plan did not come from the cache");
+    assert_eq!(
+        cache.hits(),
+        hits + 1,
+        "batch 3's plan did not come from the cache"
+    );
 }
 
 #[test]
@@ -294,7 +307,10 @@ fn bad_shapes_are_bad_input_and_compile_nothing() {
             Err(Error::BadInput(msg)) => {
                 println!("{what}: {msg}");
                 assert!(msg.contains(needle), "{what}: '{msg}' lacks '{needle}'");
-                assert!(msg.contains("'input'"), "{what}: '{msg}' does not name the input");
+                assert!(
+                    msg.contains("'input'"),
+                    "{what}: '{msg}' does not name the input"
+                );
             }
             Err(e) => panic!("{what}: expected bad input, got {e}"),
             Ok(_) => panic!("{what}: ran"),
