@@ -168,7 +168,7 @@ impl Model {
     /// Batch sizes compiled so far, the loaded one first (at most [`MAX_SHAPES`]).
     pub fn compiled_batches(&self) -> Vec<usize> {
         let mut b = vec![self.shapes.batch];
-        b.extend(self.shapes.lock().iter().map(|s| s.batch));
+        b.extend(self.shapes.lock().ok.iter().map(|s| s.batch));
         b
     }
 
@@ -286,7 +286,15 @@ struct ShapeCache {
     batched: Vec<bool>,
     base_graph: Arc<Graph>,
     base: Arc<dyn Executable>,
-    compiled: std::sync::Mutex<Vec<Arc<Specialised>>>,
+    compiled: std::sync::Mutex<Compiled>,
+}
+
+/// Batch sizes tried so far (the loaded one aside).
+#[derive(Default)]
+struct Compiled {
+    ok: Vec<Arc<Specialised>>,
+    /// Batches the model cannot run, with the reason (answered again without recompiling).
+    refused: Vec<(usize, String)>,
 }
 
 impl ShapeCache {
@@ -316,11 +324,11 @@ impl ShapeCache {
             batched,
             base_graph,
             base,
-            compiled: std::sync::Mutex::new(Vec::new()),
+            compiled: std::sync::Mutex::new(Compiled::default()),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Arc<Specialised>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Compiled> {
         self.compiled.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -379,11 +387,15 @@ impl ShapeCache {
     }
 
     /// The executable for `batch`: compiled before, or compiled now (under the lock, so two
-    /// contexts asking at once compile it once).
+    /// contexts asking at once compile it once). A batch the model cannot run is remembered
+    /// and refused again without recompiling; refused batches count towards [`MAX_SHAPES`].
     fn get_or_compile(&self, batch: usize) -> Result<Arc<Specialised>> {
         let mut compiled = self.lock();
-        if let Some(s) = compiled.iter().find(|s| s.batch == batch) {
+        if let Some(s) = compiled.ok.iter().find(|s| s.batch == batch) {
             return Ok(Arc::clone(s));
+        }
+        if let Some((_, why)) = compiled.refused.iter().find(|r| r.0 == batch) {
+            return Err(Error::Unsupported(why.clone()));
         }
         // Fail before the passes run where the backend cannot compile another shape.
         if self.base.backend() != "cpu" {
@@ -394,15 +406,38 @@ impl ShapeCache {
                 self.batch
             )));
         }
-        if compiled.len() + 1 >= MAX_SHAPES {
+        if compiled.ok.len() + compiled.refused.len() + 1 >= MAX_SHAPES {
             let mut seen = vec![self.batch];
-            seen.extend(compiled.iter().map(|s| s.batch));
+            seen.extend(compiled.ok.iter().map(|s| s.batch));
+            let refused: Vec<usize> = compiled.refused.iter().map(|r| r.0).collect();
             return Err(Error::BadInput(format!(
                 "batch {batch} would be this model's {}th input shape; at most {MAX_SHAPES} are \
-                 compiled (batches {seen:?} already)",
+                 tried (batches {seen:?} compiled, {refused:?} refused)",
                 MAX_SHAPES + 1
             )));
         }
+        match self.compile(batch) {
+            Ok(s) => {
+                let s = Arc::new(s);
+                compiled.ok.push(Arc::clone(&s));
+                Ok(s)
+            }
+            // Out of memory may pass; anything else about this batch will not.
+            Err(e @ (Error::OutOfMemory(_) | Error::Io(_))) => Err(e),
+            Err(Error::Unsupported(why)) => {
+                compiled.refused.push((batch, why.clone()));
+                Err(Error::Unsupported(why))
+            }
+            Err(e) => {
+                let why = format!("this model cannot run batch {batch}: {e}");
+                compiled.refused.push((batch, why.clone()));
+                Err(Error::Unsupported(why))
+            }
+        }
+    }
+
+    /// Prepares and compiles the model for `batch` (see [`ShapeCache`]).
+    fn compile(&self, batch: usize) -> Result<Specialised> {
         let mut graph = {
             let mut src = self.source.lock().unwrap_or_else(|e| e.into_inner());
             if !src.1 {
@@ -426,26 +461,57 @@ impl ShapeCache {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
+        self.check_outputs(batch, &outputs)?;
         let executable = self.base.specialise(Arc::new(graph))?;
-        let s = Arc::new(Specialised {
+        Ok(Specialised {
             batch,
             executable,
             outputs,
-        });
-        compiled.push(Arc::clone(&s));
-        Ok(s)
+        })
+    }
+}
+
+impl ShapeCache {
+    /// Refuses a specialisation whose outputs are not the loaded ones with the batch swapped:
+    /// an output led by the loaded batch must be led by `batch` with the same other dimensions,
+    /// and any other output must keep its shape. (A graph that folds the batch into another
+    /// dimension would otherwise give wrong results silently.)
+    fn check_outputs(&self, batch: usize, outputs: &[TensorInfo]) -> Result<()> {
+        let base = &self.base_graph;
+        for (&v, got) in base.outputs.iter().zip(outputs) {
+            let loaded = base.shape(v)?;
+            let want: Vec<usize> = match loaded.split_first() {
+                Some((&b, rest)) if b == self.batch => {
+                    std::iter::once(batch).chain(rest.iter().copied()).collect()
+                }
+                _ => loaded.to_vec(),
+            };
+            if got.shape != want {
+                return Err(Error::Unsupported(format!(
+                    "this model cannot run batch {batch}: its output '{}' would be {:?} where \
+                     batch {} gives {loaded:?} (the graph does not carry the batch through); \
+                     load a model exported for batch {batch}",
+                    got.name, got.shape, self.batch
+                )));
+            }
+        }
+        Ok(())
     }
 }
 
 /// Exporters often write the batch size they traced with into Reshape shapes (`[1, -1]` before
-/// a classifier's Gemm). Where a Reshape's constant shape starts with the loaded `batch`, its
-/// data depends on a model input and that data's leading dimension is the batch at the loaded
-/// size, the leading entry becomes 0 ("copy the input's"): the same result at the loaded batch,
-/// and the batch carried through at any other. Returns the number of Reshapes rewritten.
+/// EfficientNet's Gemm; `[1, 80, -1]` computed from constants in NanoDet's heads). Where a
+/// Reshape's shape does not depend on a model input (so it folds to the same constant at any
+/// batch) and starts with the loaded `batch`, and its data depends on a model input with the
+/// batch as leading dimension at the loaded size, the Reshape gets that shape with the leading
+/// entry 0 ("copy the input's"): the same result at the loaded batch, and the batch carried
+/// through at any other. Returns the number of Reshapes rewritten.
 fn free_baked_batch(graph: &mut Graph, batch: usize) -> Result<usize> {
     use crate::ir::Op;
+    // Folded at the loaded batch: every value's shape, and each constant shape subgraph's value.
     let mut shaped = graph.clone();
-    crate::passes::annotate_shapes(&mut shaped, batch)?;
+    crate::ir::shape::pin_inputs(&mut shaped, batch)?;
+    crate::passes::fold_constants(&mut shaped)?;
     let mut from_input = vec![false; graph.values.len()];
     for &v in &graph.inputs {
         from_input[v] = true;
@@ -465,12 +531,18 @@ fn free_baked_batch(graph: &mut Graph, batch: usize) -> Result<usize> {
         else {
             continue;
         };
-        let Some(spec) = graph.constant(s) else {
+        if from_input[s] || !from_input[x] {
+            continue;
+        }
+        let Some(spec) = shaped.values.get(s).and_then(|v| v.constant.as_deref()) else {
             continue;
         };
         let mut dims = spec.to_i64_vec()?;
-        let lead = shaped.values[x].shape.as_deref().and_then(|d| d.first());
-        if !from_input[x] || dims.first() != Some(&(batch as i64)) || lead != Some(&batch) {
+        let lead = shaped
+            .values
+            .get(x)
+            .and_then(|v| v.shape.as_deref()?.first());
+        if dims.first() != Some(&(batch as i64)) || lead != Some(&batch) {
             continue;
         }
         dims[0] = 0;

@@ -425,3 +425,94 @@ fn fixed_batch_models_reject_other_batches_and_pooled_contexts_use_the_pool() {
     drop(ctx);
     assert_eq!(pool.stats().blocks, 0);
 }
+
+/// NanoDet's heads reshape with a batch-1 shape the exporter computes from constants: at batch
+/// 2 every output must be the two batch-1 outputs stacked (not the batch folded into anchors).
+#[test]
+fn nanodet_batch_two_outputs_stack_the_batch_one_outputs() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let path = models().join("nanodet-m-416.onnx");
+    if !path.exists() {
+        println!(
+            "SKIP: NanoDet batch test because {} is missing",
+            path.display()
+        );
+        return;
+    }
+    let opts = ModelOptions {
+        threads: 1,
+        ..ModelOptions::default()
+    };
+    let m = Model::load(&path, &opts).expect("load nanodet");
+    let mut ctx = m.new_context().expect("context");
+    let n = 3 * 416 * 416;
+    let images: Vec<Vec<f32>> = (0..2)
+        .map(|k| image(k + 11, n).iter().map(|v| v * 0.5 + 0.5).collect())
+        .collect();
+    let singles: Vec<Vec<Tensor>> = images
+        .iter()
+        .map(|im| {
+            let x = Tensor::from_f32(vec![1, 3, 416, 416], im.clone()).expect("input");
+            ctx.run(&[x]).expect("batch 1")
+        })
+        .collect();
+    let x = Tensor::from_f32(vec![2, 3, 416, 416], images.concat()).expect("batch 2");
+    let outs = ctx.run(&[x]).expect("batch 2");
+    assert_eq!(outs.len(), 6);
+    for (k, o) in outs.iter().enumerate() {
+        let one = &singles[0][k];
+        let mut want = one.shape.clone();
+        want[0] = 2;
+        assert_eq!(o.shape, want, "output {k}");
+        let v = o.to_f32_vec();
+        let half = v.len() / 2;
+        for (row, single) in singles.iter().enumerate() {
+            let got = &v[row * half..(row + 1) * half];
+            let d = max_abs_diff(got, &single[k].to_f32_vec());
+            assert!(d < 1e-4, "output {k} row {row} differs from batch 1 by {d}");
+        }
+    }
+}
+
+#[test]
+fn a_graph_that_folds_the_batch_away_is_refused() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // y = reshape(x, [-1]): at batch 1 y is [4], at batch 2 it would be [8], not 2 rows of [4].
+    let mut g = Graph::default();
+    let x = g.add_value("x", DataType::F32);
+    g.values[x].declared = Some(vec![None, Some(4)]);
+    let s = g.add_constant("s", Tensor::from_i64(vec![1], vec![-1]).expect("shape"));
+    let y = g.add_value("y", DataType::F32);
+    g.nodes.push(Node {
+        name: "flat".into(),
+        op: Op::Reshape { allowzero: false },
+        inputs: vec![Some(x), Some(s)],
+        outputs: vec![y],
+    });
+    g.inputs = vec![x];
+    g.outputs = vec![y];
+    g.opset = 17;
+    let m = Model::from_graph(g, &ModelOptions::default()).expect("model");
+    let mut ctx = m.new_context().expect("context");
+    match ctx.run(&[ramp(2)]) {
+        Err(Error::Unsupported(msg)) => {
+            println!("batch 2: {msg}");
+            assert!(msg.contains("does not carry the batch"), "{msg}");
+        }
+        Err(e) => panic!("expected unsupported, got {e}"),
+        Ok(o) => panic!("ran, giving {:?}", o[0].shape),
+    }
+    assert_eq!(m.compiled_batches(), vec![1]);
+    // Refused again from the cache, from another context too (same reason).
+    let mut other = m.new_context().expect("context");
+    match other.run(&[ramp(2)]) {
+        Err(Error::Unsupported(msg)) => assert!(msg.contains("[8]"), "{msg}"),
+        Err(e) => panic!("expected unsupported, got {e}"),
+        Ok(_) => panic!("ran"),
+    }
+    assert_eq!(other.arenas(), 1);
+    let x = ramp(1);
+    let y = ctx.run(std::slice::from_ref(&x)).expect("batch 1");
+    assert_eq!(y[0].shape, vec![4]);
+    assert_eq!(y[0].to_f32_vec(), x.to_f32_vec());
+}
