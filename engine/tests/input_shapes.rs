@@ -516,3 +516,37 @@ fn a_graph_that_folds_the_batch_away_is_refused() {
     assert_eq!(y[0].shape, vec![4]);
     assert_eq!(y[0].to_f32_vec(), x.to_f32_vec());
 }
+
+/// Backends other than the CPU run only the loaded batch: another is `Unsupported`, and the
+/// loaded one still runs.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_models_refuse_a_batch_change() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if let Err(e) = vigil_engine::backend::cuda::probe(0) {
+        println!("SKIP: CUDA batch-change test because there is no usable CUDA device: {e}");
+        return;
+    }
+    let path = models().join("efficientnet-lite0.onnx");
+    let opts = ModelOptions {
+        device: vigil_engine::Device::Cuda,
+        ..ModelOptions::default()
+    };
+    let m = Model::load(&path, &opts).expect("load on cuda");
+    let mut ctx = m.new_context().expect("context");
+    let x2 = Tensor::from_f32(vec![2, 3, 224, 224], image(3, 2 * 150_528)).expect("batch 2");
+    match ctx.run(&[x2]) {
+        Err(Error::Unsupported(msg)) => {
+            println!("cuda batch 2: {msg}");
+            assert!(msg.contains("cuda backend"), "{msg}");
+        }
+        Err(e) => panic!("expected unsupported, got {e}"),
+        Ok(_) => panic!("the cuda backend ran another batch"),
+    }
+    assert_eq!(m.compiled_batches(), vec![1]);
+    assert_eq!(ctx.arenas(), 1);
+    let x1 = Tensor::from_f32(vec![1, 3, 224, 224], image(3, 150_528)).expect("batch 1");
+    let out = ctx.run(&[x1]).expect("batch 1 on cuda");
+    assert_eq!(out[0].shape, vec![1, 1000]);
+    assert!(out[0].to_f32_vec().iter().all(|v| v.is_finite()));
+}
