@@ -255,9 +255,10 @@ impl ExecutionContext {
     }
 }
 
-/// The most batch sizes one model compiles (the loaded one included). A run with a new batch
-/// size beyond this fails with [`Error::BadInput`]; nothing is evicted, so every context's
-/// arenas stay valid and a server cannot be made to recompile by alternating batch sizes.
+/// The most batch sizes one model tries (the loaded one, and batches it refused, included).
+/// A run with a new batch size beyond this fails with [`Error::BadInput`]; nothing is evicted,
+/// so every context's arenas stay valid and a server cannot be made to recompile by
+/// alternating batch sizes.
 pub const MAX_SHAPES: usize = 8;
 
 /// One batch size's compiled model.
