@@ -157,6 +157,17 @@ pub trait Executable: Send + Sync {
     fn arena_bytes(&self) -> usize;
     /// The most activation bytes live at one step: no arena for this graph can be smaller.
     fn arena_lower_bound(&self) -> usize;
+    /// Compiles `graph`, the same model prepared for other input shapes, sharing what this
+    /// executable can share (the CPU backend: its worker pool). Backends that cannot change
+    /// shapes after loading keep this default, an `Unsupported` error.
+    fn specialise(&self, graph: Arc<Graph>) -> Result<Arc<dyn Executable>> {
+        let _ = graph;
+        Err(crate::error::Error::Unsupported(format!(
+            "the {} backend runs only the input shapes the model was loaded for; load it with \
+             the batch size you need",
+            self.backend()
+        )))
+    }
 }
 
 /// A graph output left in device memory by [`BackendContext::run_on_device`]; the address is

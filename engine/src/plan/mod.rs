@@ -269,6 +269,16 @@ impl PlanCache {
         self.misses.load(Ordering::Relaxed)
     }
 
+    /// Distinct plans held (one per planning input: per graph and input shape).
+    pub fn len(&self) -> usize {
+        self.plans.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// True when no plan has been made yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// Everything planning reads, as one exact key (no hash collisions can alias two plans).
     fn key(graph: &Graph, scratch: &[usize], in_place_ok: &[Option<usize>]) -> Vec<u64> {
         let mut k = Vec::with_capacity(graph.values.len() * 2 + graph.nodes.len() * 4);
@@ -446,6 +456,8 @@ mod tests {
         let p4 = cache.get_or_plan(&g, &[0], &[]).unwrap();
         assert!(Arc::ptr_eq(&p3, &p4));
         assert_eq!((cache.hits(), cache.misses()), (2, 2));
+        assert_eq!(cache.len(), 2);
+        assert!(PlanCache::new().is_empty());
     }
 
     #[test]

@@ -21,6 +21,8 @@ pub struct CpuExecutable {
     kernels: Vec<Box<dyn Kernel>>,
     plan: Arc<MemoryPlan>,
     pool: Arc<rayon::ThreadPool>,
+    /// Whether elementwise nodes may run in place (kept for [`Executable::specialise`]).
+    in_place: bool,
 }
 
 impl Backend for CpuBackend {
@@ -45,6 +47,18 @@ impl CpuExecutable {
             .thread_name(|i| format!("vigil-cpu-{i}"))
             .build()
             .map_err(|e| Error::Unsupported(format!("cannot start CPU worker threads: {e}")))?;
+        Self::on_pool(graph, Arc::new(pool), in_place)
+    }
+
+    /// Compiles `graph` (the same model prepared for another input shape) on this executable's
+    /// worker pool and in-place setting: no new threads; the plan comes from the
+    /// [`PlanCache::global`], so a shape planned before (by any model) is not planned again.
+    pub fn specialised(&self, graph: Arc<Graph>) -> Result<Self> {
+        Self::on_pool(graph, Arc::clone(&self.pool), self.in_place)
+    }
+
+    /// Builds the kernels (in `pool`, whose size they read) and takes the plan from the cache.
+    fn on_pool(graph: Arc<Graph>, pool: Arc<rayon::ThreadPool>, in_place: bool) -> Result<Self> {
         // Kernels size their per-thread scratch from the pool they are built in.
         let kernels = pool.install(|| {
             graph
@@ -64,7 +78,8 @@ impl CpuExecutable {
             graph,
             kernels,
             plan,
-            pool: Arc::new(pool),
+            pool,
+            in_place,
         })
     }
 
@@ -132,6 +147,10 @@ impl Executable for CpuExecutable {
 
     fn arena_lower_bound(&self) -> usize {
         self.plan.lower_bound
+    }
+
+    fn specialise(&self, graph: Arc<Graph>) -> Result<Arc<dyn Executable>> {
+        Ok(Arc::new(self.specialised(graph)?))
     }
 }
 
