@@ -252,6 +252,132 @@ fn fp16_nanodet_detections_match_cpu_on_eval_photos() {
     assert!(total > 0, "no detections on any eval photo");
 }
 
+/// The QDQ models (`VIGIL_QDQ_MODELS` overrides; `scripts/make-qdq-models.py` writes them to
+/// target/qdq), or None with a SKIP line.
+fn qdq_dir() -> Option<PathBuf> {
+    let dir = std::env::var_os("VIGIL_QDQ_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join("target/qdq"));
+    if dir.join("efficientnet-lite0.qdq.onnx").exists() {
+        Some(dir)
+    } else {
+        println!(
+            "SKIP: no QDQ models in {} (run scripts/make-qdq-models.py)",
+            dir.display()
+        );
+        None
+    }
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(&x, &y)| x as f64 * y as f64).sum();
+    let na: f64 = a.iter().map(|&x| x as f64 * x as f64).sum::<f64>().sqrt();
+    let nb: f64 = b.iter().map(|&x| x as f64 * x as f64).sum::<f64>().sqrt();
+    dot / (na * nb).max(1e-30)
+}
+
+/// QDQ models (ORT's quantizer) on CUDA at `precision = "int8"`: QConv/QGemm run as the GPU's
+/// int8 kernels and must agree with the CPU's int8 execution of the same model (the int8
+/// arithmetic is the same; float ops between Q/DQ pairs may round differently, which can move
+/// a requantized value by one step), on the eval photos: same top-1 and logits cosine ≥ 0.999
+/// for EfficientNet-Lite0, same detections for NanoDet-m.
+#[test]
+fn int8_qdq_models_match_cpu_int8() {
+    if !gpu() {
+        return;
+    }
+    let Some(dir) = qdq_dir() else { return };
+    let load_q = |file: &str, device: Device| {
+        Model::load(
+            &dir.join(file),
+            &ModelOptions {
+                device,
+                precision: Precision::Int8,
+                ..ModelOptions::default()
+            },
+        )
+        .unwrap_or_else(|e| panic!("{file} on {device:?}: {e}"))
+    };
+    let photos = eval_photos();
+    // EfficientNet-Lite0: logits.
+    let (cpu, gpu) = (
+        load_q("efficientnet-lite0.qdq.onnx", Device::Cpu),
+        load_q("efficientnet-lite0.qdq.onnx", Device::Cuda),
+    );
+    let hist = gpu.graph().op_histogram();
+    let qconvs = hist.iter().find(|(n, _)| *n == "QConv").map_or(0, |h| h.1);
+    assert!(qconvs >= 45, "only {qconvs} QConv nodes on the GPU graph");
+    let (mut cc, mut gc) = (
+        cpu.new_context().expect("ctx"),
+        gpu.new_context().expect("ctx"),
+    );
+    let spec = VisionSpec::efficientnet_lite0(labels("imagenet-labels.txt"));
+    let mut worst = 1f64;
+    for (file, bytes) in &photos {
+        let img = vision::decode_image(bytes, &DecodeLimits::default()).expect("decode");
+        let (x, _) = vision::preprocess(&img, &spec.preprocess).expect("preprocess");
+        let want = cc.run(std::slice::from_ref(&x)).expect("cpu run");
+        let got = gc.run(&[x]).expect("gpu run");
+        let (w, g) = (
+            want[0].as_f32().expect("f32"),
+            got[0].as_f32().expect("f32"),
+        );
+        let argmax = |v: &[f32]| {
+            v.iter()
+                .enumerate()
+                .fold(0, |b, (i, &x)| if x > v[b] { i } else { b })
+        };
+        let cos = cosine(g, w);
+        worst = worst.min(cos);
+        println!(
+            "{file}: int8 cpu top-1 {} gpu top-1 {}, cosine {cos:.6}, max abs diff {:.4}",
+            argmax(w),
+            argmax(g),
+            g.iter()
+                .zip(w)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max)
+        );
+        assert_eq!(argmax(g), argmax(w), "{file}: top-1 differs");
+        assert!(cos >= 0.999, "{file}: cosine {cos}");
+    }
+    println!(
+        "efficientnet-lite0 int8 GPU vs CPU: worst logits cosine {worst:.6} over {} photos",
+        photos.len()
+    );
+    // NanoDet-m: detections.
+    let (cpu, gpu) = (
+        load_q("nanodet-m-416.qdq.onnx", Device::Cpu),
+        load_q("nanodet-m-416.qdq.onnx", Device::Cuda),
+    );
+    let (mut cc, mut gc) = (
+        cpu.new_context().expect("ctx"),
+        gpu.new_context().expect("ctx"),
+    );
+    let spec = VisionSpec::nanodet_m_416(labels("coco-labels.txt"));
+    let margin = spec.score_threshold + 0.05;
+    let mut total = 0;
+    for (file, bytes) in &photos {
+        let (Results::Detections(want), Results::Detections(got)) =
+            (infer(&mut cc, &spec, bytes), infer(&mut gc, &spec, bytes))
+        else {
+            panic!("detection results expected");
+        };
+        let (m1, m2) = (
+            unmatched(&want, &got, margin),
+            unmatched(&got, &want, margin),
+        );
+        println!(
+            "{file}: int8 cpu {} detections, gpu {}; unmatched {m1} / {m2}",
+            want.len(),
+            got.len()
+        );
+        assert_eq!((m1, m2), (0, 0), "{file}: detections differ");
+        total += want.len();
+    }
+    assert!(total > 0, "no int8 detections on any eval photo");
+}
+
 /// Largest |a-b| over max |b| (b = CPU reference).
 fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
@@ -496,10 +622,10 @@ fn bench_one(item: &str, prec: &str) {
     {
         let (path, batch) = item.rsplit_once(':').expect("path:batch");
         let batch: usize = batch.parse().expect("batch");
-        let precision = if prec == "fp16" {
-            Precision::Fp16
-        } else {
-            Precision::Fp32
+        let precision = match prec {
+            "fp16" => Precision::Fp16,
+            "int8" => Precision::Int8,
+            _ => Precision::Fp32,
         };
         let m = match Model::load(
             Path::new(path),

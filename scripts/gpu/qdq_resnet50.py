@@ -1,0 +1,17 @@
+# Device-side: an INT8 QDQ ResNet-50 from the exported torchvision ONNX (random weights), with
+# ONNX Runtime's static quantizer (per-channel int8 weights, uint8 activations, MinMax over 8
+# random inputs) — the same recipe as scripts/make-qdq-models.py uses for the shared models.
+import sys, numpy as np
+from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+from onnxruntime.quantization.shape_inference import quant_pre_process
+src, dst = sys.argv[1], sys.argv[2]
+quant_pre_process(src, "/tmp/r50.pre.onnx")
+class R(CalibrationDataReader):
+    def __init__(s):
+        rng = np.random.default_rng(0)
+        s.it = iter([{"x": rng.standard_normal((1, 3, 224, 224), dtype=np.float32)} for _ in range(8)])
+    def get_next(s):
+        return next(s.it, None)
+quantize_static("/tmp/r50.pre.onnx", dst, R(), quant_format=QuantFormat.QDQ, per_channel=True,
+                activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+print("QDQ", dst)
