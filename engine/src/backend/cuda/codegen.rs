@@ -13,6 +13,7 @@ use crate::ir::{
 use crate::backend::resize_taps::{taps, Tap};
 
 mod quant;
+pub use quant::QConvParts;
 
 /// Where a kernel argument points.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -10,7 +10,7 @@ use cudarc::cublas::{result as blas, sys as blas_sys};
 use cudarc::cudnn::{result as dnn, sys as dnn_sys};
 use cudarc::driver::{result as drv, sys, CudaContext, CudaEvent, CudaGraph, CudaStream};
 
-use super::codegen::{Arg, Gen, GenKernel, Im2col};
+use super::codegen::{Arg, Gen, GenKernel, Im2col, QConvParts};
 use super::device::{alloc_arena, drv_err, Arena, DeviceBuffer, Function, Module, PinnedBuffer};
 use super::dnn::{
     blas_err, choose_algo, dnn_err, time_warm, AlgoChoice, BlasHandle, ConvDescs, ConvGeom,
@@ -54,7 +54,7 @@ struct PointwiseStep {
     /// The node (whose scratch slot holds the im2col patch matrix, if any).
     node: usize,
     x: Arg,
-    y: ValueId,
+    y: Arg,
     /// Residual added through the GEMM's C operand.
     z: Option<Arg>,
     /// OHWI weights, i.e. a row-major [Cout, Cin] matrix.
@@ -238,6 +238,8 @@ impl Builder<'_> {
         let g = self.g;
         match &node.op {
             Op::Conv(_) => self.conv(idx, node),
+            Op::QConv(q) => self.qconv(idx, node, q),
+            Op::QGemm(q) => self.qgemm(idx, node, q),
             Op::Gemm { .. } | Op::MatMul => self.gemm(idx, node),
             Op::Reshape { .. }
             | Op::Flatten { .. }
@@ -541,6 +543,7 @@ impl Builder<'_> {
                 n: yd[1],
                 k: if im2col { unfold.cols() } else { xd[1] },
                 half: self.fp16,
+                int8: false,
                 epilogue: Epilogue {
                     bias: bias_ptr.is_some(),
                     residual: z.is_some(),
@@ -593,7 +596,7 @@ impl Builder<'_> {
                 self.steps.push(Step::Pointwise(Box::new(PointwiseStep {
                     node: idx,
                     x: x_gemm,
-                    y,
+                    y: Arg::Val(y),
                     z,
                     w: wbuf,
                     mm,
@@ -644,6 +647,99 @@ impl Builder<'_> {
             self.launch(idx, k);
         }
         Ok(())
+    }
+
+    /// An int8 convolution: dense NHWC ones as a signed im2col (channels padded to 4), one
+    /// cuBLASLt int8 GEMM (int32 result in scratch) and a requantization pass; the rest
+    /// (grouped, depthwise, NCHW, or when cuBLASLt has no int8 algorithm) as the direct dp4a
+    /// kernel. Both requantize exactly as the CPU backend does.
+    fn qconv(&mut self, idx: usize, node: &Node, q: &crate::ir::QConvAttrs) -> Result<()> {
+        let g = self.g;
+        let parts = QConvParts::new(g, node, q)?;
+        if q.conv.layout == Layout::Nhwc
+            && parts.geom.groups == 1
+            && self.q_gemm(idx, node, &parts)?
+        {
+            return Ok(());
+        }
+        let k = self.gen.qconv(g, node, q)?;
+        self.launch(idx, k);
+        Ok(())
+    }
+
+    /// An int8 Gemm: through cuBLASLt as a 1x1 convolution of M pixels (see [`Self::qconv`]),
+    /// else the direct dp4a kernel.
+    fn qgemm(&mut self, idx: usize, node: &Node, q: &crate::ir::QGemmAttrs) -> Result<()> {
+        let g = self.g;
+        let parts = QConvParts::for_gemm(g, node, q)?;
+        if self.q_gemm(idx, node, &parts)? {
+            return Ok(());
+        }
+        let k = self.gen.qgemm(g, node, q)?;
+        self.launch(idx, k);
+        Ok(())
+    }
+
+    /// Emits a dense NHWC int8 convolution as im2col + cuBLASLt int8 GEMM + requantization;
+    /// false (with the reason in the step's note) when cuBLASLt is off or has no algorithm.
+    fn q_gemm(&mut self, idx: usize, node: &Node, parts: &QConvParts) -> Result<bool> {
+        let c = parts.geom;
+        let lt_on = std::env::var("VIGIL_CUDA_LT").map_or(true, |v| v != "0");
+        if lt_on {
+            let (m, n, k) = (c.n * c.oh * c.ow, c.cout, c.kh * c.kw * parts.c4);
+            let shape = PointwiseShape {
+                m,
+                n,
+                k,
+                half: false,
+                int8: true,
+                epilogue: Epilogue {
+                    bias: false,
+                    residual: false,
+                    relu: false,
+                },
+            };
+            let (colb, accb) = (alit(m * k), alit(m * n * 4));
+            let wbuf = DeviceBuffer::upload(self.ctx, &parts.packed)?;
+            let t = self.tmp(colb + accb + BLAS_WS + 3 * ALIGNMENT + 256)? + ALIGNMENT as u64;
+            let bufs = SearchBuffers {
+                x: t,
+                w: wbuf.ptr(),
+                y: t + (colb + ALIGNMENT) as u64,
+                z: t + (colb + ALIGNMENT) as u64,
+                ws: (t + (colb + accb + 2 * ALIGNMENT) as u64).div_ceil(256) * 256,
+                ws_limit: BLAS_WS,
+            };
+            match LtMatmul::build(self.lt, shape, 0, self.stream, &bufs) {
+                Ok(mm) => {
+                    let x = node.input(0).ok_or_else(|| unsupported(node, "no input"))?;
+                    let y = node.outputs[0];
+                    self.note = format!(
+                        " cublasLt int8 im2col ws {} KiB {:.4} ms m{m} n{n} k{k}",
+                        mm.workspace >> 10,
+                        mm.time_ms
+                    );
+                    let kc = self.gen.qim2col_into_scratch(x, parts);
+                    self.launch(idx, kc);
+                    self.steps.push(Step::Pointwise(Box::new(PointwiseStep {
+                        node: idx,
+                        x: Arg::ScratchAt(0),
+                        y: Arg::ScratchAt(colb),
+                        z: None,
+                        w: wbuf,
+                        mm,
+                    })));
+                    let kr = self.gen.qrequant(y, colb, parts);
+                    self.launch(idx, kr);
+                    self.scratch[idx] = colb + accb;
+                    return Ok(true);
+                }
+                Err(e) => {
+                    self.note = format!(" direct dp4a (cuBLASLt int8: {e})");
+                }
+            }
+        }
+        Ok(false)
     }
 
     /// Measured milliseconds of the im2col kernel for `unfold` from `x` into `col` (compiled
@@ -1184,7 +1280,7 @@ impl CudaRun {
                     mm: Box::new(p.mm.instance()?),
                     x: resolve(p.x, p.node)?,
                     w: p.w.ptr(),
-                    y: slot(p.y)?,
+                    y: resolve(p.y, p.node)?,
                     z: p.z.map(|z| resolve(z, p.node)).transpose()?.unwrap_or(0),
                     ws: blas_ws,
                 },

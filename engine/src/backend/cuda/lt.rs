@@ -62,6 +62,8 @@ pub struct PointwiseShape {
     pub k: usize,
     /// Half operands (float accumulation) instead of f32.
     pub half: bool,
+    /// Signed int8 operands with an int32 result and accumulation (no epilogue; `half` unset).
+    pub int8: bool,
     pub epilogue: Epilogue,
 }
 
@@ -150,19 +152,40 @@ impl LtMatmul {
 
     /// Creates the descriptors (no algorithm chosen yet).
     fn describe(shape: PointwiseShape, bias: u64) -> Result<Self> {
-        let dt = if shape.half {
-            lt_sys::cudaDataType::CUDA_R_16F
+        use lt_sys::cudaDataType as T;
+        let (dt, ct, compute, scale) = if shape.int8 {
+            let e = &shape.epilogue;
+            if e.bias || e.residual || e.relu {
+                return Err(Error::Unsupported(
+                    "cuBLASLt int8 matmuls take no epilogue".into(),
+                ));
+            }
+            (
+                T::CUDA_R_8I,
+                T::CUDA_R_32I,
+                lt_sys::cublasComputeType_t::CUBLAS_COMPUTE_32I,
+                T::CUDA_R_32I,
+            )
+        } else if shape.half {
+            (
+                T::CUDA_R_16F,
+                T::CUDA_R_16F,
+                lt_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                T::CUDA_R_32F,
+            )
         } else {
-            lt_sys::cudaDataType::CUDA_R_32F
+            (
+                T::CUDA_R_32F,
+                T::CUDA_R_32F,
+                lt_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                T::CUDA_R_32F,
+            )
         };
         let (m, n, k) = (shape.m as u64, shape.n as u64, shape.k as u64);
         // Row-major y[m, n] = x[m, k] · w[n, k]ᵀ is column-major yᵀ (n × m) = wᵀᵀ · xᵀ:
-        // A = w stored column-major as k × n (ld k), transposed; B = x as k × m (ld k).
-        let desc = lt::create_matmul_desc(
-            lt_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-            lt_sys::cudaDataType::CUDA_R_32F,
-        )
-        .map_err(lt_err("matmul descriptor"))?;
+        // A = w stored column-major as k × n (ld k), transposed; B = x as k × m (ld k)
+        // (the "TN" form cuBLASLt's int8 kernels require).
+        let desc = lt::create_matmul_desc(compute, scale).map_err(lt_err("matmul descriptor"))?;
         let mut mm = LtMatmul {
             desc,
             a: std::ptr::null_mut(),
@@ -177,7 +200,7 @@ impl LtMatmul {
         };
         mm.a = lt::create_matrix_layout(dt, k, n, k as i64).map_err(lt_err("layout"))?;
         mm.b = lt::create_matrix_layout(dt, k, m, k as i64).map_err(lt_err("layout"))?;
-        mm.c = lt::create_matrix_layout(dt, n, m, n as i64).map_err(lt_err("layout"))?;
+        mm.c = lt::create_matrix_layout(ct, n, m, n as i64).map_err(lt_err("layout"))?;
         let trans: i32 = 1; // CUBLAS_OP_T
         use lt_sys::cublasLtEpilogue_t as E;
         let e = &shape.epilogue;
@@ -311,11 +334,12 @@ impl LtMatmul {
         y: u64,
         ws: u64,
     ) -> Result<()> {
-        let one = 1f32;
-        let beta = if self.shape.epilogue.residual {
-            1f32
-        } else {
-            0f32
+        // Scalars in the scale type: i32 for int8 matmuls, else f32 (same bit patterns for
+        // 1 and 0 would not hold, so each is spelled out).
+        let (one, beta): (u32, u32) = match (self.shape.int8, self.shape.epilogue.residual) {
+            (true, _) => (1, 0),
+            (false, true) => (1f32.to_bits(), 1f32.to_bits()),
+            (false, false) => (1f32.to_bits(), 0),
         };
         let c = if self.shape.epilogue.residual { z } else { y };
         // SAFETY: live descriptors; the caller's buffers are sized for this shape and the
@@ -324,8 +348,8 @@ impl LtMatmul {
             lt::matmul(
                 h.0,
                 self.desc,
-                &one as *const f32 as *const c_void,
-                &beta as *const f32 as *const c_void,
+                &one as *const u32 as *const c_void,
+                &beta as *const u32 as *const c_void,
                 w as *const c_void,
                 self.a,
                 x as *const c_void,

@@ -14,7 +14,7 @@ use crate::backend::cpu::kernels::{
     bias_i32, conv_geometry, u8_params, weights_i8, ConvGeometry, QEpilogue,
 };
 use crate::error::Result;
-use crate::ir::{DataType, Graph, Layout, Node, QConvAttrs, QGemmAttrs};
+use crate::ir::{DataType, Graph, Layout, Node, QConvAttrs, QGemmAttrs, ValueId};
 
 fn i32_bytes(v: &[i32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
@@ -70,12 +70,27 @@ fn channel_tables(epi: &QEpilogue, col_sums: &[i32]) -> (Vec<i32>, Vec<f32>) {
     (bias, epi.mult.clone())
 }
 
-impl Gen {
-    /// An int8 convolution (NCHW or NHWC, any group count, stride, padding and dilation).
-    pub fn qconv(&mut self, g: &Graph, node: &Node, q: &QConvAttrs) -> Result<GenKernel> {
+/// A QConv's constants in the GPU kernels' form: weights as `[cout][tap][cin_g padded to 4]`
+/// signed bytes, the per-channel bias (see the module docs) and multiplier, the requantization.
+pub struct QConvParts {
+    pub geom: ConvGeometry,
+    pub packed: Vec<u8>,
+    /// `cin_g` rounded up to a multiple of 4 (the packed row length per tap).
+    pub c4: usize,
+    pub bias: Vec<i32>,
+    pub mult: Vec<f32>,
+    pub epi: QEpilogue,
+    /// The signed byte that padded taps contribute (the input zero point, minus 128).
+    pub pad_s: i32,
+    /// The input is u8 (its bytes are flipped to signed by `^ 0x80`).
+    pub flip: bool,
+}
+
+impl QConvParts {
+    /// Validates and packs a QConv node.
+    pub fn new(g: &Graph, node: &Node, q: &QConvAttrs) -> Result<QConvParts> {
         let name = format!("QConv '{}'", node.name);
         let x = input(node, 0)?;
-        let y = output(node, 0)?;
         let ok8 = |d: DataType| matches!(d, DataType::U8 | DataType::I8);
         if !ok8(g.values[x].dtype) || !ok8(q.y.dtype) {
             return Err(unsupported(node, "needs 8-bit input and output"));
@@ -90,12 +105,9 @@ impl Gen {
         let w = weights_i8(g, node)?;
         let bias = bias_i32(g, node, 2, c.cout)?;
         let taps = c.kh * c.kw;
-        let k = taps * c.cin_g;
-        if w.len() != c.cout * k {
+        if w.len() != c.cout * taps * c.cin_g {
             return Err(unsupported(node, "weights do not match the geometry"));
         }
-        let nhwc = q.conv.layout == Layout::Nhwc;
-        // Weights as [cout][tap][cin_g padded to 4] (zeros in the padding).
         let c4 = c.cin_g.div_ceil(4) * 4;
         let mut packed = vec![0u8; c.cout * taps * c4];
         let mut sums = vec![0i32; c.cout];
@@ -110,13 +122,110 @@ impl Gen {
         }
         let xq = u8_params(q.x);
         let epi = QEpilogue::new(xq, &q.w_scales, q.y, &bias, &sums, q.conv.activation);
-        let (b2, mult) = channel_tables(&epi, &sums);
-        let za = xq.zero_point.clamp(0, 255);
-        let pad_s = za - 128;
-        let flip = g.values[x].dtype == DataType::U8;
-        let wt = self.extra(packed);
-        let bt = self.extra(i32_bytes(&b2));
-        let mt = self.extra(f32_bytes(&mult));
+        let (bias, mult) = channel_tables(&epi, &sums);
+        Ok(QConvParts {
+            geom: c,
+            packed,
+            c4,
+            bias,
+            mult,
+            epi,
+            pad_s: xq.zero_point.clamp(0, 255) - 128,
+            flip: g.values[x].dtype == DataType::U8,
+        })
+    }
+}
+
+impl QConvParts {
+    /// Validates and packs a QGemm node as the 1x1 convolution it is (`[M, K]` rows as M
+    /// pixels of K channels; B as `[N][K padded to 4]`).
+    pub fn for_gemm(g: &Graph, node: &Node, q: &QGemmAttrs) -> Result<QConvParts> {
+        let a = input(node, 0)?;
+        let ok8 = |d: DataType| matches!(d, DataType::U8 | DataType::I8);
+        if !ok8(g.values[a].dtype) || !ok8(q.y.dtype) {
+            return Err(unsupported(node, "needs 8-bit input and output"));
+        }
+        let (sa, sb) = (shape_of(g, a)?, shape_of(g, input(node, 1)?)?);
+        if sa.len() != 2 || sb.len() != 2 {
+            return Err(unsupported(node, "2-D operands needed"));
+        }
+        let (m, k) = (sa[0], sa[1]);
+        let (kb, n) = if q.trans_b {
+            (sb[1], sb[0])
+        } else {
+            (sb[0], sb[1])
+        };
+        if kb != k || q.w_scales.len() != n {
+            return Err(unsupported(node, "operand shapes differ"));
+        }
+        let w = weights_i8(g, node)?;
+        if w.len() != k * n {
+            return Err(unsupported(node, "weights do not match the operands"));
+        }
+        let bias = bias_i32(g, node, 2, n)?;
+        let k4 = k.div_ceil(4) * 4;
+        let mut packed = vec![0u8; n * k4];
+        let mut sums = vec![0i32; n];
+        for j in 0..n {
+            for kk in 0..k {
+                let v = if q.trans_b {
+                    w[j * k + kk]
+                } else {
+                    w[kk * n + j]
+                };
+                packed[j * k4 + kk] = v as u8;
+                sums[j] += i32::from(v);
+            }
+        }
+        let aq = u8_params(q.a);
+        let epi = QEpilogue::new(aq, &q.w_scales, q.y, &bias, &sums, q.activation);
+        let (bias, mult) = channel_tables(&epi, &sums);
+        let geom = ConvGeometry {
+            n: m,
+            cin: k,
+            h: 1,
+            w: 1,
+            cout: n,
+            oh: 1,
+            ow: 1,
+            kh: 1,
+            kw: 1,
+            sh: 1,
+            sw: 1,
+            dh: 1,
+            dw: 1,
+            pt: 0,
+            pl: 0,
+            groups: 1,
+            cin_g: k,
+            cout_g: n,
+        };
+        Ok(QConvParts {
+            geom,
+            packed,
+            c4: k4,
+            bias,
+            mult,
+            epi,
+            pad_s: aq.zero_point.clamp(0, 255) - 128,
+            flip: g.values[a].dtype == DataType::U8,
+        })
+    }
+}
+
+impl Gen {
+    /// An int8 convolution (NCHW or NHWC, any group count, stride, padding and dilation).
+    pub fn qconv(&mut self, g: &Graph, node: &Node, q: &QConvAttrs) -> Result<GenKernel> {
+        let x = input(node, 0)?;
+        let y = output(node, 0)?;
+        let parts = QConvParts::new(g, node, q)?;
+        let (c, c4, pad_s, flip) = (parts.geom, parts.c4, parts.pad_s, parts.flip);
+        let taps = c.kh * c.kw;
+        let epi = parts.epi.clone();
+        let nhwc = q.conv.layout == Layout::Nhwc;
+        let wt = self.extra(parts.packed);
+        let bt = self.extra(i32_bytes(&parts.bias));
+        let mt = self.extra(f32_bytes(&parts.mult));
         let ConvGeometry {
             n,
             cin,
@@ -194,48 +303,82 @@ impl Gen {
         ))
     }
 
+    /// The QConv's input unfolded into the node's scratch slot (from byte 0) as the signed
+    /// `[N·OH·OW, KH·KW·C4]` matrix of a cuBLASLt int8 GEMM (NHWC, one group; C4 is C rounded
+    /// up to 4, whose extra bytes meet zero weights): u8 inputs flipped to signed, padded taps
+    /// the zero point's signed byte. Four bytes a thread when C % 4 == 0, else one.
+    pub fn qim2col_into_scratch(&mut self, x: ValueId, p: &QConvParts) -> GenKernel {
+        let c = &p.geom;
+        let (sh, sw, pt, pl, dh, dw, h, w) = (c.sh, c.sw, c.pt, c.pl, c.dh, c.dw, c.h, c.w);
+        let window = format!(
+            "i64 y = q1*{sh}LL - {pt}LL + q3*{dh}LL; i64 xx = q2*{sw}LL - {pl}LL + q4*{dw}LL; \
+             bool inb = y >= 0 && y < {h}LL && xx >= 0 && xx < {w}LL;"
+        );
+        let (shape, body) = if c.cin % 4 == 0 {
+            let cw = c.cin / 4;
+            let flip = if p.flip { " ^ 0x80808080u" } else { "" };
+            let pad_word = u32::from(p.pad_s as i8 as u8) * 0x0101_0101;
+            let shape = [c.n, c.oh, c.ow, c.kh, c.kw, cw];
+            let body = format!(
+                "{} {window} unsigned int v = {pad_word}u; \
+                 if (inb) v = ((const unsigned int*)p0)[((q0*{h}LL + y)*{w}LL + xx)*{cw}LL + q5]{flip}; \
+                 ((unsigned int*)p1)[i] = v;",
+                super::decompose(&shape, "q"),
+            );
+            (shape, body)
+        } else {
+            let cin = c.cin;
+            let flip = if p.flip { " ^ 0x80" } else { "" };
+            let pad = p.pad_s as i8 as u8;
+            let shape = [c.n, c.oh, c.ow, c.kh, c.kw, p.c4];
+            let body = format!(
+                "{} {window} u8 v = 0; if (q5 < {cin}LL) v = inb ? (u8)(p0[((q0*{h}LL + y)*{w}LL + xx)*{cin}LL + q5]{flip}) : (u8){pad}; \
+                 p1[i] = v;",
+                super::decompose(&shape, "q"),
+            );
+            (shape, body)
+        };
+        self.kernel(
+            &[
+                (Arg::Val(x), "const u8".into()),
+                (Arg::Scratch, "u8".into()),
+            ],
+            shape.iter().product(),
+            &body,
+        )
+    }
+
+    /// Requantizes the int32 GEMM result at scratch byte `acc_at` (`[M, cout]`) into `y`.
+    pub fn qrequant(&mut self, y: ValueId, acc_at: usize, p: &QConvParts) -> GenKernel {
+        let n = p.geom.cout;
+        let m = p.geom.n * p.geom.oh * p.geom.ow;
+        let bt = self.extra(i32_bytes(&p.bias));
+        let mt = self.extra(f32_bytes(&p.mult));
+        let body = format!(
+            "const int* bias2 = (const int*)p2; const float* mult = (const float*)p3; i64 co = i % {n}LL; \
+             int t = (int)((unsigned int)((const int*)p0)[i] + (unsigned int)bias2[co]); {}",
+            requant(&p.epi)
+        );
+        self.kernel(
+            &[
+                (Arg::ScratchAt(acc_at), "const u8".into()),
+                (Arg::Val(y), "u8".into()),
+                (bt, "const u8".into()),
+                (mt, "const u8".into()),
+            ],
+            m * n,
+            &body,
+        )
+    }
+
     /// An int8 Gemm `y[m, n] = requant(Σ_k a[m, k]·b[k, n] + bias[n])` (B constant).
     pub fn qgemm(&mut self, g: &Graph, node: &Node, q: &QGemmAttrs) -> Result<GenKernel> {
         let a = input(node, 0)?;
         let y = output(node, 0)?;
-        let ok8 = |d: DataType| matches!(d, DataType::U8 | DataType::I8);
-        if !ok8(g.values[a].dtype) || !ok8(q.y.dtype) {
-            return Err(unsupported(node, "needs 8-bit input and output"));
-        }
-        let (sa, sb) = (shape_of(g, a)?, shape_of(g, input(node, 1)?)?);
-        if sa.len() != 2 || sb.len() != 2 {
-            return Err(unsupported(node, "2-D operands needed"));
-        }
-        let (m, k) = (sa[0], sa[1]);
-        let (kb, n) = if q.trans_b {
-            (sb[1], sb[0])
-        } else {
-            (sb[0], sb[1])
-        };
-        if kb != k || q.w_scales.len() != n {
-            return Err(unsupported(node, "operand shapes differ"));
-        }
-        let w = weights_i8(g, node)?;
-        let bias = bias_i32(g, node, 2, n)?;
-        // B as [n][k padded to 4].
-        let k4 = k.div_ceil(4) * 4;
-        let mut packed = vec![0u8; n * k4];
-        let mut sums = vec![0i32; n];
-        for j in 0..n {
-            for kk in 0..k {
-                let v = if q.trans_b {
-                    w[j * k + kk]
-                } else {
-                    w[kk * n + j]
-                };
-                packed[j * k4 + kk] = v as u8;
-                sums[j] += i32::from(v);
-            }
-        }
-        let aq = u8_params(q.a);
-        let epi = QEpilogue::new(aq, &q.w_scales, q.y, &bias, &sums, q.activation);
-        let (b2, mult) = channel_tables(&epi, &sums);
-        let flip = g.values[a].dtype == DataType::U8;
+        let p = QConvParts::for_gemm(g, node, q)?;
+        let (m, n, k, k4, flip) = (p.geom.n, p.geom.cout, p.geom.cin, p.c4, p.flip);
+        let epi = p.epi.clone();
+        let (packed, b2, mult) = (p.packed, p.bias, p.mult);
         let xs = if flip {
             "(int)(signed char)(e ^ 0x80)"
         } else {
