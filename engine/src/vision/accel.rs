@@ -48,8 +48,12 @@ pub struct YuvFrame<'a> {
 pub struct GpuVision {
     conv: Mutex<crate::backend::cuda::vision::GpuImageConverter>,
     /// NanoDet decode + NMS kernels (None when they failed to build: the CPU decodes).
-    det: Option<Mutex<crate::backend::cuda::detect::GpuDetector>>,
+    det: Option<GpuDetectorLock>,
 }
+
+/// The GPU NanoDet decoder, one user at a time.
+#[cfg(feature = "cuda")]
+type GpuDetectorLock = Mutex<crate::backend::cuda::detect::GpuDetector>;
 
 /// Preprocessing (and camera-frame conversion) for one model: on the CPU, or on CUDA.
 #[derive(Clone, Default)]
@@ -127,6 +131,29 @@ impl Preprocessor {
         }
     }
 
+    /// The GPU NanoDet decoder for `spec` when there is one: the detector, the head's `reg_max`
+    /// and strides, and the score threshold in force (none for other heads, the CPU, a detector
+    /// that failed to build, or a NaN threshold).
+    #[cfg(feature = "cuda")]
+    fn gpu_decoder<'a>(
+        &'a self,
+        spec: &'a VisionSpec,
+        overrides: &Overrides,
+    ) -> Option<(&'a GpuDetectorLock, usize, &'a [usize], f32)> {
+        let (
+            Preprocessor::Gpu(g),
+            Task::Detection {
+                head: DetectionHead::Nanodet { reg_max, strides },
+            },
+        ) = (self, &spec.task)
+        else {
+            return None;
+        };
+        let threshold = overrides.score_threshold.unwrap_or(spec.score_threshold);
+        let det = g.det.as_ref().filter(|_| !threshold.is_nan())?;
+        Some((det, *reg_max, strides, threshold))
+    }
+
     /// Model outputs → results, as [`super::postprocess`]. On the GPU, NanoDet heads are decoded
     /// and NMS-ed by `backend::cuda::detect` (same detections; the outputs are uploaded from the
     /// host first); everything else, and any GPU failure (logged), uses the CPU.
@@ -138,20 +165,11 @@ impl Preprocessor {
         overrides: &Overrides,
     ) -> Result<Results> {
         #[cfg(feature = "cuda")]
-        if let (
-            Preprocessor::Gpu(g),
-            Task::Detection {
-                head: DetectionHead::Nanodet { reg_max, strides },
-            },
-        ) = (self, &spec.task)
-        {
-            let threshold = overrides.score_threshold.unwrap_or(spec.score_threshold);
-            if let (Some(det), false) = (&g.det, threshold.is_nan()) {
-                let mut det = det.lock().unwrap_or_else(|e| e.into_inner());
-                match det.nanodet(spec, outputs, *reg_max, strides, threshold, transform) {
-                    Ok(d) => return Ok(Results::Detections(d)),
-                    Err(e) => tracing::warn!("GPU NanoDet decoding failed, using the CPU: {e}"),
-                }
+        if let Some((det, reg_max, strides, threshold)) = self.gpu_decoder(spec, overrides) {
+            let mut det = det.lock().unwrap_or_else(|e| e.into_inner());
+            match det.nanodet(spec, outputs, reg_max, strides, threshold, transform) {
+                Ok(d) => return Ok(Results::Detections(d)),
+                Err(e) => tracing::warn!("GPU NanoDet decoding failed, using the CPU: {e}"),
             }
         }
         super::pipeline::postprocess(spec, outputs, transform, overrides)
@@ -161,18 +179,12 @@ impl Preprocessor {
     /// computed (a NanoDet head, the GPU detector built, and a usable score threshold).
     pub fn decodes_on_device(&self, spec: &VisionSpec, overrides: &Overrides) -> bool {
         #[cfg(feature = "cuda")]
-        if let (
-            Preprocessor::Gpu(g),
-            Task::Detection {
-                head: DetectionHead::Nanodet { .. },
-            },
-        ) = (self, &spec.task)
+        return self.gpu_decoder(spec, overrides).is_some();
+        #[cfg(not(feature = "cuda"))]
         {
-            let threshold = overrides.score_threshold.unwrap_or(spec.score_threshold);
-            return g.det.is_some() && !threshold.is_nan();
+            let _ = (spec, overrides);
+            false
         }
-        let _ = (spec, overrides);
-        false
     }
 
     /// Model outputs still in device memory → results, decoded and NMS-ed on the GPU so that
@@ -186,20 +198,10 @@ impl Preprocessor {
         overrides: &Overrides,
     ) -> Result<Results> {
         #[cfg(feature = "cuda")]
-        if let (
-            Preprocessor::Gpu(g),
-            Task::Detection {
-                head: DetectionHead::Nanodet { reg_max, strides },
-            },
-        ) = (self, &spec.task)
-        {
-            let threshold = overrides.score_threshold.unwrap_or(spec.score_threshold);
-            if let (Some(det), false) = (&g.det, threshold.is_nan()) {
-                let mut det = det.lock().unwrap_or_else(|e| e.into_inner());
-                let d =
-                    det.nanodet_device(spec, outputs, *reg_max, strides, threshold, transform)?;
-                return Ok(Results::Detections(d));
-            }
+        if let Some((det, reg_max, strides, threshold)) = self.gpu_decoder(spec, overrides) {
+            let mut det = det.lock().unwrap_or_else(|e| e.into_inner());
+            let d = det.nanodet_device(spec, outputs, reg_max, strides, threshold, transform)?;
+            return Ok(Results::Detections(d));
         }
         let _ = (spec, outputs, transform, overrides);
         Err(crate::error::Error::Unsupported(

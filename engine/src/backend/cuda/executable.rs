@@ -1521,9 +1521,15 @@ impl CudaRun {
             record(&p.events[self.resolved.len()], s, capturing)?;
         }
         record(&self.events.1, s, capturing)?;
-        if !download {
-            return Ok(());
+        if download {
+            self.enqueue_download()?;
         }
+        Ok(())
+    }
+
+    /// Enqueues the copy of every output slot into the pinned staging buffer.
+    fn enqueue_download(&self) -> Result<()> {
+        let s = self.stream.cu_stream();
         let sout = self.staging_out.bytes();
         for &(src, off, n) in self.outs.iter().flatten() {
             // SAFETY: as for the inputs; the staging buffer is pinned and outlives the work.
@@ -1531,6 +1537,39 @@ impl CudaRun {
                 unsafe { std::slice::from_raw_parts_mut(sout.as_ptr().add(off) as *mut u8, n) };
             // SAFETY: the slot holds n bytes.
             unsafe { drv::memcpy_dtoh_async(dst, src, s) }.map_err(drv_err("output copy"))?;
+        }
+        Ok(())
+    }
+
+    /// Fills `outputs` (reshaped as needed) from the staging buffer, or from the graph for
+    /// outputs that are constants.
+    fn staged_outputs(&self, outputs: &mut [Tensor]) -> Result<()> {
+        let g = &self.exe.graph;
+        if outputs.len() != g.outputs.len() {
+            return Err(Error::BadInput(format!(
+                "model gives {} outputs, got {} buffers",
+                g.outputs.len(),
+                outputs.len()
+            )));
+        }
+        for ((&v, t), o) in g.outputs.iter().zip(outputs.iter_mut()).zip(&self.outs) {
+            let value = &g.values[v];
+            let shape = g.shape(v)?;
+            if t.dtype() != value.dtype || t.shape != shape {
+                *t = Tensor::zeros(value.dtype, shape.to_vec());
+            }
+            match (o, &value.constant) {
+                (Some((_, off, n)), _) => t
+                    .as_bytes_mut()
+                    .copy_from_slice(&self.staging_out.bytes()[*off..off + n]),
+                (None, Some(c)) => t.as_bytes_mut().copy_from_slice(c.as_bytes()),
+                (None, None) => {
+                    return Err(Error::InvalidModel(format!(
+                        "output '{}' has no source",
+                        value.name
+                    )))
+                }
+            }
         }
         Ok(())
     }
@@ -1605,30 +1644,9 @@ impl CudaRun {
 
 impl BackendContext for CudaRun {
     fn run(&mut self, inputs: &[&Tensor], outputs: &mut [Tensor]) -> Result<()> {
-        let exe = Arc::clone(&self.exe);
-        let g = &exe.graph;
-        crate::backend::check_signature(g, inputs, outputs)?;
+        crate::backend::check_signature(&self.exe.graph, inputs, outputs)?;
         self.execute(inputs, true)?;
-        for ((&v, t), o) in g.outputs.iter().zip(outputs.iter_mut()).zip(&self.outs) {
-            let value = &g.values[v];
-            let shape = g.shape(v)?;
-            if t.dtype() != value.dtype || t.shape != shape {
-                *t = Tensor::zeros(value.dtype, shape.to_vec());
-            }
-            match (o, &value.constant) {
-                (Some((_, off, n)), _) => t
-                    .as_bytes_mut()
-                    .copy_from_slice(&self.staging_out.bytes()[*off..off + n]),
-                (None, Some(c)) => t.as_bytes_mut().copy_from_slice(c.as_bytes()),
-                (None, None) => {
-                    return Err(Error::InvalidModel(format!(
-                        "output '{}' has no source",
-                        value.name
-                    )))
-                }
-            }
-        }
-        Ok(())
+        self.staged_outputs(outputs)
     }
 
     fn run_on_device(&mut self, inputs: &[&Tensor]) -> Result<Option<Vec<DeviceOutput>>> {
@@ -1652,43 +1670,15 @@ impl BackendContext for CudaRun {
     }
 
     fn download_outputs(&mut self, outputs: &mut [Tensor]) -> Result<()> {
-        let exe = Arc::clone(&self.exe);
-        let g = &exe.graph;
-        if outputs.len() != g.outputs.len() {
-            return Err(Error::BadInput(format!(
-                "model gives {} outputs, got {} buffers",
-                g.outputs.len(),
-                outputs.len()
-            )));
-        }
-        exe.ctx.bind_to_thread().map_err(drv_err("bind context"))?;
-        for ((&v, t), o) in g.outputs.iter().zip(outputs.iter_mut()).zip(&self.outs) {
-            let value = &g.values[v];
-            let shape = g.shape(v)?;
-            if t.dtype() != value.dtype || t.shape != shape {
-                *t = Tensor::zeros(value.dtype, shape.to_vec());
-            }
-            match (o, &value.constant) {
-                (Some((src, _, n)), _) => {
-                    let dst = t.as_bytes_mut().get_mut(..*n).ok_or_else(|| {
-                        Error::InvalidModel(format!(
-                            "output '{}' is smaller than its slot",
-                            value.name
-                        ))
-                    })?;
-                    // SAFETY: the slot holds n bytes, written by the synchronised last run.
-                    unsafe { drv::memcpy_dtoh_sync(dst, *src) }.map_err(drv_err("output copy"))?
-                }
-                (None, Some(c)) => t.as_bytes_mut().copy_from_slice(c.as_bytes()),
-                (None, None) => {
-                    return Err(Error::InvalidModel(format!(
-                        "output '{}' has no source",
-                        value.name
-                    )))
-                }
-            }
-        }
-        Ok(())
+        self.exe
+            .ctx
+            .bind_to_thread()
+            .map_err(drv_err("bind context"))?;
+        self.enqueue_download()?;
+        self.stream
+            .synchronize()
+            .map_err(drv_err("output download (stream synchronize)"))?;
+        self.staged_outputs(outputs)
     }
 }
 

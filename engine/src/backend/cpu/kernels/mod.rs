@@ -18,7 +18,9 @@ mod resize;
 
 /// Shared with the CUDA backend's int8 kernels, so that both derive the same geometry and
 /// requantize with the same arithmetic.
+#[cfg(feature = "cuda")]
 pub(crate) use conv::{geometry as conv_geometry, Geom as ConvGeometry};
+#[cfg(feature = "cuda")]
 pub(crate) use qgemm::{bias_i32, u8_params, weights_i8, QEpilogue};
 
 /// Compiles one node for the shapes recorded in `graph` (shape inference must have run, and

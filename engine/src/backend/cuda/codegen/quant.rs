@@ -314,7 +314,7 @@ impl Gen {
             "i64 y = q1*{sh}LL - {pt}LL + q3*{dh}LL; i64 xx = q2*{sw}LL - {pl}LL + q4*{dw}LL; \
              bool inb = y >= 0 && y < {h}LL && xx >= 0 && xx < {w}LL;"
         );
-        let (shape, body) = if c.cin % 4 == 0 {
+        let (shape, body) = if c.cin.is_multiple_of(4) {
             let cw = c.cin / 4;
             let flip = if p.flip { " ^ 0x80808080u" } else { "" };
             let pad_word = u32::from(p.pad_s as i8 as u8) * 0x0101_0101;
