@@ -81,6 +81,23 @@ impl Model {
         }
         let device = resolve_device(opts.device);
         let nhwc = prefers_nhwc(device, opts.precision, opts.batch);
+        // Exporters trace at batch 1 and may write it into Reshape shapes: at another batch
+        // those must copy the input's batch instead, and the outputs must carry it through.
+        let traced = if opts.batch != 1 {
+            free_baked_batch(&mut graph, 1)?;
+            let mut at_one = graph.clone();
+            crate::ir::shape::pin_inputs(&mut at_one, 1)?;
+            crate::passes::fold_constants(&mut at_one)?;
+            Some(
+                at_one
+                    .outputs
+                    .iter()
+                    .map(|&v| at_one.shape(v).map(<[usize]>::to_vec))
+                    .collect::<Result<Vec<_>>>()?,
+            )
+        } else {
+            None
+        };
         // The imported graph, kept for other batch sizes (its constants are shared `Arc`s).
         let source = graph.clone();
         let report = prepare_with(&mut graph, opts.batch, opts.optimize, nhwc)?;
@@ -97,6 +114,9 @@ impl Model {
         };
         let inputs = info(&graph.inputs)?;
         let outputs = info(&graph.outputs)?;
+        if let Some(at_one) = &traced {
+            batch_carried(at_one, 1, opts.batch, &outputs)?;
+        }
         let graph = Arc::new(graph);
         let executable = compile_for(device, opts.precision, opts.threads, Arc::clone(&graph))?;
         // CUDA models preprocess on the GPU (device 0, as `compile_for`); CPU if that fails.
@@ -543,31 +563,46 @@ impl ShapeCache {
 }
 
 impl ShapeCache {
-    /// Refuses a specialisation whose outputs are not the loaded ones with the batch swapped:
-    /// an output led by the loaded batch must be led by `batch` with the same other dimensions,
-    /// and any other output must keep its shape. (A graph that folds the batch into another
-    /// dimension would otherwise give wrong results silently.)
+    /// Refuses a specialisation whose outputs are not the loaded ones with the batch swapped
+    /// (see [`batch_carried`]).
     fn check_outputs(&self, batch: usize, outputs: &[TensorInfo]) -> Result<()> {
         let base = &self.base_graph;
-        for (&v, got) in base.outputs.iter().zip(outputs) {
-            let loaded = base.shape(v)?;
-            let want: Vec<usize> = match loaded.split_first() {
-                Some((&b, rest)) if b == self.batch => {
-                    std::iter::once(batch).chain(rest.iter().copied()).collect()
-                }
-                _ => loaded.to_vec(),
-            };
-            if got.shape != want {
-                return Err(Error::Unsupported(format!(
-                    "this model cannot run batch {batch}: its output '{}' would be {:?} where \
-                     batch {} gives {loaded:?} (the graph does not carry the batch through); \
-                     load a model exported for batch {batch}",
-                    got.name, got.shape, self.batch
-                )));
-            }
-        }
-        Ok(())
+        let loaded = base
+            .outputs
+            .iter()
+            .map(|&v| base.shape(v).map(<[usize]>::to_vec))
+            .collect::<Result<Vec<_>>>()?;
+        batch_carried(&loaded, self.batch, batch, outputs)
     }
+}
+
+/// Checks that outputs compiled for `batch` are the ones at `loaded_batch` (shapes `loaded`)
+/// with the batch swapped: an output led by the loaded batch must be led by `batch` with the
+/// same other dimensions, any other output must keep its shape. (A graph that folds the batch
+/// into another dimension would otherwise give wrong results silently.)
+fn batch_carried(
+    loaded: &[Vec<usize>],
+    loaded_batch: usize,
+    batch: usize,
+    outputs: &[TensorInfo],
+) -> Result<()> {
+    for (shape, got) in loaded.iter().zip(outputs) {
+        let want: Vec<usize> = match shape.split_first() {
+            Some((&b, rest)) if b == loaded_batch => {
+                std::iter::once(batch).chain(rest.iter().copied()).collect()
+            }
+            _ => shape.clone(),
+        };
+        if got.shape != want {
+            return Err(Error::Unsupported(format!(
+                "this model cannot run batch {batch}: its output '{}' would be {:?} where \
+                 batch {loaded_batch} gives {shape:?} (the graph does not carry the batch \
+                 through); load a model exported for batch {batch}",
+                got.name, got.shape
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Exporters often write the batch size they traced with into Reshape shapes (`[1, -1]` before

@@ -474,6 +474,86 @@ fn nanodet_batch_two_outputs_stack_the_batch_one_outputs() {
     }
 }
 
+/// Loading at batch 2 (`ModelOptions::batch`, what `batch = 2` in the config does) carries the
+/// batch through the Reshapes the exporter wrote batch 1 into: each row equals a batch-1 model's
+/// result for that image; a graph that folds the batch away refuses to load at batch 2.
+#[test]
+fn loading_at_batch_two_carries_the_batch_through() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    for (file, side) in [
+        ("nanodet-m-416.onnx", 416usize),
+        ("efficientnet-lite0.onnx", 224),
+    ] {
+        let path = models().join(file);
+        if !path.exists() {
+            println!(
+                "SKIP: {file} batch-2 load because {} is missing",
+                path.display()
+            );
+            continue;
+        }
+        let at = |batch: usize| {
+            let opts = ModelOptions {
+                threads: 1,
+                batch,
+                ..ModelOptions::default()
+            };
+            Model::load(&path, &opts).unwrap_or_else(|e| panic!("{file} at batch {batch}: {e}"))
+        };
+        let (one, two) = (at(1), at(2));
+        let n = 3 * side * side;
+        let images: Vec<Vec<f32>> = (0..2).map(|k| image(k + 31, n)).collect();
+        let mut c1 = one.new_context().expect("context");
+        let singles: Vec<Vec<Tensor>> = images
+            .iter()
+            .map(|im| {
+                let x = Tensor::from_f32(vec![1, 3, side, side], im.clone()).expect("input");
+                c1.run(&[x]).expect("batch 1")
+            })
+            .collect();
+        let mut c2 = two.new_context().expect("context");
+        let x = Tensor::from_f32(vec![2, 3, side, side], images.concat()).expect("batch 2");
+        let outs = c2.run(&[x]).expect("batch 2");
+        assert_eq!(outs.len(), singles[0].len());
+        for (k, o) in outs.iter().enumerate() {
+            let mut want = singles[0][k].shape.clone();
+            want[0] = 2;
+            assert_eq!(o.shape, want, "{file} output {k}");
+            let v = o.to_f32_vec();
+            let half = v.len() / 2;
+            for (row, single) in singles.iter().enumerate() {
+                let d = max_abs_diff(&v[row * half..(row + 1) * half], &single[k].to_f32_vec());
+                assert!(d < 1e-4, "{file} output {k} row {row} differs by {d}");
+            }
+        }
+        println!("{file}: loaded at batch 2, both rows equal batch-1 runs");
+    }
+    // y = reshape(x, [-1]) cannot carry a batch: loading it at batch 2 is refused.
+    let mut g = Graph::default();
+    let x = g.add_value("x", DataType::F32);
+    g.values[x].declared = Some(vec![None, Some(4)]);
+    let s = g.add_constant("s", Tensor::from_i64(vec![1], vec![-1]).expect("shape"));
+    let y = g.add_value("y", DataType::F32);
+    g.nodes.push(Node {
+        name: "flat".into(),
+        op: Op::Reshape { allowzero: false },
+        inputs: vec![Some(x), Some(s)],
+        outputs: vec![y],
+    });
+    g.inputs = vec![x];
+    g.outputs = vec![y];
+    g.opset = 17;
+    let opts = ModelOptions {
+        batch: 2,
+        ..ModelOptions::default()
+    };
+    match Model::from_graph(g, &opts) {
+        Err(Error::Unsupported(msg)) => assert!(msg.contains("does not carry the batch"), "{msg}"),
+        Err(e) => panic!("expected unsupported, got {e}"),
+        Ok(m) => panic!("loaded, giving outputs {:?}", m.outputs()),
+    }
+}
+
 #[test]
 fn a_graph_that_folds_the_batch_away_is_refused() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
