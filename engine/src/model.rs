@@ -84,17 +84,7 @@ impl Model {
         // Exporters trace at batch 1 and may write it into Reshape shapes: at another batch
         // those must copy the input's batch instead, and the outputs must carry it through.
         let traced = if opts.batch != 1 {
-            free_baked_batch(&mut graph, 1)?;
-            let mut at_one = graph.clone();
-            crate::ir::shape::pin_inputs(&mut at_one, 1)?;
-            crate::passes::fold_constants(&mut at_one)?;
-            Some(
-                at_one
-                    .outputs
-                    .iter()
-                    .map(|&v| at_one.shape(v).map(<[usize]>::to_vec))
-                    .collect::<Result<Vec<_>>>()?,
-            )
+            Some(free_baked_batch(&mut graph, 1)?.outputs)
         } else {
             None
         };
@@ -532,7 +522,7 @@ impl ShapeCache {
         let mut graph = {
             let mut src = self.source.lock().unwrap_or_else(|e| e.into_inner());
             if !src.1 {
-                let n = free_baked_batch(&mut src.0, self.batch)?;
+                let n = free_baked_batch(&mut src.0, self.batch)?.rewritten;
                 tracing::debug!("{n} Reshape(s) with the batch size written in now copy it");
                 src.1 = true;
             }
@@ -611,8 +601,8 @@ fn batch_carried(
 /// batch) and starts with the loaded `batch`, and its data depends on a model input with the
 /// batch as leading dimension at the loaded size, the Reshape gets that shape with the leading
 /// entry 0 ("copy the input's"): the same result at the loaded batch, and the batch carried
-/// through at any other. Returns the number of Reshapes rewritten.
-fn free_baked_batch(graph: &mut Graph, batch: usize) -> Result<usize> {
+/// through at any other.
+fn free_baked_batch(graph: &mut Graph, batch: usize) -> Result<BakedBatch> {
     use crate::ir::Op;
     // Folded at the loaded batch: every value's shape, and each constant shape subgraph's value.
     let mut shaped = graph.clone();
@@ -658,7 +648,19 @@ fn free_baked_batch(graph: &mut Graph, batch: usize) -> Result<usize> {
         graph.nodes[i].inputs[1] = Some(c);
         rewritten += 1;
     }
-    Ok(rewritten)
+    let outputs = shaped
+        .outputs
+        .iter()
+        .map(|&v| shaped.shape(v).map(<[usize]>::to_vec))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(BakedBatch { rewritten, outputs })
+}
+
+/// What [`free_baked_batch`] did: Reshapes rewritten, and the output shapes at the batch it
+/// folded the graph at (the rewrite keeps them).
+struct BakedBatch {
+    rewritten: usize,
+    outputs: Vec<Vec<usize>>,
 }
 
 /// Replaces constants of `graph` equal (type, shape, bytes) to one of `base`'s with `base`'s

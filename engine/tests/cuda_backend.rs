@@ -229,11 +229,31 @@ fn fp16_nanodet_detections_match_cpu_on_eval_photos() {
         cpu.new_context().expect("ctx"),
         gpu.new_context().expect("ctx"),
     );
+    same_detections(
+        &mut cc,
+        &mut gc,
+        &spec,
+        &eval_photos(),
+        "cpu fp32",
+        "gpu fp16",
+    );
+}
+
+/// Runs every photo through both contexts and asserts that each detection of one (scored above
+/// the threshold plus a margin) is matched in the other, and that some photo has detections.
+fn same_detections(
+    cc: &mut vigil_engine::ExecutionContext,
+    gc: &mut vigil_engine::ExecutionContext,
+    spec: &VisionSpec,
+    photos: &[(String, Vec<u8>)],
+    cpu_label: &str,
+    gpu_label: &str,
+) {
     let margin = spec.score_threshold + 0.05;
     let mut total = 0;
-    for (file, bytes) in eval_photos() {
+    for (file, bytes) in photos {
         let (Results::Detections(want), Results::Detections(got)) =
-            (infer(&mut cc, &spec, &bytes), infer(&mut gc, &spec, &bytes))
+            (infer(cc, spec, bytes), infer(gc, spec, bytes))
         else {
             panic!("detection results expected");
         };
@@ -242,7 +262,7 @@ fn fp16_nanodet_detections_match_cpu_on_eval_photos() {
             unmatched(&got, &want, margin),
         );
         println!(
-            "{file}: cpu fp32 {} detections, gpu fp16 {}; unmatched {m1} / {m2}",
+            "{file}: {cpu_label} {} detections, {gpu_label} {}; unmatched {m1} / {m2}",
             want.len(),
             got.len()
         );
@@ -355,27 +375,7 @@ fn int8_qdq_models_match_cpu_int8() {
         gpu.new_context().expect("ctx"),
     );
     let spec = VisionSpec::nanodet_m_416(labels("coco-labels.txt"));
-    let margin = spec.score_threshold + 0.05;
-    let mut total = 0;
-    for (file, bytes) in &photos {
-        let (Results::Detections(want), Results::Detections(got)) =
-            (infer(&mut cc, &spec, bytes), infer(&mut gc, &spec, bytes))
-        else {
-            panic!("detection results expected");
-        };
-        let (m1, m2) = (
-            unmatched(&want, &got, margin),
-            unmatched(&got, &want, margin),
-        );
-        println!(
-            "{file}: int8 cpu {} detections, gpu {}; unmatched {m1} / {m2}",
-            want.len(),
-            got.len()
-        );
-        assert_eq!((m1, m2), (0, 0), "{file}: detections differ");
-        total += want.len();
-    }
-    assert!(total > 0, "no int8 detections on any eval photo");
+    same_detections(&mut cc, &mut gc, &spec, &photos, "int8 cpu", "gpu");
 }
 
 /// Largest |a-b| over max |b| (b = CPU reference).

@@ -474,6 +474,26 @@ fn nanodet_batch_two_outputs_stack_the_batch_one_outputs() {
     }
 }
 
+/// `y = reshape(x, [-1])` with x `[batch, 4]`: a graph that folds the batch away (at batch 1
+/// y is [4], at batch 2 it would be [8], not 2 rows of [4]).
+fn flatten_graph() -> Graph {
+    let mut g = Graph::default();
+    let x = g.add_value("x", DataType::F32);
+    g.values[x].declared = Some(vec![None, Some(4)]);
+    let s = g.add_constant("s", Tensor::from_i64(vec![1], vec![-1]).expect("shape"));
+    let y = g.add_value("y", DataType::F32);
+    g.nodes.push(Node {
+        name: "flat".into(),
+        op: Op::Reshape { allowzero: false },
+        inputs: vec![Some(x), Some(s)],
+        outputs: vec![y],
+    });
+    g.inputs = vec![x];
+    g.outputs = vec![y];
+    g.opset = 17;
+    g
+}
+
 /// Loading at batch 2 (`ModelOptions::batch`, what `batch = 2` in the config does) carries the
 /// batch through the Reshapes the exporter wrote batch 1 into: each row equals a batch-1 model's
 /// result for that image; a graph that folds the batch away refuses to load at batch 2.
@@ -529,20 +549,7 @@ fn loading_at_batch_two_carries_the_batch_through() {
         println!("{file}: loaded at batch 2, both rows equal batch-1 runs");
     }
     // y = reshape(x, [-1]) cannot carry a batch: loading it at batch 2 is refused.
-    let mut g = Graph::default();
-    let x = g.add_value("x", DataType::F32);
-    g.values[x].declared = Some(vec![None, Some(4)]);
-    let s = g.add_constant("s", Tensor::from_i64(vec![1], vec![-1]).expect("shape"));
-    let y = g.add_value("y", DataType::F32);
-    g.nodes.push(Node {
-        name: "flat".into(),
-        op: Op::Reshape { allowzero: false },
-        inputs: vec![Some(x), Some(s)],
-        outputs: vec![y],
-    });
-    g.inputs = vec![x];
-    g.outputs = vec![y];
-    g.opset = 17;
+    let g = flatten_graph();
     let opts = ModelOptions {
         batch: 2,
         ..ModelOptions::default()
@@ -558,20 +565,7 @@ fn loading_at_batch_two_carries_the_batch_through() {
 fn a_graph_that_folds_the_batch_away_is_refused() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     // y = reshape(x, [-1]): at batch 1 y is [4], at batch 2 it would be [8], not 2 rows of [4].
-    let mut g = Graph::default();
-    let x = g.add_value("x", DataType::F32);
-    g.values[x].declared = Some(vec![None, Some(4)]);
-    let s = g.add_constant("s", Tensor::from_i64(vec![1], vec![-1]).expect("shape"));
-    let y = g.add_value("y", DataType::F32);
-    g.nodes.push(Node {
-        name: "flat".into(),
-        op: Op::Reshape { allowzero: false },
-        inputs: vec![Some(x), Some(s)],
-        outputs: vec![y],
-    });
-    g.inputs = vec![x];
-    g.outputs = vec![y];
-    g.opset = 17;
+    let g = flatten_graph();
     let m = Model::from_graph(g, &ModelOptions::default()).expect("model");
     let mut ctx = m.new_context().expect("context");
     match ctx.run(&[ramp(2)]) {

@@ -77,10 +77,10 @@ pub struct ConvDescs {
     pub conv: dnn_sys::cudnnConvolutionDescriptor_t,
     pub act: dnn_sys::cudnnActivationDescriptor_t,
 }
-// SAFETY: descriptors are written once at compile time and only read afterwards.
+// SAFETY: the descriptors are plain cuDNN objects owned by this value; one context (one thread
+// at a time) uses them. Not `Sync`: cuDNN may keep state in a descriptor, so concurrently
+// running contexts each build their own (`ConvStep::descs`).
 unsafe impl Send for ConvDescs {}
-// SAFETY: as above.
-unsafe impl Sync for ConvDescs {}
 
 /// Convolution geometry in cuDNN's terms (logical NCHW dims, symmetric pads).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

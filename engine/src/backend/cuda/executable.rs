@@ -43,10 +43,26 @@ struct ConvStep {
     z: Option<Arg>,
     /// cuDNN applies bias, residual and activation itself (cudnnConvolutionBiasActivationForward).
     fused: bool,
-    descs: ConvDescs,
+    /// What each context builds its own cuDNN descriptors from (see [`ConvStep::descs`]).
+    geom: ConvGeom,
+    /// The activation cuDNN applies when `fused`.
+    act: Option<(dnn_sys::cudnnActivationMode_t, f64)>,
     algo: AlgoChoice,
     /// Byte offset of the workspace inside the node's scratch slot.
     ws_offset: usize,
+}
+
+impl ConvStep {
+    /// This step's cuDNN descriptors for one execution context: cuDNN may keep state in a
+    /// descriptor, so contexts running concurrently never share one (as with cuBLASLt's).
+    fn descs(&self) -> Result<ConvDescs> {
+        let d = ConvDescs::new(&self.geom)?;
+        if let Some((mode, coef)) = self.act {
+            d.set_activation(mode, coef)?;
+        }
+        d.set_math(self.algo.math)?;
+        Ok(d)
+    }
 }
 
 /// A pointwise NHWC convolution run as one cuBLASLt GEMM with its epilogue fused.
@@ -195,6 +211,30 @@ struct Builder<'a> {
     note: String,
     /// The device's L2 cache size in bytes (bounds the im2col patch matrix).
     l2_bytes: usize,
+    /// When convolutions may run through cuBLASLt (`VIGIL_CUDA_LT`).
+    lt_mode: LtMode,
+    /// Whether non-pointwise convolutions may unfold into a GEMM (`VIGIL_CUDA_IM2COL`).
+    im2col: bool,
+}
+
+/// `VIGIL_CUDA_LT`: `0` turns the cuBLASLt convolution paths off, `force` takes them whenever
+/// they apply (A/B measurements and tests of the im2col path); otherwise they are taken when
+/// they measure faster than cuDNN.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LtMode {
+    Off,
+    Measured,
+    Force,
+}
+
+impl LtMode {
+    fn from_env() -> Self {
+        match std::env::var("VIGIL_CUDA_LT").as_deref() {
+            Ok("0") => LtMode::Off,
+            Ok("force") => LtMode::Force,
+            _ => LtMode::Measured,
+        }
+    }
 }
 
 impl Builder<'_> {
@@ -502,10 +542,7 @@ impl Builder<'_> {
         } else {
             best.time_ms + if needs_epi { epi_ms } else { 0.0 }
         };
-        // VIGIL_CUDA_LT=0 turns the cuBLASLt paths off, =force takes them whenever they apply
-        // (A/B measurements and tests of the im2col path).
-        let lt_env = std::env::var("VIGIL_CUDA_LT").unwrap_or_default();
-        let (lt_on, lt_force) = (lt_env != "0", lt_env == "force");
+        let (lt_on, lt_force) = (self.lt_mode != LtMode::Off, self.lt_mode == LtMode::Force);
         let gemm_able =
             nhwc && symmetric && a.group == 1 && (bias.is_none() || bias_ptr.is_some()) && lt_on;
         let pointwise = gemm_able
@@ -535,7 +572,7 @@ impl Builder<'_> {
         let im2col = gemm_able
             && !pointwise
             && col_bytes <= self.l2_bytes / IM2COL_L2_FRACTION
-            && std::env::var("VIGIL_CUDA_IM2COL").map_or(true, |v| v != "0");
+            && self.im2col;
         if pointwise || im2col {
             let relu = a.activation == Some(Activation::Relu);
             let shape = PointwiseShape {
@@ -637,7 +674,8 @@ impl Builder<'_> {
             bias,
             z,
             fused: fused_relu,
-            descs,
+            geom,
+            act: mode.filter(|_| fused_relu),
             algo,
             ws_offset,
         })));
@@ -684,8 +722,7 @@ impl Builder<'_> {
     /// false (with the reason in the step's note) when cuBLASLt is off or has no algorithm.
     fn q_gemm(&mut self, idx: usize, node: &Node, parts: &QConvParts) -> Result<bool> {
         let c = parts.geom;
-        let lt_on = std::env::var("VIGIL_CUDA_LT").map_or(true, |v| v != "0");
-        if lt_on {
+        if self.lt_mode != LtMode::Off {
             let (m, n, k) = (c.n * c.oh * c.ow, c.cout, c.kh * c.kw * parts.c4);
             let shape = PointwiseShape {
                 m,
@@ -982,6 +1019,8 @@ impl CudaExecutable {
             l2_bytes: ctx
                 .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
                 .map_or(0, |v| usize::try_from(v).unwrap_or(0)),
+            lt_mode: LtMode::from_env(),
+            im2col: std::env::var("VIGIL_CUDA_IM2COL").map_or(true, |v| v != "0"),
         };
         for (i, n) in g.nodes.iter().enumerate() {
             b.node(i, n)?;
@@ -1093,6 +1132,8 @@ enum Resolved {
     },
     Conv {
         step: usize,
+        /// This context's own descriptors for the step.
+        descs: Box<ConvDescs>,
         x: u64,
         y: u64,
         bias: u64,
@@ -1268,6 +1309,7 @@ impl CudaRun {
                 },
                 Step::Conv(c) => Resolved::Conv {
                     step: i,
+                    descs: Box::new(c.descs()?),
                     x: resolve(c.x, c.node)?,
                     y: slot(c.y)?,
                     bias: c.bias.map(|b| resolve(b, c.node)).transpose()?.unwrap_or(0),
@@ -1376,6 +1418,7 @@ impl CudaRun {
                 }
                 Resolved::Conv {
                     step,
+                    descs,
                     x,
                     y,
                     bias,
@@ -1387,7 +1430,7 @@ impl CudaRun {
                     };
                     let (one, zero) = (1f32, 0f32);
                     let (alpha2, zp) = if *z != 0 { (1f32, *z) } else { (0f32, *y) };
-                    let d = &c.descs;
+                    let d = descs;
                     // SAFETY: descriptors match the buffers, which the plan sized.
                     unsafe {
                         if c.fused {

@@ -9,7 +9,7 @@
 
 use std::fmt::Write as _;
 
-use super::{act_expr, flit, input, output, shape_of, unsupported, Arg, Gen, GenKernel};
+use super::{act_expr, f32_bytes, flit, input, output, shape_of, unsupported, Arg, Gen, GenKernel};
 use crate::backend::cpu::kernels::{
     bias_i32, conv_geometry, u8_params, weights_i8, ConvGeometry, QEpilogue,
 };
@@ -17,10 +17,6 @@ use crate::error::Result;
 use crate::ir::{DataType, Graph, Layout, Node, QConvAttrs, QGemmAttrs, ValueId};
 
 fn i32_bytes(v: &[i32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-fn f32_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
