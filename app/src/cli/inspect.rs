@@ -23,6 +23,9 @@ pub struct InspectArgs {
     /// Directory holding the default models.
     #[arg(long)]
     pub models_dir: Option<PathBuf>,
+    /// Also list every node of the optimized graph in execution order (text output).
+    #[arg(long)]
+    pub nodes: bool,
 }
 
 /// Summary of one graph.
@@ -182,8 +185,36 @@ pub fn run(args: InspectArgs) -> Result<(), String> {
             bound as f64 / 1e6,
             arena as f64 / bound.max(1) as f64
         );
+        if args.nodes {
+            print_nodes(model.graph());
+        }
     }
     Ok(())
+}
+
+/// One line per node: op, output element type and shape, name, and the ops producing its inputs.
+fn print_nodes(g: &Graph) {
+    let producers = g.producers();
+    println!("nodes (execution order):");
+    for n in &g.nodes {
+        let out = n.outputs.first().map(|&o| &g.values[o]);
+        let from: Vec<&str> = n
+            .inputs
+            .iter()
+            .flatten()
+            .filter(|&&v| g.constant(v).is_none())
+            .map(|&v| producers[v].map_or("input", |p| g.nodes[p].op.name()))
+            .collect();
+        println!(
+            "  {:<18} {:<4} {:<20} {} <- {}",
+            n.op.name(),
+            out.map_or("-".into(), |v| format!("{:?}", v.dtype)),
+            out.and_then(|v| v.shape.as_ref())
+                .map_or("?".into(), |s| format!("{s:?}")),
+            n.name,
+            from.join(", ")
+        );
+    }
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ mod layout;
 mod pad_fold;
 mod pipeline;
 mod quant_fold;
+mod quant_propagate;
 mod transpose_cancel;
 mod util;
 
@@ -26,6 +27,7 @@ pub use layout::{layout, TO_NCHW, TO_NHWC};
 pub use pad_fold::pad_fold;
 pub use pipeline::{annotate_shapes, prepare, prepare_with, OptimizeReport};
 pub use quant_fold::quant_fold;
+pub use quant_propagate::quant_propagate;
 pub use transpose_cancel::transpose_cancel;
 
 use crate::error::{Error, Result};
@@ -90,7 +92,8 @@ fn run_to_fixed_point(
 }
 
 /// Runs the optimizer (after constant folding): cleanup, pad/BN folding and fusions to a fixed
-/// point, then the NHWC layout rewrite, then transpose cancellation and cleanup to a fixed point.
+/// point, then the NHWC layout rewrite, then transpose cancellation, QDQ propagation and cleanup
+/// to a fixed point.
 pub fn optimize_after_folding(graph: &mut Graph) -> Result<PassReport> {
     optimize_after_folding_with(graph, true)
 }
@@ -110,8 +113,11 @@ pub fn optimize_after_folding_with(graph: &mut Graph, nhwc: bool) -> Result<Pass
         let n = layout(graph)?;
         report.add("layout", n);
     }
-    let post: [(&'static str, Pass); 2] =
-        [("transpose_cancel", transpose_cancel), ("cleanup", cleanup)];
+    let post: [(&'static str, Pass); 3] = [
+        ("transpose_cancel", transpose_cancel),
+        ("quant_propagate", quant_propagate),
+        ("cleanup", cleanup),
+    ];
     run_to_fixed_point(graph, &post, &mut report)?;
     Ok(report)
 }

@@ -29,10 +29,10 @@ pub fn prepare_with(
 ) -> Result<OptimizeReport> {
     shape::pin_inputs(graph, batch)?;
     // QDQ patterns fold into integer ops before constant folding dequantizes their weights.
-    let quant = if optimize {
-        super::quant_fold(graph)?
+    let (quant, propagated) = if optimize {
+        (super::quant_fold(graph)?, super::quant_propagate(graph)?)
     } else {
-        0
+        (0, 0)
     };
     let mut report = OptimizeReport {
         folded: const_fold::fold_constants(graph)?,
@@ -41,6 +41,7 @@ pub fn prepare_with(
     if optimize {
         report.passes = optimize_after_folding_with(graph, nhwc)?;
         report.passes.add("quant_fold", quant);
+        report.passes.add("quant_propagate", propagated);
     }
     shape::infer(graph)?;
     graph.validate()?;

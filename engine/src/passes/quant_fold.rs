@@ -59,7 +59,7 @@ fn scalar(graph: &Graph, v: Option<ValueId>) -> Option<f32> {
 }
 
 /// Per-tensor parameters of a QuantizeLinear node (constant scale and zero point).
-fn q_params(graph: &Graph, node: &Node) -> Option<QParams> {
+pub(super) fn q_params(graph: &Graph, node: &Node) -> Option<QParams> {
     let Op::QuantizeLinear { dtype, .. } = node.op else {
         return None;
     };
@@ -89,7 +89,7 @@ fn valid(p: QParams) -> Option<QParams> {
 }
 
 /// A per-tensor DequantizeLinear producing `v`: (node index, quantized input, parameters).
-fn dq_activation(
+pub(super) fn dq_activation(
     graph: &Graph,
     producers: &[Option<usize>],
     v: ValueId,
@@ -379,27 +379,9 @@ fn fold_lut(graph: &mut Graph, i: usize) -> Result<bool> {
         return Ok(false);
     };
     let out = graph.nodes[c].outputs[0];
-    let (lo, hi) = qp.range();
-    let table: Vec<u8> = (0..=255u8)
-        .map(|b| {
-            let xi = if xp.dtype == DataType::I8 {
-                b as i8 as i32
-            } else {
-                b as i32
-            };
-            let real = (xi - xp.zero_point) as f32 * xp.scale;
-            let q = ((act.apply(real) / qp.scale).round_ties_even() + qp.zero_point as f32)
-                .clamp(lo as f32, hi as f32) as i32;
-            if qp.dtype == DataType::I8 {
-                q as i8 as u8
-            } else {
-                q as u8
-            }
-        })
-        .collect();
     let nd = &mut graph.nodes[i];
     nd.op = Op::QLut {
-        table,
+        table: lut_table(xp, qp, |x| act.apply(x)),
         dtype: qp.dtype,
     };
     nd.inputs = vec![Some(xq)];
@@ -409,8 +391,31 @@ fn fold_lut(graph: &mut Graph, i: usize) -> Result<bool> {
     Ok(true)
 }
 
+/// The 256-entry table of `Q_qp(f(DQ_xp(b)))` over every input byte `b` (as u8 bits), computed
+/// with the same f32 arithmetic as the QuantizeLinear/DequantizeLinear kernels.
+pub(super) fn lut_table(xp: QParams, qp: QParams, f: impl Fn(f32) -> f32) -> Vec<u8> {
+    let (lo, hi) = qp.range();
+    (0..=255u8)
+        .map(|b| {
+            let xi = if xp.dtype == DataType::I8 {
+                b as i8 as i32
+            } else {
+                b as i32
+            };
+            let real = (xi - xp.zero_point) as f32 * xp.scale;
+            let q = ((f(real) / qp.scale).round_ties_even() + qp.zero_point as f32)
+                .clamp(lo as f32, hi as f32) as i32;
+            if qp.dtype == DataType::I8 {
+                q as i8 as u8
+            } else {
+                q as u8
+            }
+        })
+        .collect()
+}
+
 /// `Q(DQ(x))` with the same parameters is `x`.
-fn fold_requant(graph: &mut Graph, i: usize) -> bool {
+pub(super) fn fold_requant(graph: &mut Graph, i: usize) -> bool {
     let producers = graph.producers();
     let node = &graph.nodes[i];
     let (Some(qp), Some(v), [out]) = (

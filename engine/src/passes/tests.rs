@@ -1553,3 +1553,117 @@ fn transpose_reshape_transpose_becomes_reshape_only_when_order_is_kept() {
         assert_close(&eval(&g, &[xin]), &before, 0.0);
     }
 }
+
+/// Per-tensor Q and DQ around `x`: returns the dequantized value.
+fn fake_quant(g: &mut Graph, x: ValueId, shape: &[usize], scale: f32, zp: u8) -> ValueId {
+    let s = f32c(g, &format!("s{}", g.values.len()), t32(&[], vec![scale]));
+    let z = g.add_constant(
+        format!("z{}", g.values.len()),
+        Tensor::new(vec![], TensorData::U8(vec![zp])).unwrap(),
+    );
+    let q = g.add_value(format!("q{}", g.values.len()), DataType::U8);
+    g.values[q].shape = Some(shape.to_vec());
+    node(
+        g,
+        Op::QuantizeLinear {
+            axis: 1,
+            dtype: None,
+        },
+        &[Some(x), Some(s), Some(z)],
+        &[q],
+    );
+    let d = val(g, &format!("dq{}", g.values.len()), shape);
+    node(
+        g,
+        Op::DequantizeLinear { axis: 1 },
+        &[Some(q), Some(s), Some(z)],
+        &[d],
+    );
+    d
+}
+
+#[test]
+fn quant_propagate_runs_selection_ops_on_codes_exactly() {
+    // x -> fq(0.05, 128) -> MaxPool(pad 1) ┐
+    // y -> fq(0.03, 100) -----------------┴ Concat -> fq(0.04, 120) -> Transpose -> Reshape
+    //   -> fq(0.04, 120) -> out0;  the fq(0.04, 120) value also -> Split -> fq(0.02, 90) -> out1
+    let mut g = Graph::default();
+    let x = input(&mut g, "x", &[1, 4, 6, 6]);
+    let y = input(&mut g, "y", &[1, 4, 4, 4]);
+    let xd = fake_quant(&mut g, x, &[1, 4, 6, 6], 0.05, 128);
+    let m = val(&mut g, "m", &[1, 4, 4, 4]);
+    let mut pa = pool_attrs(2, 2, false);
+    pa.pads = vec![1; 4];
+    node(&mut g, Op::MaxPool(pa), &[Some(xd)], &[m]);
+    let yd = fake_quant(&mut g, y, &[1, 4, 4, 4], 0.03, 100);
+    let c = val(&mut g, "c", &[1, 8, 4, 4]);
+    node(&mut g, Op::Concat { axis: 1 }, &[Some(m), Some(yd)], &[c]);
+    let cd = fake_quant(&mut g, c, &[1, 8, 4, 4], 0.04, 120);
+    let t = val(&mut g, "t", &[1, 4, 4, 8]);
+    node(
+        &mut g,
+        Op::Transpose {
+            perm: vec![0, 2, 3, 1],
+        },
+        &[Some(cd)],
+        &[t],
+    );
+    let shape = i64c(&mut g, "shape", vec![1, 16, 8]);
+    let r = val(&mut g, "r", &[1, 16, 8]);
+    node(
+        &mut g,
+        Op::Reshape { allowzero: false },
+        &[Some(t), Some(shape)],
+        &[r],
+    );
+    let out0 = fake_quant(&mut g, r, &[1, 16, 8], 0.04, 120);
+    let (s0, s1) = (
+        val(&mut g, "s0", &[1, 3, 4, 4]),
+        val(&mut g, "s1", &[1, 5, 4, 4]),
+    );
+    node(
+        &mut g,
+        Op::Split {
+            axis: 1,
+            split: Some(vec![3, 5]),
+        },
+        &[Some(cd)],
+        &[s0, s1],
+    );
+    let out1 = fake_quant(&mut g, s1, &[1, 5, 4, 4], 0.02, 90);
+    g.outputs = vec![out0, out1, s0];
+
+    let mut rng = Rng(7);
+    let xs = t32(&[1, 4, 6, 6], (0..144).map(|_| rng.next() * 6.0).collect());
+    let ys = t32(&[1, 4, 4, 4], (0..64).map(|_| rng.next() * 4.0).collect());
+    let run = |optimize: bool| {
+        let opts = crate::ModelOptions {
+            optimize,
+            threads: 1,
+            ..Default::default()
+        };
+        let model = crate::Model::from_graph(g.clone(), &opts).unwrap();
+        let dq_before_selection = model.graph().nodes.iter().any(|n| {
+            matches!(
+                n.op,
+                Op::MaxPool(_) | Op::Concat { .. } | Op::Split { .. } | Op::Transpose { .. }
+            ) && n
+                .present_inputs()
+                .any(|v| model.graph().values[v].dtype == DataType::F32)
+        });
+        let outs = model
+            .new_context()
+            .unwrap()
+            .run(&[xs.clone(), ys.clone()])
+            .unwrap();
+        (outs, dq_before_selection)
+    };
+    let (want, float_selection) = run(false);
+    let (got, code_selection) = run(true);
+    assert!(float_selection, "the unoptimized graph selects floats");
+    assert!(
+        !code_selection,
+        "after propagation MaxPool/Concat/Split/Transpose read 8-bit codes"
+    );
+    assert_eq!(got, want, "propagation must not change a single value");
+}

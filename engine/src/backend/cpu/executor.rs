@@ -189,6 +189,19 @@ impl Drop for CpuContext {
                 n.name
             );
         }
+        let mut by_op: Vec<(&str, f64, usize)> = Vec::new();
+        for (i, t) in &rows {
+            let name = self.exe.graph.nodes[*i].op.name();
+            match by_op.iter_mut().find(|r| r.0 == name) {
+                Some(r) => (r.1, r.2) = (r.1 + t, r.2 + 1),
+                None => by_op.push((name, *t, 1)),
+            }
+        }
+        by_op.sort_by(|a, b| b.1.total_cmp(&a.1));
+        eprintln!("by op:");
+        for (name, t, n) in by_op {
+            eprintln!("{:6.2}% {:9.3} ms  {name} x{n}", t / total * 100.0, t * 1e3);
+        }
     }
 }
 

@@ -155,35 +155,78 @@ fn run_typed_dispatch<E: Pod>(s: &Strided, src: &[u8], dst: &mut [u8], name: &st
 }
 
 /// Batched blocked transpose: `src` is `[batch, cols, rows]`, `dst` is `[batch, rows, cols]`.
+/// Each parallel chunk holds whole output rows (at least `CHUNK` elements, so narrow outputs
+/// such as NCHW -> NHWC with 3 channels are not split into tiny tasks); within a chunk the
+/// columns go in blocks of `TILE`, reading `TILE` input rows sequentially.
 fn transpose_blocked<E: Pod>(src: &[E], dst: &mut [E], rows: usize, cols: usize) {
     const TILE: usize = 32;
+    if cols == 0 || rows == 0 {
+        return;
+    }
+    match cols {
+        1 => return dst.copy_from_slice(&src[..dst.len()]),
+        2 => return transpose_narrow::<E, 2>(src, dst, rows),
+        3 => return transpose_narrow::<E, 3>(src, dst, rows),
+        4 => return transpose_narrow::<E, 4>(src, dst, rows),
+        _ => {}
+    }
     let plane = rows * cols;
+    let rows_per = (CHUNK / cols).max(TILE) / TILE * TILE;
     let body = |gi: usize, chunk: &mut [E]| {
-        // `chunk` covers output rows [gi*TILE, gi*TILE + chunk.len()/cols) of the flattened batch.
-        let g0 = gi * TILE;
+        // `chunk` covers output rows [g0, g0 + chunk.len()/cols) of the flattened batch.
+        let g0 = gi * rows_per;
         let nrows = chunk.len() / cols;
         let mut j0 = 0;
         while j0 < cols {
             let j1 = (j0 + TILE).min(cols);
+            let (mut b, mut i) = (g0 / rows, g0 % rows);
             for rr in 0..nrows {
-                let g = g0 + rr;
-                let (b, i) = (g / rows, g % rows);
                 let sb = b * plane + i;
-                let drow = &mut chunk[rr * cols..rr * cols + cols];
-                for (j, o) in drow[j0..j1].iter_mut().enumerate() {
+                for (j, o) in chunk[rr * cols + j0..rr * cols + j1].iter_mut().enumerate() {
                     *o = src[sb + (j0 + j) * rows];
+                }
+                i += 1;
+                if i == rows {
+                    (b, i) = (b + 1, 0);
                 }
             }
             j0 = j1;
         }
     };
     if dst.len() >= PAR_MIN {
-        dst.par_chunks_mut(TILE * cols)
+        dst.par_chunks_mut(rows_per * cols)
             .enumerate()
             .for_each(|(gi, c)| body(gi, c));
     } else {
-        for (gi, c) in dst.chunks_mut(TILE * cols).enumerate() {
+        for (gi, c) in dst.chunks_mut(rows_per * cols).enumerate() {
             body(gi, c);
+        }
+    }
+}
+
+/// [`transpose_blocked`] for `C` (at most 4) output columns, such as an NCHW -> NHWC image:
+/// each output row gathers one element from each of the `C` input rows of its batch.
+fn transpose_narrow<E: Pod, const C: usize>(src: &[E], dst: &mut [E], rows: usize) {
+    let plane = rows * C;
+    let rows_per = (CHUNK / C).min(rows).max(1);
+    let parallel = dst.len() >= PAR_MIN;
+    for (sp, dp) in src.chunks(plane).zip(dst.chunks_mut(plane)) {
+        let body = |ci: usize, chunk: &mut [E]| {
+            let r0 = ci * rows_per;
+            for (r, o) in chunk.chunks_exact_mut(C).enumerate() {
+                for (c, v) in o.iter_mut().enumerate() {
+                    *v = sp[c * rows + r0 + r];
+                }
+            }
+        };
+        if parallel {
+            dp.par_chunks_mut(rows_per * C)
+                .enumerate()
+                .for_each(|(ci, c)| body(ci, c));
+        } else {
+            dp.chunks_mut(rows_per * C)
+                .enumerate()
+                .for_each(|(ci, c)| body(ci, c));
         }
     }
 }
@@ -1277,6 +1320,13 @@ mod tests {
             (vec![1, 40, 40, 64], vec![0, 3, 1, 2]),
             (vec![3, 70], vec![1, 0]),
             (vec![2, 3, 4, 5], vec![3, 1, 0, 2]),
+            // Narrow outputs (2..4 columns), serial and parallel, batched.
+            (vec![2, 3, 50, 60], vec![0, 2, 3, 1]),
+            (vec![1, 3, 200, 200], vec![0, 2, 3, 1]),
+            (vec![2, 4, 100, 100], vec![0, 2, 3, 1]),
+            (vec![3, 2, 7, 9], vec![0, 2, 3, 1]),
+            // Parallel chunks that straddle batch planes (4500 rows, 192-row chunks).
+            (vec![2, 40, 150, 30], vec![0, 2, 3, 1]),
         ];
         for (shape, perm) in cases {
             let n = shape.iter().product();

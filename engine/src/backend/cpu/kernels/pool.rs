@@ -1,16 +1,23 @@
 //! CPU kernels: MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool in NCHW and NHWC
-//! (NHWC vectorised across channels).
+//! (NHWC vectorised across channels); MaxPool also on 8-bit codes.
 
 use rayon::prelude::*;
 
 use super::gemm::{check_f32, in_shape, input_f32, out_shape, output_f32};
 use super::{Kernel, TensorMut, TensorRef};
 use crate::error::{Error, Result};
-use crate::ir::{AutoPad, Graph, Layout, Node, Op, PoolAttrs};
+use crate::ir::{AutoPad, DataType, Graph, Layout, Node, Op, PoolAttrs};
 
 /// Compiles a pooling node.
 pub fn build(graph: &Graph, node: &Node) -> Result<Box<dyn Kernel>> {
-    check_f32(graph, node, &[0])?;
+    // MaxPool also runs on 8-bit codes (QDQ propagation moves dequantization past it).
+    let codes = matches!(node.op, Op::MaxPool(_))
+        && node
+            .input(0)
+            .is_some_and(|x| matches!(graph.values[x].dtype, DataType::U8 | DataType::I8));
+    if !codes {
+        check_f32(graph, node, &[0])?;
+    }
     if node.outputs.len() > 1 {
         return Err(Error::Unsupported(format!(
             "{} '{}': the Indices output is not supported",
@@ -85,6 +92,8 @@ fn axis(
 
 struct PoolKernel {
     max: bool,
+    /// Element type: F32, or U8/I8 codes (max only).
+    dtype: DataType,
     nhwc: bool,
     n: usize,
     c: usize,
@@ -150,8 +159,12 @@ fn build_pool(graph: &Graph, node: &Node, a: &PoolAttrs, max: bool) -> Result<Bo
         }
     }
     let inc = a.count_include_pad;
+    let dtype = node
+        .input(0)
+        .map_or(DataType::F32, |x| graph.values[x].dtype);
     Ok(Box::new(PoolKernel {
         max,
+        dtype,
         nhwc: a.layout == Layout::Nhwc,
         n,
         c,
@@ -171,6 +184,25 @@ impl Kernel for PoolKernel {
     ) -> Result<()> {
         let (oh, ow) = (self.ay.start.len(), self.ax.start.len());
         let (n, c, h, w) = (self.n, self.c, self.h, self.w);
+        if self.dtype != DataType::F32 {
+            let x = inputs
+                .first()
+                .and_then(|t| t.as_ref())
+                .map(|t| t.bytes)
+                .filter(|b| b.len() == n * c * h * w)
+                .ok_or_else(|| Error::Shape("MaxPool: input size mismatch".into()))?;
+            let out = outputs
+                .first_mut()
+                .map(|t| &mut *t.bytes)
+                .filter(|b| b.len() == n * c * oh * ow)
+                .ok_or_else(|| Error::Shape("MaxPool: output size mismatch".into()))?;
+            if self.dtype == DataType::I8 {
+                self.max_codes::<i8>(super::cast_slice(x), super::cast_slice_mut(out), i8::MIN);
+            } else {
+                self.max_codes::<u8>(x, out, u8::MIN);
+            }
+            return Ok(());
+        }
         let x = input_f32(inputs, 0, n * c * h * w)?;
         let out = output_f32(outputs, 0, n * c * oh * ow)?;
         if out.is_empty() {
@@ -248,6 +280,65 @@ impl Kernel for PoolKernel {
                 });
         }
         Ok(())
+    }
+}
+
+impl PoolKernel {
+    /// Max pooling of 8-bit codes (same window rules as the f32 path; a window with no valid
+    /// tap gives `lo`, what the f32 path's `f32::MIN` quantizes to).
+    fn max_codes<T: Copy + Ord + Send + Sync>(&self, x: &[T], out: &mut [T], lo: T) {
+        let (oh, ow) = (self.ay.start.len(), self.ax.start.len());
+        let (c, h, w) = (self.c, self.h, self.w);
+        let (ay, ax) = (&self.ay, &self.ax);
+        if out.is_empty() {
+            return;
+        }
+        if self.nhwc {
+            out.par_chunks_mut(ow * c).enumerate().for_each(|(row, o)| {
+                let (ni, oy) = (row / oh, row % oh);
+                for ox in 0..ow {
+                    let acc = &mut o[ox * c..(ox + 1) * c];
+                    acc.fill(lo);
+                    for ty in 0..ay.k {
+                        let iy = ay.start[oy].wrapping_add(ty * ay.d);
+                        if iy >= h {
+                            continue;
+                        }
+                        for tx in 0..ax.k {
+                            let ix = ax.start[ox].wrapping_add(tx * ax.d);
+                            if ix < w {
+                                let xi = &x[((ni * h + iy) * w + ix) * c..][..c];
+                                acc.iter_mut().zip(xi).for_each(|(a, &v)| *a = (*a).max(v));
+                            }
+                        }
+                    }
+                }
+            });
+        } else {
+            out.par_chunks_mut(oh * ow)
+                .enumerate()
+                .for_each(|(plane, o)| {
+                    let xp = &x[plane * h * w..(plane + 1) * h * w];
+                    for oy in 0..oh {
+                        for ox in 0..ow {
+                            let mut acc = lo;
+                            for ty in 0..ay.k {
+                                let iy = ay.start[oy].wrapping_add(ty * ay.d);
+                                if iy >= h {
+                                    continue;
+                                }
+                                for tx in 0..ax.k {
+                                    let ix = ax.start[ox].wrapping_add(tx * ax.d);
+                                    if ix < w {
+                                        acc = acc.max(xp[iy * w + ix]);
+                                    }
+                                }
+                            }
+                            o[oy * ow + ox] = acc;
+                        }
+                    }
+                });
+        }
     }
 }
 
