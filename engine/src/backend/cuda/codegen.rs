@@ -851,15 +851,25 @@ impl Gen {
                 "acc += v;"
             }
         );
-        if is_max {
+        let codes = matches!(g.values[x].dtype, DataType::U8 | DataType::I8);
+        if codes && !is_max {
+            return Err(unsupported(node, "AveragePool on 8-bit codes"));
+        }
+        if codes {
+            // QDQ propagation runs MaxPool on 8-bit codes: the max of codes is exact in float;
+            // a window with no valid tap gives the lowest code (as the CPU kernel does).
+            let lo = if g.values[x].dtype == DataType::I8 { -128 } else { 0 };
+            let _ = write!(body, " p1[i] = cnt > 0 ? acc : {lo}.f;");
+        } else if is_max {
             body.push_str(" p1[i] = acc;");
         } else if a.count_include_pad {
             body.push_str(" p1[i] = cntp > 0 ? acc / (float)cntp : 0.f;");
         } else {
             body.push_str(" p1[i] = cnt > 0 ? acc / (float)cnt : 0.f;");
         }
+        let t = ctype(g.values[x].dtype);
         Ok(self.kernel(
-            &[(Arg::Val(x), "const F".into()), (Arg::Val(y), "F".into())],
+            &[(Arg::Val(x), format!("const {t}")), (Arg::Val(y), t.into())],
             ys.iter().product(),
             &body,
         ))
