@@ -240,6 +240,17 @@ pub struct QGemmAttrs {
     pub activation: Option<Activation>,
 }
 
+/// A quantized elementwise sum folded from `DQ(a), DQ(b) → Add [→ activation] → Q` (same
+/// shapes): dequantized, added and requantized in f32 exactly as the three ops would be.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QAddAttrs {
+    pub a: QParams,
+    pub b: QParams,
+    pub y: QParams,
+    /// Applied to the real-valued sum before requantization.
+    pub activation: Option<Activation>,
+}
+
 /// Every operator the IR can represent. Inputs are documented per variant (ONNX order).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
@@ -360,6 +371,8 @@ pub enum Op {
         table: Vec<u8>,
         dtype: super::DataType,
     },
+    /// Quantized A + B, both of the output's shape (see [`QAddAttrs`]).
+    QAdd(QAddAttrs),
 }
 
 impl Op {
@@ -445,6 +458,7 @@ impl Op {
             Op::QConv(_) => "QConv",
             Op::QGemm(_) => "QGemm",
             Op::QLut { .. } => "QLut",
+            Op::QAdd(_) => "QAdd",
         }
     }
 }

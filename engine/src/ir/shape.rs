@@ -841,6 +841,13 @@ pub fn infer_node(graph: &Graph, node: &Node) -> Result<Vec<(DataType, Vec<usize
             }
             one(q.y.dtype, vec![a[0], n])
         }
+        Op::QAdd(q) => {
+            let (a, b) = (in_shape(g, node, 0)?, in_shape(g, node, 1)?);
+            if a != b {
+                return Err(err(node, format!("input shapes {a:?} and {b:?} differ")));
+            }
+            one(q.y.dtype, a.to_vec())
+        }
         Op::QLut { table, dtype } => {
             if table.len() != 256 {
                 return Err(err(node, "lookup table must have 256 entries"));

@@ -69,7 +69,7 @@ fn norm_axis(axis: i64) -> Option<usize> {
 /// Whether input slot `k` of `node` carries a 4-D activation that follows the node's layout.
 fn data_slot(op: &Op, k: usize) -> bool {
     match op {
-        Op::Binary(_) | Op::Elementwise(_) | Op::Concat { .. } => true,
+        Op::Binary(_) | Op::Elementwise(_) | Op::Concat { .. } | Op::QAdd(_) => true,
         Op::Conv(_)
         | Op::QConv(_)
         | Op::QLut { .. }
@@ -146,7 +146,7 @@ fn can_follow(graph: &Graph, node: &Node, nhwc_val: &[bool]) -> bool {
     match op {
         Op::Unary(_) | Op::Binary(_) | Op::Elementwise(_) | Op::Concat { .. } => true,
         // Per-tensor quantization only (a per-axis axis would need remapping).
-        Op::QLut { .. } => true,
+        Op::QLut { .. } | Op::QAdd(_) => true,
         Op::QuantizeLinear { .. } | Op::DequantizeLinear { .. } => {
             (1..3).all(|k| match node.input(k) {
                 None => true,

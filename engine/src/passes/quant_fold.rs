@@ -241,7 +241,7 @@ fn activation_of(graph: &Graph, node: &Node) -> Option<Activation> {
 
 /// From the output `y` of node `i`: `[activation →] Q`, each the sole reader. Returns the Q
 /// parameters, its output, the activation and the nodes to remove.
-fn requant_tail(
+pub(super) fn requant_tail(
     graph: &Graph,
     consumers: &[Vec<usize>],
     y: ValueId,

@@ -8,15 +8,18 @@
 //!   MaxPool) becomes `T(x) → DQ` (one DQ per output);
 //! - `DQ(a), DQ(b), … → Concat` becomes `Concat(a, b, …) → DQ` when all share parameters, or,
 //!   followed by a Q, `Concat(LUT_a(a), LUT_b(b), …)` requantized to the Q's parameters;
-//! - `Q(DQ(x))` with different parameters becomes a requantizing [`Op::QLut`].
+//! - `Q(DQ(x))` with different parameters becomes a requantizing [`Op::QLut`];
+//! - `DQ(a), DQ(b) → Add [→ activation] → Q` on equal shapes becomes one [`Op::QAdd`] (the
+//!   residual sums of quantized ResNets and EfficientNets), computed in f32 exactly as the
+//!   three ops would be.
 //!
 //! Results are bit-identical to the unpropagated graph. Runs before constant folding (with
 //! `quant_fold`) and again after the layout pass, whose Transposes it then moves onto codes.
 
-use super::quant_fold::{dq_activation, fold_requant, lut_table, q_params};
+use super::quant_fold::{dq_activation, fold_requant, lut_table, q_params, requant_tail};
 use super::util::{add_value, remove_nodes, sole_consumer};
 use crate::error::Result;
-use crate::ir::{DataType, Graph, Node, Op, QParams, ValueId};
+use crate::ir::{BinaryOp, DataType, Graph, Node, Op, QAddAttrs, QParams, ValueId};
 
 /// Moves dequantization past value-selecting ops; returns the number of rewrites.
 pub fn quant_propagate(graph: &mut Graph) -> Result<usize> {
@@ -45,6 +48,7 @@ pub fn quant_propagate(graph: &mut Graph) -> Result<usize> {
                 | Op::MaxPool(_) => sink(graph, &producers, i),
                 Op::Concat { .. } => concat(graph, &producers, &consumers, i),
                 Op::QuantizeLinear { .. } => requantize(graph, &producers, i),
+                Op::Binary(BinaryOp::Add) => quantized_add(graph, &producers, &consumers, i),
                 _ => false,
             };
             if done {
@@ -205,5 +209,44 @@ fn requantize(graph: &mut Graph, producers: &[Option<usize>], i: usize) -> bool 
         dtype: qp.dtype,
     };
     nd.inputs = vec![Some(xq)];
+    true
+}
+
+/// `DQ(a), DQ(b) → Add [→ activation] → Q` at Add node `i` (both inputs of the output's known
+/// shape) becomes one [`Op::QAdd`].
+fn quantized_add(
+    graph: &mut Graph,
+    producers: &[Option<usize>],
+    consumers: &[Vec<usize>],
+    i: usize,
+) -> bool {
+    let node = &graph.nodes[i];
+    let (Some(a), Some(b), [y]) = (node.input(0), node.input(1), node.outputs.as_slice()) else {
+        return false;
+    };
+    let (sa, sb) = (&graph.values[a].shape, &graph.values[b].shape);
+    if sa.is_none() || sa != sb || sa != &graph.values[*y].shape {
+        return false;
+    }
+    let (Some((_, aq, ap)), Some((_, bq, bp))) = (
+        dq_activation(graph, producers, a),
+        dq_activation(graph, producers, b),
+    ) else {
+        return false;
+    };
+    let Some((yp, out, activation, dead)) = requant_tail(graph, consumers, *y) else {
+        return false;
+    };
+    let nd = &mut graph.nodes[i];
+    nd.op = Op::QAdd(QAddAttrs {
+        a: ap,
+        b: bp,
+        y: yp,
+        activation,
+    });
+    nd.inputs = vec![Some(aq), Some(bq)];
+    nd.outputs = vec![out];
+    graph.values[out].dtype = yp.dtype;
+    remove_nodes(graph, &dead);
     true
 }

@@ -1583,7 +1583,7 @@ fn fake_quant(g: &mut Graph, x: ValueId, shape: &[usize], scale: f32, zp: u8) ->
 }
 
 #[test]
-fn quant_propagate_runs_selection_ops_on_codes_exactly() {
+fn quant_propagate_runs_selection_ops_and_sums_on_codes_exactly() {
     // x -> fq(0.05, 128) -> MaxPool(pad 1) ┐
     // y -> fq(0.03, 100) -----------------┴ Concat -> fq(0.04, 120) -> Transpose -> Reshape
     //   -> fq(0.04, 120) -> out0;  the fq(0.04, 120) value also -> Split -> fq(0.02, 90) -> out1
@@ -1631,7 +1631,24 @@ fn quant_propagate_runs_selection_ops_on_codes_exactly() {
         &[s0, s1],
     );
     let out1 = fake_quant(&mut g, s1, &[1, 5, 4, 4], 0.02, 90);
-    g.outputs = vec![out0, out1, s0];
+    // Residual-style sums: Relu(m + y) and Sigmoid(y + m), each requantized.
+    let mut sums = Vec::new();
+    for (k, act) in [(0, Activation::Relu), (1, Activation::Sigmoid)] {
+        let (s, r) = (
+            val(&mut g, "sum", &[1, 4, 4, 4]),
+            val(&mut g, "act", &[1, 4, 4, 4]),
+        );
+        let ins = if k == 0 { [m, yd] } else { [yd, m] };
+        node(
+            &mut g,
+            Op::Binary(BinaryOp::Add),
+            &[Some(ins[0]), Some(ins[1])],
+            &[s],
+        );
+        node(&mut g, Op::Unary(UnaryOp::Act(act)), &[Some(s)], &[r]);
+        sums.push(fake_quant(&mut g, r, &[1, 4, 4, 4], 0.06, 30));
+    }
+    g.outputs = vec![out0, out1, s0, sums[0], sums[1]];
 
     let mut rng = Rng(7);
     let xs = t32(&[1, 4, 6, 6], (0..144).map(|_| rng.next() * 6.0).collect());
@@ -1643,6 +1660,11 @@ fn quant_propagate_runs_selection_ops_on_codes_exactly() {
             ..Default::default()
         };
         let model = crate::Model::from_graph(g.clone(), &opts).unwrap();
+        assert_eq!(
+            count(model.graph(), "QAdd"),
+            if optimize { 2 } else { 0 },
+            "both sums fold into QAdd"
+        );
         let dq_before_selection = model.graph().nodes.iter().any(|n| {
             matches!(
                 n.op,

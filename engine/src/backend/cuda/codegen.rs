@@ -488,6 +488,7 @@ impl Gen {
             Op::QLut { table, dtype } => self.qlut(g, node, table, *dtype).map(|k| vec![k]),
             Op::QConv(q) => self.qconv(g, node, q).map(|k| vec![k]),
             Op::QGemm(q) => self.qgemm(g, node, q).map(|k| vec![k]),
+            Op::QAdd(q) => self.qadd(g, node, q).map(|k| vec![k]),
             Op::ConvTranspose(a) => self.conv_transpose(g, node, a).map(|k| vec![k]),
             _ => Err(unsupported(node, "no CUDA kernel for this op")),
         }
@@ -858,7 +859,11 @@ impl Gen {
         if codes {
             // QDQ propagation runs MaxPool on 8-bit codes: the max of codes is exact in float;
             // a window with no valid tap gives the lowest code (as the CPU kernel does).
-            let lo = if g.values[x].dtype == DataType::I8 { -128 } else { 0 };
+            let lo = if g.values[x].dtype == DataType::I8 {
+                -128
+            } else {
+                0
+            };
             let _ = write!(body, " p1[i] = cnt > 0 ? acc : {lo}.f;");
         } else if is_max {
             body.push_str(" p1[i] = acc;");

@@ -11,6 +11,7 @@ mod generate;
 mod movement;
 mod norm;
 mod pool;
+mod qadd;
 mod qconv;
 mod qgemm;
 mod quantize;
@@ -60,6 +61,7 @@ pub fn build_kernel(graph: &Graph, node: &Node) -> Result<Box<dyn Kernel>> {
         }
         Op::QConv(_) => qconv::build(graph, node),
         Op::QGemm(_) => qgemm::build(graph, node),
+        Op::QAdd(_) => qadd::build(graph, node),
     }
 }
 

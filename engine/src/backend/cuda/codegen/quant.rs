@@ -9,12 +9,16 @@
 
 use std::fmt::Write as _;
 
-use super::{act_expr, f32_bytes, flit, input, output, shape_of, unsupported, Arg, Gen, GenKernel};
+use super::{
+    act_expr, ctype, f32_bytes, flit, input, output, shape_of, unsupported, Arg, Gen, GenKernel,
+};
 use crate::backend::cpu::kernels::{
     bias_i32, conv_geometry, u8_params, weights_i8, ConvGeometry, QEpilogue,
 };
 use crate::error::Result;
-use crate::ir::{DataType, Graph, Layout, Node, QConvAttrs, QGemmAttrs, ValueId};
+use crate::ir::{
+    DataType, Graph, Layout, Node, QAddAttrs, QConvAttrs, QGemmAttrs, QParams, ValueId,
+};
 
 fn i32_bytes(v: &[i32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
@@ -399,6 +403,49 @@ impl Gen {
                 (mt, "const u8".into()),
             ],
             m * n,
+            &body,
+        ))
+    }
+}
+
+impl Gen {
+    /// The quantized sum of two 8-bit tensors of one shape: dequantize, add, activation,
+    /// requantize, with the CPU kernels' f32 operations (no contraction into FMAs), so the
+    /// result matches the CPU exactly for ReLU and no activation.
+    pub fn qadd(&mut self, g: &Graph, node: &Node, q: &QAddAttrs) -> Result<GenKernel> {
+        let (a, b, y) = (input(node, 0)?, input(node, 1)?, output(node, 0)?);
+        let ok8 = |v: ValueId| matches!(g.values[v].dtype, DataType::U8 | DataType::I8);
+        if !ok8(a) || !ok8(b) || !ok8(y) || shape_of(g, a)? != shape_of(g, b)? {
+            return Err(unsupported(node, "needs 8-bit tensors of one shape"));
+        }
+        let dq = |k: usize, p: &QParams| {
+            format!(
+                "__fmul_rn((float)((int)p{k}[i] - ({})), {})",
+                p.zero_point,
+                flit(p.scale)
+            )
+        };
+        let (lo, hi) = q.y.range();
+        let z = q.y.zero_point;
+        let act = q.activation.map_or("v".to_string(), |a| act_expr(a, "v"));
+        let body = format!(
+            "float v = __fadd_rn({}, {}); v = {act}; v = __fdiv_rn(v, {}); if (v != v) v = 0.f; \
+             v = fminf(fmaxf(v, {}), {}); p2[i] = ({})((int)rintf(v) + ({z}));",
+            dq(0, &q.a),
+            dq(1, &q.b),
+            flit(q.y.scale),
+            flit((lo - z) as f32),
+            flit((hi - z) as f32),
+            ctype(q.y.dtype),
+        );
+        let t = |v: ValueId| ctype(g.values[v].dtype);
+        Ok(self.kernel(
+            &[
+                (Arg::Val(a), format!("const {}", t(a))),
+                (Arg::Val(b), format!("const {}", t(b))),
+                (Arg::Val(y), t(y).into()),
+            ],
+            shape_of(g, y)?.iter().product(),
             &body,
         ))
     }
