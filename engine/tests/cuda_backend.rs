@@ -468,6 +468,39 @@ fn steady_state_makes_no_device_allocations() {
     );
 }
 
+/// Contexts created and dropped one after another, more than the pool tracks streams at once:
+/// each dropped context retires its stream, so every arena keeps coming from the pool (no
+/// separate device allocation), and the last context still computes the same result.
+#[test]
+fn contexts_come_and_go_without_exhausting_pool_streams() {
+    if !gpu() {
+        return;
+    }
+    let m = load("efficientnet-lite0.onnx", Device::Cuda, 1);
+    let x = input(&m.inputs()[0].shape, 5);
+    let want = m
+        .new_context()
+        .expect("ctx")
+        .run(std::slice::from_ref(&x))
+        .expect("run");
+    let before = vigil_engine::backend::cuda::alloc_counts();
+    for _ in 0..2 * vigil_engine::memory::MAX_STREAMS {
+        drop(m.new_context().expect("ctx"));
+    }
+    let after = vigil_engine::backend::cuda::alloc_counts();
+    println!(
+        "{} contexts created and dropped: device allocs/frees {before:?} -> {after:?}",
+        2 * vigil_engine::memory::MAX_STREAMS
+    );
+    assert_eq!(before, after, "an arena fell back to its own allocation");
+    let got = m
+        .new_context()
+        .expect("ctx")
+        .run(std::slice::from_ref(&x))
+        .expect("run");
+    assert_eq!(got, want);
+}
+
 #[test]
 fn contexts_share_weights_and_run_concurrently() {
     if !gpu() {

@@ -161,6 +161,13 @@ impl CudaClock {
         });
     }
 
+    /// Forgets stream `id` (its work complete, its owner gone): drops the stream handle and
+    /// its events; points asked about it later count as passed.
+    pub fn remove_stream(&self, id: StreamId) {
+        let mut g = self.streams.lock().unwrap_or_else(|e| e.into_inner());
+        g.retain(|s| s.id != id);
+    }
+
     /// Marks a CUDA graph capture as in progress (no events are queried until it ends).
     pub fn set_capturing(&self, on: bool) {
         self.capturing.store(on, Ordering::Release);

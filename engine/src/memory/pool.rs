@@ -255,6 +255,8 @@ struct Inner {
     /// Per registered stream: the last recorded epoch, and whether a use was declared since.
     last_epoch: Vec<Option<EventId>>,
     dirty: Vec<bool>,
+    /// Per registered stream: retired (its tag may go to a new stream once nothing waits on it).
+    retired: Vec<bool>,
     pending: Vec<Pending>,
     free_units: usize,
     free_spans: usize,
@@ -287,6 +289,7 @@ impl Inner {
             streams: Vec::with_capacity(MAX_STREAMS),
             last_epoch: Vec::with_capacity(MAX_STREAMS),
             dirty: Vec::with_capacity(MAX_STREAMS),
+            retired: Vec::with_capacity(MAX_STREAMS),
             pending: Vec::with_capacity(64),
             free_units: 0,
             free_spans: 0,
@@ -305,6 +308,7 @@ impl Inner {
         inner.streams.push(StreamId::DEFAULT);
         inner.last_epoch.push(None);
         inner.dirty.push(true);
+        inner.retired.push(false);
         inner.index.push(FreeIndex::new());
         if units > 0 {
             let n = inner.new_node(Node {
@@ -332,6 +336,22 @@ impl Inner {
         if let Some(i) = self.streams.iter().position(|&s| s == stream) {
             return Ok(i as u8 + 1);
         }
+        // A retired stream's tag, once no span is reserved for it or waits on it.
+        let reusable = (1..self.streams.len()).find(|&k| {
+            self.retired[k]
+                && self.index[k + 1].fl_bitmap == 0
+                && self
+                    .pending
+                    .iter()
+                    .all(|p| p.mask & (1 << k) == 0 && p.tag != k as u8 + 1)
+        });
+        if let Some(k) = reusable {
+            self.streams[k] = stream;
+            self.last_epoch[k] = None;
+            self.dirty[k] = true;
+            self.retired[k] = false;
+            return Ok(k as u8 + 1);
+        }
         if self.streams.len() >= MAX_STREAMS {
             return Err(Error::Unsupported(format!(
                 "a memory pool tracks at most {MAX_STREAMS} streams; stream {} is one too many",
@@ -341,6 +361,7 @@ impl Inner {
         self.streams.push(stream);
         self.last_epoch.push(None);
         self.dirty.push(true);
+        self.retired.push(false);
         self.index.push(FreeIndex::new());
         Ok(self.streams.len() as u8)
     }
@@ -1169,6 +1190,29 @@ impl<R: Region> FixedPool<R> {
         }
     }
 
+    /// Forgets `stream` once the caller has waited for all of its work (an execution context
+    /// being dropped): the spans reserved for it become free for every stream at once, and its
+    /// tag goes to a later new stream once no freed block still waits on it. Without this a
+    /// process could register only [`MAX_STREAMS`] streams in its life.
+    pub fn retire_stream(&self, stream: StreamId) {
+        if stream == StreamId::DEFAULT {
+            return;
+        }
+        let mut h = self.hold();
+        let g = h.g();
+        let Some(k) = g.streams.iter().position(|&s| s == stream) else {
+            return;
+        };
+        let t = k as u8 + 1;
+        // Spans of one tag are never adjacent (they would have merged), so each is released
+        // on its own; merging with a neighbour reserved for another stream keeps that tag.
+        for i in g.spans_of(t) {
+            g.unlink_free(i);
+            g.release(i, ANY);
+        }
+        g.retired[k] = true;
+    }
+
     /// A snapshot of the pool's occupancy.
     pub fn stats(&self) -> PoolStats {
         let mut h = self.hold();
@@ -1318,20 +1362,7 @@ impl<R: Region> FixedPool<R> {
             }
             let epoch = g.epoch_for_fresh(self.clock.as_ref(), t);
             // Take every span of tag t out of its lists.
-            let mut spans = Vec::new();
-            for fl in 0..FL {
-                if g.index[t as usize].sl_bitmap[fl] == 0 {
-                    continue;
-                }
-                for sl in 0..SL {
-                    let mut cur = g.index[t as usize].heads[fl][sl];
-                    while cur != NIL {
-                        spans.push(cur);
-                        cur = g.nodes[cur as usize].next_free;
-                    }
-                }
-            }
-            for i in spans {
+            for i in g.spans_of(t) {
                 g.unlink_free(i);
                 g.nodes[i as usize].state = State::Pending;
                 g.pending_units += g.nodes[i as usize].size;
@@ -1405,6 +1436,24 @@ impl<R: Region> Drop for FixedPool<R> {
 }
 
 impl Inner {
+    /// Every free span reserved for stream tag `t`.
+    fn spans_of(&self, t: u8) -> Vec<u32> {
+        let mut spans = Vec::new();
+        for fl in 0..FL {
+            if self.index[t as usize].sl_bitmap[fl] == 0 {
+                continue;
+            }
+            for sl in 0..SL {
+                let mut cur = self.index[t as usize].heads[fl][sl];
+                while cur != NIL {
+                    spans.push(cur);
+                    cur = self.nodes[cur as usize].next_free;
+                }
+            }
+        }
+        spans
+    }
+
     /// A freshly recorded epoch on stream tag `t` (used when promoting its free spans).
     fn epoch_for_fresh(&mut self, clock: &dyn StreamClock, t: u8) -> EventId {
         let k = t as usize - 1;

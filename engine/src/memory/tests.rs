@@ -789,3 +789,71 @@ fn randomized_serving_options_never_fail_while_a_run_fits() {
         assert!(allocs > 1000 && ooms > 50, "allocs {allocs}, ooms {ooms}");
     }
 }
+
+#[test]
+fn retired_streams_free_their_spans_and_tags() {
+    let (pool, clock) = fake_pool(128);
+    // Every tag taken: the default stream plus MAX_STREAMS - 1 others (one live block each).
+    let streams: Vec<StreamId> = (1..MAX_STREAMS as u64).map(StreamId).collect();
+    let held: Vec<_> = streams.iter().map(|&s| pool.alloc(U, s).unwrap()).collect();
+    let extra = StreamId(1000);
+    assert!(matches!(pool.alloc(U, extra), Err(Error::Unsupported(_))));
+    // A block freed on stream 5 leaves the free space reserved for stream 5...
+    let records = clock.records();
+    let big = pool.alloc(32 * U, streams[4]).unwrap();
+    let at = big.offset();
+    drop(big);
+    // ...until stream 5 is retired: then a new stream takes its tag and the space at once,
+    // with no event recorded or queried.
+    pool.retire_stream(streams[4]);
+    let b = pool.alloc(32 * U, extra).unwrap();
+    assert_eq!(
+        b.offset(),
+        at,
+        "the retired stream's span is reused in place"
+    );
+    assert_eq!((clock.records(), clock.queries()), (records, 0));
+    assert_eq!(b.stream(), extra);
+    // Retiring an unknown stream or the default stream changes nothing: still no free tag.
+    pool.retire_stream(StreamId(4242));
+    pool.retire_stream(S0);
+    assert!(matches!(
+        pool.alloc(U, StreamId(1001)),
+        Err(Error::Unsupported(_))
+    ));
+    drop(b);
+    pool.retire_stream(extra);
+    let c = pool.alloc(U, StreamId(1001)).unwrap();
+    assert_eq!(pool.stats().in_use, held.len() * U + c.size());
+}
+
+#[test]
+fn retired_tag_waits_for_blocks_pending_on_it() {
+    let (pool, clock) = fake_pool(128);
+    let _held: Vec<_> = (1..MAX_STREAMS as u64 - 1)
+        .map(|s| pool.alloc(U, StreamId(s)).unwrap())
+        .collect();
+    let last = StreamId(MAX_STREAMS as u64 - 1);
+    let mut a = pool.alloc(4 * U, S0).unwrap();
+    a.record_use(last).unwrap(); // takes the last tag
+    drop(a); // pending on `last`
+    pool.retire_stream(last);
+    // The pending block still refers to the tag: a new stream cannot have it yet.
+    assert!(matches!(
+        pool.alloc(U, StreamId(2000)),
+        Err(Error::Unsupported(_))
+    ));
+    clock.complete(last);
+    // A failed allocation reclaims the completed pending block, which clears the reference:
+    // the new stream now gets the tag (and fails only for room, all free space being
+    // reserved for the default stream that freed it last).
+    assert!(matches!(
+        pool.alloc(1000 * U, S0),
+        Err(Error::OutOfMemory(_))
+    ));
+    assert_eq!(pool.stats().pending_bytes, 0);
+    assert!(matches!(
+        pool.alloc(U, StreamId(2000)),
+        Err(Error::OutOfMemory(_))
+    ));
+}

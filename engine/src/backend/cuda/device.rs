@@ -88,9 +88,18 @@ impl Drop for DeviceBuffer {
 
 /// The process-wide activation pool of one device: one [`DeviceRegion`] (a single cudaMalloc)
 /// managed by a [`FixedPool`], with every context's stream registered in one [`CudaClock`].
-struct DevicePool {
+pub struct DevicePool {
     pool: Arc<FixedPool<DeviceRegion>>,
     clock: Arc<CudaClock>,
+}
+
+impl DevicePool {
+    /// Forgets a stream whose work is complete (its context is gone), so that its tag and
+    /// clock entry do not outlive it.
+    fn retire(&self, stream: StreamId) {
+        self.pool.retire_stream(stream);
+        self.clock.remove_stream(stream);
+    }
 }
 
 static NEXT_STREAM: AtomicU64 = AtomicU64::new(1);
@@ -131,10 +140,15 @@ fn device_pool(ctx: &Arc<CudaContext>, first: usize) -> Result<Arc<DevicePool>> 
 }
 
 /// The activation arena of one execution context: a block of the device pool, or (when the
-/// pool is full) its own allocation.
+/// pool is full) its own allocation. Its owner must have waited for its stream before dropping
+/// it: the drop returns the block and retires the stream from the pool and its clock.
 pub enum Arena {
-    /// A block of the process-wide device pool.
-    Pooled(Block<DeviceRegion>),
+    /// A block of the process-wide device pool, taken on `stream`.
+    Pooled {
+        block: Option<Block<DeviceRegion>>,
+        pool: Arc<DevicePool>,
+        stream: StreamId,
+    },
     /// A separate allocation (the pool had no room).
     Own(DeviceBuffer),
 }
@@ -143,8 +157,22 @@ impl Arena {
     /// The device address of the first byte.
     pub fn ptr(&self) -> u64 {
         match self {
-            Arena::Pooled(b) => b.addr() as u64,
+            Arena::Pooled { block, .. } => block.as_ref().map_or(0, |b| b.addr() as u64),
             Arena::Own(b) => b.ptr(),
+        }
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        if let Arena::Pooled {
+            block,
+            pool,
+            stream,
+        } = self
+        {
+            drop(block.take());
+            pool.retire(*stream);
         }
     }
 }
@@ -160,8 +188,13 @@ pub fn alloc_arena(
     let id = StreamId(NEXT_STREAM.fetch_add(1, Ordering::Relaxed));
     p.clock.add_stream(id, Arc::clone(stream));
     match p.pool.alloc(bytes, id) {
-        Ok(b) => Ok(Arena::Pooled(b)),
+        Ok(b) => Ok(Arena::Pooled {
+            block: Some(b),
+            pool: p,
+            stream: id,
+        }),
         Err(e) => {
+            p.retire(id);
             tracing::warn!("CUDA activation pool full ({e}); allocating the arena separately");
             Ok(Arena::Own(DeviceBuffer::alloc(ctx, bytes)?))
         }
