@@ -58,6 +58,9 @@ struct QConvKernel {
     flip: bool,
     slots: usize,
     slot: usize,
+    /// Depthwise on AVX-512 VNNI with padding: the geometry over a scratch copy of the input
+    /// with its zero-point border written out, so no output pixel takes the border path.
+    dw_pad: Option<Geom>,
     isa: QIsa,
     name: String,
 }
@@ -131,6 +134,17 @@ fn build_with(graph: &Graph, node: &Node, isa: QIsa) -> Result<Box<dyn Kernel>> 
             }
         }
         let epi = QEpilogue::new(x, &q.w_scales, q.y, &bias, &sums, act);
+        let padded = g.pt > 0
+            || g.pl > 0
+            || (g.oh - 1) * g.sh + (g.kh - 1) * g.dh >= g.h
+            || (g.ow - 1) * g.sw + (g.kw - 1) * g.dw >= g.w;
+        let dw_pad = (padded && isa == QIsa::Avx512Vnni && epi.general.is_none()).then(|| Geom {
+            h: (g.oh - 1) * g.sh + (g.kh - 1) * g.dh + 1,
+            w: (g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1,
+            pt: 0,
+            pl: 0,
+            ..g
+        });
         return Ok(Box::new(QConvKernel {
             g,
             imp: Imp::Depthwise { w: dw_w },
@@ -140,6 +154,7 @@ fn build_with(graph: &Graph, node: &Node, isa: QIsa) -> Result<Box<dyn Kernel>> 
             flip,
             slots: 0,
             slot: 0,
+            dw_pad,
             isa,
             name: name_s,
         }));
@@ -196,6 +211,7 @@ fn build_with(graph: &Graph, node: &Node, isa: QIsa) -> Result<Box<dyn Kernel>> 
         flip,
         slots: threads,
         slot,
+        dw_pad: None,
         isa,
         name: name_s,
     }))
@@ -337,8 +353,28 @@ impl QConvKernel {
         Ok(())
     }
 
-    fn run_depthwise(&self, x: &[u8], out: &mut [u8], w: &[i32]) {
+    /// Copies the NHWC input into `xp` laid out as `pg` (the padded geometry): the border and
+    /// any rows or columns the conv never reads past the input hold the zero point (in the
+    /// input's byte domain, so the kernel's flip of i8 bytes maps it back).
+    fn pad_input(&self, x: &[u8], xp: &mut [u8], pg: &Geom) {
         let g = &self.g;
+        let c = g.cin;
+        let zb = if self.flip { self.za ^ 0x80 } else { self.za };
+        let cols = g.w.min(pg.w.saturating_sub(g.pl));
+        for (r, dst) in xp.chunks_exact_mut(pg.w * c).enumerate() {
+            let (ni, y) = (r / pg.h, (r % pg.h).wrapping_sub(g.pt));
+            if y >= g.h {
+                dst.fill(zb);
+                continue;
+            }
+            let src = &x[((ni * g.h + y) * g.w) * c..][..cols * c];
+            dst[..g.pl * c].fill(zb);
+            dst[g.pl * c..(g.pl + cols) * c].copy_from_slice(src);
+            dst[(g.pl + cols) * c..].fill(zb);
+        }
+    }
+
+    fn run_depthwise(&self, g: &Geom, x: &[u8], out: &mut [u8], w: &[i32]) {
         let epi = &self.epis[0];
         let (za, flip) = (self.za, self.flip);
         out.par_chunks_mut(g.ow * g.cout)
@@ -647,16 +683,27 @@ impl Kernel for QConvKernel {
             return Err(Error::Shape(format!("{}: tensor sizes", self.name)));
         }
         match &self.imp {
-            Imp::Depthwise { w } => {
-                self.run_depthwise(x.bytes, out.bytes, w);
-                Ok(())
-            }
+            Imp::Depthwise { w } => match &self.dw_pad {
+                Some(pg) => {
+                    let need = pg.n * pg.h * pg.w * pg.cin;
+                    let xp = scratch
+                        .get_mut(..need)
+                        .ok_or_else(|| Error::Shape(format!("{}: scratch too small", self.name)))?;
+                    self.pad_input(x.bytes, xp, pg);
+                    self.run_depthwise(pg, xp, out.bytes, w);
+                    Ok(())
+                }
+                None => {
+                    self.run_depthwise(g, x.bytes, out.bytes, w);
+                    Ok(())
+                }
+            },
             _ => self.run_gemm(x.bytes, out.bytes, scratch),
         }
     }
 
     fn scratch_bytes(&self) -> usize {
-        self.slots * self.slot
+        self.slots * self.slot + self.dw_pad.map_or(0, |p| p.n * p.h * p.w * p.cin)
     }
 }
 
