@@ -11,7 +11,10 @@
 //! - `Q(DQ(x))` with different parameters becomes a requantizing [`Op::QLut`];
 //! - `DQ(a), DQ(b) → Add [→ activation] → Q` on equal shapes becomes one [`Op::QAdd`] (the
 //!   residual sums of quantized ResNets and EfficientNets), computed in f32 exactly as the
-//!   three ops would be.
+//!   three ops would be;
+//! - a ReLU table (`QLut` computing `max(x, zero point)`) after a `QConv`, `QGemm` or `QAdd` with
+//!   the same parameters and no activation becomes that op's activation (symmetric-int8 models
+//!   keep `DQ → Relu → Q` apart from the conv).
 //!
 //! Results are bit-identical to the unpropagated graph. Runs before constant folding (with
 //! `quant_fold`) and again after the layout pass, whose Transposes it then moves onto codes.
@@ -49,6 +52,7 @@ pub fn quant_propagate(graph: &mut Graph) -> Result<usize> {
                 Op::Concat { .. } => concat(graph, &producers, &consumers, i),
                 Op::QuantizeLinear { .. } => requantize(graph, &producers, i),
                 Op::Binary(BinaryOp::Add) => quantized_add(graph, &producers, &consumers, i),
+                Op::QLut { .. } => relu_into_producer(graph, &producers, &consumers, i),
                 _ => false,
             };
             if done {
@@ -248,5 +252,48 @@ fn quantized_add(
     nd.outputs = vec![out];
     graph.values[out].dtype = yp.dtype;
     remove_nodes(graph, &dead);
+    true
+}
+
+/// A ReLU table at QLut node `i` whose input comes (solely) from a `QConv`/`QGemm`/`QAdd`
+/// without activation and with the same output parameters becomes that op's ReLU:
+/// `max(requant(v), z) = requant(max(v, 0))` since rounding is monotone and 0 maps to `z`.
+fn relu_into_producer(
+    graph: &mut Graph,
+    producers: &[Option<usize>],
+    consumers: &[Vec<usize>],
+    i: usize,
+) -> bool {
+    let node = &graph.nodes[i];
+    let (Op::QLut { table, dtype }, Some(x), [out]) =
+        (&node.op, node.input(0), node.outputs.as_slice())
+    else {
+        return false;
+    };
+    let Some(p) = producers[x] else {
+        return false;
+    };
+    if sole_consumer(graph, consumers, x) != Some(i) {
+        return false;
+    }
+    let y = match &graph.nodes[p].op {
+        Op::QConv(q) if q.conv.activation.is_none() => q.y,
+        Op::QGemm(q) if q.activation.is_none() => q.y,
+        Op::QAdd(q) if q.activation.is_none() => q.y,
+        _ => return false,
+    };
+    if y.dtype != *dtype || *table != lut_table(y, y, |v| v.max(0.0)) {
+        return false;
+    }
+    let out = *out;
+    let relu = Some(crate::ir::Activation::Relu);
+    match &mut graph.nodes[p].op {
+        Op::QConv(q) => q.conv.activation = relu,
+        Op::QGemm(q) => q.activation = relu,
+        Op::QAdd(q) => q.activation = relu,
+        _ => return false,
+    }
+    graph.nodes[p].outputs = vec![out];
+    remove_nodes(graph, &[i]);
     true
 }

@@ -1648,7 +1648,24 @@ fn quant_propagate_runs_selection_ops_and_sums_on_codes_exactly() {
         node(&mut g, Op::Unary(UnaryOp::Act(act)), &[Some(s)], &[r]);
         sums.push(fake_quant(&mut g, r, &[1, 4, 4, 4], 0.06, 30));
     }
-    g.outputs = vec![out0, out1, s0, sums[0], sums[1]];
+    // A sum requantized, then ReLU between its own Q/DQ (how symmetric-int8 exports look).
+    let s = val(&mut g, "sum", &[1, 4, 4, 4]);
+    node(
+        &mut g,
+        Op::Binary(BinaryOp::Add),
+        &[Some(m), Some(yd)],
+        &[s],
+    );
+    let sq = fake_quant(&mut g, s, &[1, 4, 4, 4], 0.05, 128);
+    let r = val(&mut g, "relu", &[1, 4, 4, 4]);
+    node(
+        &mut g,
+        Op::Unary(UnaryOp::Act(Activation::Relu)),
+        &[Some(sq)],
+        &[r],
+    );
+    sums.push(fake_quant(&mut g, r, &[1, 4, 4, 4], 0.05, 128));
+    g.outputs = vec![out0, out1, s0, sums[0], sums[1], sums[2]];
 
     let mut rng = Rng(7);
     let xs = t32(&[1, 4, 6, 6], (0..144).map(|_| rng.next() * 6.0).collect());
@@ -1662,9 +1679,16 @@ fn quant_propagate_runs_selection_ops_and_sums_on_codes_exactly() {
         let model = crate::Model::from_graph(g.clone(), &opts).unwrap();
         assert_eq!(
             count(model.graph(), "QAdd"),
-            if optimize { 2 } else { 0 },
-            "both sums fold into QAdd"
+            if optimize { 3 } else { 0 },
+            "the sums fold into QAdd"
         );
+        if optimize {
+            assert_eq!(
+                count(model.graph(), "QLut"),
+                3,
+                "the ReLU table joins its QAdd"
+            );
+        }
         let dq_before_selection = model.graph().nodes.iter().any(|n| {
             matches!(
                 n.op,

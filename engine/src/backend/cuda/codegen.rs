@@ -127,12 +127,24 @@ fn strides(shape: &[usize]) -> Vec<usize> {
 
 /// Code declaring `{p}0..{p}r-1` as the coordinates of linear index `i` in `shape`.
 fn decompose(shape: &[usize], p: &str) -> String {
-    let mut s = String::from("i64 r_ = i;");
+    // Below 2^32 elements the divisions run in 32 bits (a multiply-high each; 64-bit division
+    // by a constant costs several times that); the coordinates stay i64 for the callers.
+    let narrow = shape
+        .iter()
+        .try_fold(1u64, |a, &d| a.checked_mul(d as u64))
+        .is_some_and(|n| n <= u32::MAX as u64);
+    let (t, u) = if narrow {
+        ("unsigned int", "u")
+    } else {
+        ("i64", "LL")
+    };
+    let mut s = format!("{t} r_ = ({t})i;");
     for k in (0..shape.len()).rev() {
         if k == 0 {
-            let _ = write!(s, " i64 {p}{k} = r_;");
+            let _ = write!(s, " i64 {p}{k} = (i64)r_;");
         } else {
-            let _ = write!(s, " i64 {p}{k} = r_ % {}; r_ /= {};", shape[k], shape[k]);
+            let d = shape[k];
+            let _ = write!(s, " i64 {p}{k} = (i64)(r_ % {d}{u}); r_ /= {d}{u};");
         }
     }
     s.push_str(" (void)r_;");

@@ -736,7 +736,12 @@ impl Builder<'_> {
                     relu: false,
                 },
             };
-            let (colb, accb) = (alit(m * k), alit(m * n * 4));
+            // Signed 1x1 stride-1 input with whole 4-byte channel groups: the GEMM reads the
+            // activation itself (no patch matrix).
+            let direct = !parts.flip
+                && (c.kh, c.kw, c.sh, c.sw, c.pt, c.pl, c.oh, c.ow) == (1, 1, 1, 1, 0, 0, c.h, c.w)
+                && parts.c4 == c.cin;
+            let (colb, accb) = (if direct { 0 } else { alit(m * k) }, alit(m * n * 4));
             let wbuf = DeviceBuffer::upload(self.ctx, &parts.packed)?;
             let t = self.tmp(colb + accb + BLAS_WS + 3 * ALIGNMENT + 256)? + ALIGNMENT as u64;
             let bufs = SearchBuffers {
@@ -756,11 +761,16 @@ impl Builder<'_> {
                         mm.workspace >> 10,
                         mm.time_ms
                     );
-                    let kc = self.gen.qim2col_into_scratch(x, parts);
-                    self.launch(idx, kc);
+                    let a = if direct {
+                        Arg::Val(x)
+                    } else {
+                        let kc = self.gen.qim2col_into_scratch(x, parts);
+                        self.launch(idx, kc);
+                        Arg::ScratchAt(0)
+                    };
                     self.steps.push(Step::Pointwise(Box::new(PointwiseStep {
                         node: idx,
-                        x: Arg::ScratchAt(0),
+                        x: a,
                         y: Arg::ScratchAt(colb),
                         z: None,
                         w: wbuf,

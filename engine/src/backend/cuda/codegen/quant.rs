@@ -24,9 +24,24 @@ fn i32_bytes(v: &[i32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
-/// The requantization of the i32 sum `t` (bias included) of output channel `co` into `q`
-/// (an int holding the 8-bit value), as CUDA statements.
+/// The requantization of the i32 sum `t` (bias included) of output channel `co`, stored as
+/// byte `i` of `p1`, as CUDA statements.
 fn requant(epi: &QEpilogue) -> String {
+    format!("{} p1[i] = {};", requant_value(epi), requant_byte(epi))
+}
+
+/// The requantized value as a byte expression (from `q` of [`requant_value`]).
+fn requant_byte(epi: &QEpilogue) -> &'static str {
+    if epi.signed {
+        "(u8)(signed char)(int)q"
+    } else {
+        "(u8)(int)q"
+    }
+}
+
+/// The requantization of the i32 sum `t` (bias included) of output channel `co` into the
+/// float `q` holding the 8-bit value, as CUDA statements.
+fn requant_value(epi: &QEpilogue) -> String {
     let mut s = String::from("float f = __fmul_rn(__int2float_rn(t), mult[co]); float q;");
     if let Some((act, ys)) = epi.general {
         let real = format!("__fmul_rn(f, {})", flit(ys));
@@ -50,11 +65,6 @@ fn requant(epi: &QEpilogue) -> String {
             flit(epi.hi - epi.zy),
             flit(epi.zy)
         );
-    }
-    if epi.signed {
-        s.push_str(" p1[i] = (u8)(signed char)(int)q;");
-    } else {
-        s.push_str(" p1[i] = (u8)(int)q;");
     }
     s
 }
@@ -314,7 +324,29 @@ impl Gen {
             "i64 y = q1*{sh}LL - {pt}LL + q3*{dh}LL; i64 xx = q2*{sw}LL - {pl}LL + q4*{dw}LL; \
              bool inb = y >= 0 && y < {h}LL && xx >= 0 && xx < {w}LL;"
         );
-        let (shape, body) = if c.cin.is_multiple_of(4) {
+        let flip16 = if p.flip {
+            " v.x ^= 0x80808080u; v.y ^= 0x80808080u; v.z ^= 0x80808080u; v.w ^= 0x80808080u;"
+        } else {
+            ""
+        };
+        let one_by_one = (c.kh, c.kw, sh, sw, pt, pl, c.oh, c.ow) == (1, 1, 1, 1, 0, 0, h, w);
+        let (shape, body) = if c.cin.is_multiple_of(16) && one_by_one {
+            // The patch matrix is the input itself: a flat 16-byte copy (sign-flipped).
+            let shape = [c.n * h * w * c.cin / 16];
+            let body = format!("uint4 v = ((const uint4*)p0)[i];{flip16} ((uint4*)p1)[i] = v;");
+            (shape.to_vec(), body)
+        } else if c.cin.is_multiple_of(16) {
+            let c16 = c.cin / 16;
+            let pad_word = u32::from(p.pad_s as i8 as u8) * 0x0101_0101;
+            let shape = [c.n, c.oh, c.ow, c.kh, c.kw, c16];
+            let body = format!(
+                "{} {window} uint4 v = make_uint4({pad_word}u, {pad_word}u, {pad_word}u, {pad_word}u); \
+                 if (inb) {{ v = ((const uint4*)p0)[((q0*{h}LL + y)*{w}LL + xx)*{c16}LL + q5];{flip16} }} \
+                 ((uint4*)p1)[i] = v;",
+                super::decompose(&shape, "q"),
+            );
+            (shape.to_vec(), body)
+        } else if c.cin.is_multiple_of(4) {
             let cw = c.cin / 4;
             let flip = if p.flip { " ^ 0x80808080u" } else { "" };
             let pad_word = u32::from(p.pad_s as i8 as u8) * 0x0101_0101;
@@ -325,7 +357,7 @@ impl Gen {
                  ((unsigned int*)p1)[i] = v;",
                 super::decompose(&shape, "q"),
             );
-            (shape, body)
+            (shape.to_vec(), body)
         } else {
             let cin = c.cin;
             let flip = if p.flip { " ^ 0x80" } else { "" };
@@ -336,7 +368,7 @@ impl Gen {
                  p1[i] = v;",
                 super::decompose(&shape, "q"),
             );
-            (shape, body)
+            (shape.to_vec(), body)
         };
         self.kernel(
             &[
@@ -354,21 +386,38 @@ impl Gen {
         let m = p.geom.n * p.geom.oh * p.geom.ow;
         let bt = self.extra(i32_bytes(&p.bias));
         let mt = self.extra(f32_bytes(&p.mult));
+        let params = [
+            (Arg::ScratchAt(acc_at), "const u8".to_string()),
+            (Arg::Val(y), "u8".into()),
+            (bt, "const u8".into()),
+            (mt, "const u8".into()),
+        ];
+        if n.is_multiple_of(4) && m * n <= i32::MAX as usize {
+            // Four outputs per thread: one 16-byte load of sums, one 4-byte store.
+            let mut body = format!(
+                "const int* bias2 = (const int*)p2; const float* mult = (const float*)p3; \
+                 int4 a = ((const int4*)p0)[i]; unsigned int co0 = ((unsigned int)i * 4u) % {n}u; \
+                 unsigned int out = 0u;"
+            );
+            let (value, byte) = (requant_value(&p.epi), requant_byte(&p.epi));
+            for (lane, comp) in ["x", "y", "z", "w"].iter().enumerate() {
+                let _ = write!(
+                    body,
+                    " {{ unsigned int co = co0 + {lane}u; \
+                     int t = (int)((unsigned int)a.{comp} + (unsigned int)bias2[co]); {value} \
+                     out |= (unsigned int){byte} << {}; }}",
+                    8 * lane
+                );
+            }
+            body.push_str(" ((unsigned int*)p1)[i] = out;");
+            return self.kernel(&params, m * n / 4, &body);
+        }
         let body = format!(
             "const int* bias2 = (const int*)p2; const float* mult = (const float*)p3; i64 co = i % {n}LL; \
              int t = (int)((unsigned int)((const int*)p0)[i] + (unsigned int)bias2[co]); {}",
             requant(&p.epi)
         );
-        self.kernel(
-            &[
-                (Arg::ScratchAt(acc_at), "const u8".into()),
-                (Arg::Val(y), "u8".into()),
-                (bt, "const u8".into()),
-                (mt, "const u8".into()),
-            ],
-            m * n,
-            &body,
-        )
+        self.kernel(&params, m * n, &body)
     }
 
     /// An int8 Gemm `y[m, n] = requant(Σ_k a[m, k]·b[k, n] + bias[n])` (B constant).

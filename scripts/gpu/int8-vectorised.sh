@@ -1,0 +1,26 @@
+#!/bin/bash
+# Session s6, fifth call: 32-bit index math in generated kernels, vectorised int8 unfold and
+# requantization, GEMMs straight on signed 1x1 activations. Checks (conformance, models vs CPU
+# incl. QDQ ResNet-50 with u8 and s8 activations), then INT8 vs FP16 and an fp32/fp16 b1 sweep.
+set -o pipefail
+D=${D:-.gpu/s6}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+for l in /opt/torch/.venv/lib/python3*/site-packages/nvidia/*/lib /usr/local/nvidia/lib64 /usr/local/cuda/lib64; do
+  [ -d "$l" ] && LD_LIBRARY_PATH="$l:$LD_LIBRARY_PATH"
+done
+export LD_LIBRARY_PATH VIGIL_CUDA_POOL_MB=3072 VIGIL_MODELS=$PWD/models VIGIL_EVAL_IMAGES=$PWD/.gpu/cuda3/eval VIGIL_QDQ_MODELS=$PWD/$D/qdq
+mkdir -p $D/qdq && xz -dc $D/qdq.txz | tar xf - -C $D
+gunzip -c $D/cuda_backend.gz > /tmp/cuda_backend && chmod +x /tmp/cuda_backend
+PY=/opt/torch/.venv/bin/python; mkdir -p /tmp/onnx
+cd $D && VIGIL_EXPORT_ONLY=1 timeout 120 $PY torch_bench.py /tmp/onnx > $OUT/export.txt 2>&1; cd - >/dev/null; grep -c EXPORTED $OUT/export.txt
+timeout 100 $PY $D/qdq_resnet50.py /tmp/onnx/resnet50.onnx /tmp/onnx/resnet50.qdq.onnx > $OUT/qdq.txt 2>&1; tail -1 $OUT/qdq.txt
+timeout 100 $PY $D/qdq_resnet50.py /tmp/onnx/resnet50.onnx /tmp/onnx/resnet50.qdq.s8.onnx s8 > $OUT/qdq8.txt 2>&1; tail -1 $OUT/qdq8.txt
+echo "=== cuda_backend ($SECONDS s)"
+VIGIL_ONNX_NODE_TESTS=$PWD/.gpu/cuda/node VIGIL_CUDA_COMPARE="/tmp/onnx/resnet50.onnx:1,/tmp/onnx/resnet50.qdq.onnx:2,/tmp/onnx/resnet50.qdq.s8.onnx:2,$PWD/models/nanodet-m-416.onnx:2" timeout 300 /tmp/cuda_backend --test-threads=1 --nocapture > "$OUT/tests.txt" 2>&1; echo "rc $?"
+grep -E "^test |test result|conformance:|int8 GPU vs CPU|allocs" "$OUT/tests.txt" | cut -c1-200 | tail -16; grep -E "qdq.*rel diff" "$OUT/tests.txt" | sort -u -t: -k1,1 | head -4; grep -A3 panicked "$OUT/tests.txt" | head -12
+echo "=== bench ($SECONDS s)"
+VIGIL_CUDA_PRECISIONS=int8 VIGIL_CUDA_BENCH="/tmp/onnx/resnet50.qdq.onnx:1,/tmp/onnx/resnet50.qdq.onnx:32,/tmp/onnx/resnet50.qdq.s8.onnx:1,/tmp/onnx/resnet50.qdq.s8.onnx:32,$PWD/$D/qdq/efficientnet-lite0.qdq.onnx:1,$PWD/$D/qdq/nanodet-m-416.qdq.onnx:1" timeout 100 /tmp/cuda_backend bench_listed_models --nocapture 2>&1 | tee "$OUT/bench-int8.txt" | grep -E "BENCH|panicked|error"
+VIGIL_CUDA_PRECISIONS=fp32,fp16 VIGIL_CUDA_BENCH="/tmp/onnx/resnet50.onnx:1,/tmp/onnx/resnet50.onnx:32,/tmp/onnx/mobilenetv3l.onnx:1,$PWD/models/efficientnet-lite0.onnx:1,$PWD/models/nanodet-m-416.onnx:1" timeout 120 /tmp/cuda_backend bench_listed_models --nocapture 2>&1 | tee "$OUT/bench-fp.txt" | grep -E "BENCH|panicked|error"
+[ $SECONDS -lt 520 ] && VIGIL_CUDA_PROFILE=1 VIGIL_CUDA_BENCH_ITERS=20 VIGIL_CUDA_PRECISIONS=int8 VIGIL_CUDA_BENCH="/tmp/onnx/resnet50.qdq.s8.onnx:32" timeout 60 /tmp/cuda_backend bench_listed_models --nocapture > $OUT/prof.txt 2>&1
+grep -E "^PROFILE" $OUT/prof.txt; grep -E "^PKIND" $OUT/prof.txt | head -8
+echo "done ($SECONDS s)"
