@@ -9,9 +9,7 @@
 
 use std::fmt::Write as _;
 
-use super::{
-    act_expr, ctype, f32_bytes, flit, input, output, shape_of, unsupported, Arg, Gen, GenKernel,
-};
+use super::{act_expr, f32_bytes, flit, input, output, shape_of, unsupported, Arg, Gen, GenKernel};
 use crate::backend::cpu::kernels::{
     bias_i32, conv_geometry, u8_params, weights_i8, ConvGeometry, QEpilogue,
 };
@@ -467,9 +465,15 @@ impl Gen {
         if !ok8(a) || !ok8(b) || !ok8(y) || shape_of(g, a)? != shape_of(g, b)? {
             return Err(unsupported(node, "needs 8-bit tensors of one shape"));
         }
-        let dq = |k: usize, p: &QParams| {
+        // Element `e` of input `k` (its byte `xb`), dequantized.
+        let dq = |xb: &str, p: &QParams| {
+            let code = if p.dtype == DataType::I8 {
+                format!("(int)(signed char){xb}")
+            } else {
+                format!("(int){xb}")
+            };
             format!(
-                "__fmul_rn((float)((int)p{k}[i] - ({})), {})",
+                "__fmul_rn((float)({code} - ({})), {})",
                 p.zero_point,
                 flit(p.scale)
             )
@@ -477,25 +481,46 @@ impl Gen {
         let (lo, hi) = q.y.range();
         let z = q.y.zero_point;
         let act = q.activation.map_or("v".to_string(), |a| act_expr(a, "v"));
-        let body = format!(
-            "float v = __fadd_rn({}, {}); v = {act}; v = __fdiv_rn(v, {}); if (v != v) v = 0.f; \
-             v = fminf(fmaxf(v, {}), {}); p2[i] = ({})((int)rintf(v) + ({z}));",
-            dq(0, &q.a),
-            dq(1, &q.b),
-            flit(q.y.scale),
-            flit((lo - z) as f32),
-            flit((hi - z) as f32),
-            ctype(q.y.dtype),
-        );
-        let t = |v: ValueId| ctype(g.values[v].dtype);
-        Ok(self.kernel(
-            &[
-                (Arg::Val(a), format!("const {}", t(a))),
-                (Arg::Val(b), format!("const {}", t(b))),
-                (Arg::Val(y), t(y).into()),
-            ],
-            shape_of(g, y)?.iter().product(),
-            &body,
-        ))
+        // The requantized sum of bytes `xa`, `xb` as an int (the output byte's value).
+        let sum = |xa: &str, xb: &str| {
+            format!(
+                "{{ float v = __fadd_rn({}, {}); v = {act}; v = __fdiv_rn(v, {}); \
+                 if (v != v) v = 0.f; v = fminf(fmaxf(v, {}), {}); r = (int)rintf(v) + ({z}); }}",
+                dq(xa, &q.a),
+                dq(xb, &q.b),
+                flit(q.y.scale),
+                flit((lo - z) as f32),
+                flit((hi - z) as f32),
+            )
+        };
+        let n: usize = shape_of(g, y)?.iter().product();
+        let params = [
+            (Arg::Val(a), "const u8".to_string()),
+            (Arg::Val(b), "const u8".into()),
+            (Arg::Val(y), "u8".into()),
+        ];
+        if n.is_multiple_of(4) {
+            // Four elements per thread: 4-byte loads and store.
+            let mut body = String::from(
+                "unsigned int wa = ((const unsigned int*)p0)[i], wb = ((const unsigned int*)p1)[i]; \
+                 unsigned int out = 0u; int r;",
+            );
+            for lane in 0..4 {
+                let (xa, xb) = (
+                    format!("(u8)(wa >> {})", 8 * lane),
+                    format!("(u8)(wb >> {})", 8 * lane),
+                );
+                let _ = write!(
+                    body,
+                    " {} out |= (unsigned int)(u8)r << {};",
+                    sum(&xa, &xb),
+                    8 * lane
+                );
+            }
+            body.push_str(" ((unsigned int*)p2)[i] = out;");
+            return Ok(self.kernel(&params, n / 4, &body));
+        }
+        let body = format!("int r; {} p2[i] = (u8)r;", sum("p0[i]", "p1[i]"));
+        Ok(self.kernel(&params, n, &body))
     }
 }
