@@ -519,6 +519,85 @@ mod tests {
         o
     }
 
+    /// MaxPool on u8 and i8 codes, both layouts, against the naive f32 max of the same codes
+    /// (max commutes with the monotone byte -> number map).
+    #[test]
+    fn max_pool_on_codes_matches_naive() {
+        use super::super::elementwise::test_util::{run1, In};
+        use crate::ir::{Tensor, TensorData};
+        let (n, c, h, w) = (2, 19, 9, 8);
+        let p = P {
+            k: (3, 3),
+            s: (2, 2),
+            d: (1, 1),
+            p: [1, 1, 1, 0],
+            ceil: false,
+            cip: false,
+        };
+        let mut rng = Rng(31);
+        let bytes: Vec<u8> = rng
+            .vec(n * c * h * w)
+            .iter()
+            .map(|v| (v * 127.0 + 128.0) as u8)
+            .collect();
+        for signed in [false, true] {
+            let value = |b: u8| if signed { b as i8 as f32 } else { b as f32 };
+            let xf: Vec<f32> = bytes.iter().map(|&b| value(b)).collect();
+            let (want, oh, ow) = naive(&xf, (n, c, h, w), &p, true);
+            for nhwc in [false, true] {
+                let (dt, data) = if signed {
+                    let x = if nhwc {
+                        to_nhwc(&xf, n, c, h, w)
+                    } else {
+                        xf.clone()
+                    };
+                    (
+                        DataType::I8,
+                        TensorData::I8(x.iter().map(|&v| v as i8).collect()),
+                    )
+                } else {
+                    let x = if nhwc {
+                        to_nhwc(&xf, n, c, h, w)
+                    } else {
+                        xf.clone()
+                    };
+                    (
+                        DataType::U8,
+                        TensorData::U8(x.iter().map(|&v| v as u8).collect()),
+                    )
+                };
+                let (xs, ys) = if nhwc {
+                    (vec![n, h, w, c], vec![n, oh, ow, c])
+                } else {
+                    (vec![n, c, h, w], vec![n, c, oh, ow])
+                };
+                let attrs = PoolAttrs {
+                    kernel_shape: vec![3, 3],
+                    strides: vec![2, 2],
+                    pads: p.p.to_vec(),
+                    dilations: vec![1, 1],
+                    ceil_mode: false,
+                    auto_pad: AutoPad::NotSet,
+                    count_include_pad: false,
+                    layout: if nhwc { Layout::Nhwc } else { Layout::Nchw },
+                };
+                let x = Tensor { shape: xs, data };
+                let got = run1(Op::MaxPool(attrs), vec![In::Rt(x)], dt, &ys).expect("run");
+                let got: Vec<f32> = match &got.data {
+                    TensorData::U8(v) => v.iter().map(|&b| b as f32).collect(),
+                    TensorData::I8(v) => v.iter().map(|&b| b as f32).collect(),
+                    other => panic!("output type {other:?}"),
+                };
+                let want = if nhwc {
+                    to_nhwc(&want, n, c, oh, ow)
+                } else {
+                    want.clone()
+                };
+                assert_eq!(got, want, "signed {signed} nhwc {nhwc}");
+            }
+        }
+    }
+
     #[test]
     fn pools_match_naive_both_layouts() {
         let mut rng = Rng(30);
