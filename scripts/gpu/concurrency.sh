@@ -1,11 +1,8 @@
 #!/bin/bash
 # Concurrent-contexts diagnosis: the 4-context test in a loop under several switches, then memcheck.
 D=${D:-.gpu/s5}  # holds cuda_backend.gz: the stripped, gzipped engine/tests/cuda_backend.rs binary
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-for l in /opt/torch/.venv/lib/python3*/site-packages/nvidia/*/lib /usr/local/nvidia/lib64 /usr/local/cuda/lib64; do
-  [ -d "$l" ] && LD_LIBRARY_PATH="$l:$LD_LIBRARY_PATH"
-done
-export LD_LIBRARY_PATH VIGIL_CUDA_POOL_MB=3072 VIGIL_MODELS=$PWD/models
+. "$(dirname "$0")/device-env.sh"
+export VIGIL_CUDA_POOL_MB=3072 VIGIL_MODELS=$PWD/models
 uname -r; nvidia-smi --query-gpu=driver_version --format=csv,noheader
 gunzip -c $D/cuda_backend.gz > /tmp/cuda_backend && chmod +x /tmp/cuda_backend
 T0=$SECONDS

@@ -4,11 +4,8 @@
 # incl. QDQ ResNet-50 with u8 and s8 activations), then INT8 vs FP16 and an fp32/fp16 b1 sweep.
 set -o pipefail
 D=${D:-.gpu/s6}
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-for l in /opt/torch/.venv/lib/python3*/site-packages/nvidia/*/lib /usr/local/nvidia/lib64 /usr/local/cuda/lib64; do
-  [ -d "$l" ] && LD_LIBRARY_PATH="$l:$LD_LIBRARY_PATH"
-done
-export LD_LIBRARY_PATH VIGIL_CUDA_POOL_MB=3072 VIGIL_MODELS=$PWD/models VIGIL_EVAL_IMAGES=$PWD/.gpu/cuda3/eval VIGIL_QDQ_MODELS=$PWD/$D/qdq
+. "$(dirname "$0")/device-env.sh"
+export VIGIL_CUDA_POOL_MB=3072 VIGIL_MODELS=$PWD/models VIGIL_EVAL_IMAGES=$PWD/.gpu/cuda3/eval VIGIL_QDQ_MODELS=$PWD/$D/qdq
 mkdir -p $D/qdq && xz -dc $D/qdq.txz | tar xf - -C $D
 gunzip -c $D/cuda_backend.gz > /tmp/cuda_backend && chmod +x /tmp/cuda_backend
 PY=/opt/torch/.venv/bin/python; mkdir -p /tmp/onnx

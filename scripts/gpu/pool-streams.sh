@@ -3,11 +3,8 @@
 # concurrency, the rest of cuda_backend, and the pool's two-stream corruption check.
 set -o pipefail
 D=${D:-.gpu/s6}  # carried: gzipped test binaries (cuda_backend, cuda_pool), qdq.txz, torch_bench.py, torch_timing.py, qdq_resnet50.py
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-for l in /opt/torch/.venv/lib/python3*/site-packages/nvidia/*/lib /usr/local/nvidia/lib64 /usr/local/cuda/lib64; do
-  [ -d "$l" ] && LD_LIBRARY_PATH="$l:$LD_LIBRARY_PATH"
-done
-export LD_LIBRARY_PATH VIGIL_CUDA_POOL_MB=3072 VIGIL_MODELS=$PWD/models VIGIL_EVAL_IMAGES=$PWD/.gpu/cuda3/eval VIGIL_QDQ_MODELS=$PWD/$D/qdq
+. "$(dirname "$0")/device-env.sh"
+export VIGIL_CUDA_POOL_MB=3072 VIGIL_MODELS=$PWD/models VIGIL_EVAL_IMAGES=$PWD/.gpu/cuda3/eval VIGIL_QDQ_MODELS=$PWD/$D/qdq
 mkdir -p $D/qdq && xz -dc $D/qdq.txz | tar xf - -C $D
 for f in cuda_backend cuda_pool; do gunzip -c $D/$f.gz > /tmp/$f && chmod +x /tmp/$f; done
 timeout 60 /tmp/cuda_backend --nocapture contexts_come_and_go > $OUT/retire.txt 2>&1; echo "retire rc $?"; grep -E "contexts created|test result|panicked" -A2 $OUT/retire.txt | head -6

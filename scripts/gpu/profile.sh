@@ -2,11 +2,8 @@
 # cuda3 device call 1: per-step profile (fused vs unfused), ncu kernel list.
 set -o pipefail
 D=.gpu/cuda3
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-for l in /opt/torch/.venv/lib/python3*/site-packages/nvidia/*/lib /usr/local/nvidia/lib64 /usr/local/cuda/lib64; do
-  [ -d "$l" ] && LD_LIBRARY_PATH="$l:$LD_LIBRARY_PATH"
-done
-export LD_LIBRARY_PATH VIGIL_MODELS=$PWD/models VIGIL_CUDA_POOL_MB=3072
+. "$(dirname "$0")/device-env.sh"
+export VIGIL_MODELS=$PWD/models VIGIL_CUDA_POOL_MB=3072
 which nsys ncu; nvidia-smi --query-gpu=name,driver_version,memory.used,clocks.sm --format=csv,noheader
 ls /opt/torch/.venv/lib/python3*/site-packages/nvidia/ | tr '\n' ' '; echo
 PY=$(ls /opt/torch/.venv/bin/python 2>/dev/null || which python3)

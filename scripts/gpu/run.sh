@@ -2,11 +2,8 @@
 # cuda3 device call 2: GPU tests, serve test, benchmarks vs PyTorch in the same run, profile.
 set -o pipefail
 D=.gpu/cuda3
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-for l in /opt/torch/.venv/lib/python3*/site-packages/nvidia/*/lib /usr/local/nvidia/lib64 /usr/local/cuda/lib64; do
-  [ -d "$l" ] && LD_LIBRARY_PATH="$l:$LD_LIBRARY_PATH"
-done
-export LD_LIBRARY_PATH VIGIL_CUDA_POOL_MB=3072
+. "$(dirname "$0")/device-env.sh"
+export VIGIL_CUDA_POOL_MB=3072
 export VIGIL_MODELS=$PWD/models VIGIL_ONNX_NODE_TESTS=$PWD/.gpu/cuda/node VIGIL_EVAL_IMAGES=$PWD/.gpu/cuda3/eval
 PY=$(ls /opt/torch/.venv/bin/python 2>/dev/null || which python3)
 for f in cuda_backend cuda_serve vigil; do gunzip -c $D/$f.gz > /tmp/$f && chmod +x /tmp/$f; done

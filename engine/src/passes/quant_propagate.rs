@@ -270,29 +270,23 @@ fn relu_into_producer(
     else {
         return false;
     };
+    let (table, dtype, out) = (table.clone(), *dtype, *out);
     let Some(p) = producers[x] else {
         return false;
     };
     if sole_consumer(graph, consumers, x) != Some(i) {
         return false;
     }
-    let y = match &graph.nodes[p].op {
-        Op::QConv(q) if q.conv.activation.is_none() => q.y,
-        Op::QGemm(q) if q.activation.is_none() => q.y,
-        Op::QAdd(q) if q.activation.is_none() => q.y,
+    let (y, act) = match &mut graph.nodes[p].op {
+        Op::QConv(q) => (q.y, &mut q.conv.activation),
+        Op::QGemm(q) => (q.y, &mut q.activation),
+        Op::QAdd(q) => (q.y, &mut q.activation),
         _ => return false,
     };
-    if y.dtype != *dtype || *table != lut_table(y, y, |v| v.max(0.0)) {
+    if act.is_some() || y.dtype != dtype || table != lut_table(y, y, |v| v.max(0.0)) {
         return false;
     }
-    let out = *out;
-    let relu = Some(crate::ir::Activation::Relu);
-    match &mut graph.nodes[p].op {
-        Op::QConv(q) => q.conv.activation = relu,
-        Op::QGemm(q) => q.activation = relu,
-        Op::QAdd(q) => q.activation = relu,
-        _ => return false,
-    }
+    *act = Some(crate::ir::Activation::Relu);
     graph.nodes[p].outputs = vec![out];
     remove_nodes(graph, &[i]);
     true

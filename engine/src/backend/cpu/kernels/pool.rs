@@ -205,88 +205,52 @@ impl Kernel for PoolKernel {
         }
         let x = input_f32(inputs, 0, n * c * h * w)?;
         let out = output_f32(outputs, 0, n * c * oh * ow)?;
-        if out.is_empty() {
-            return Ok(());
-        }
         let (ay, ax) = (&self.ay, &self.ax);
-        let empty = if self.max { f32::MIN } else { 0.0 };
-        if self.nhwc {
-            out.par_chunks_mut(ow * c).enumerate().for_each(|(row, o)| {
-                let (ni, oy) = (row / oh, row % oh);
-                for ox in 0..ow {
-                    let acc = &mut o[ox * c..(ox + 1) * c];
-                    acc.fill(if self.max { f32::NEG_INFINITY } else { 0.0 });
-                    let mut any = false;
-                    for ty in 0..ay.k {
-                        let iy = ay.start[oy].wrapping_add(ty * ay.d);
-                        if iy >= h {
-                            continue;
-                        }
-                        for tx in 0..ax.k {
-                            let ix = ax.start[ox].wrapping_add(tx * ax.d);
-                            if ix >= w {
-                                continue;
-                            }
-                            any = true;
-                            let xi = &x[((ni * h + iy) * w + ix) * c..][..c];
-                            if self.max {
-                                acc.iter_mut().zip(xi).for_each(|(a, &v)| *a = a.max(v));
-                            } else {
-                                acc.iter_mut().zip(xi).for_each(|(a, &v)| *a += v);
-                            }
-                        }
-                    }
-                    if !any {
-                        acc.fill(empty);
-                    } else if !self.max {
-                        let inv = 1.0 / (ay.count[oy] * ax.count[ox]);
-                        acc.iter_mut().for_each(|a| *a *= inv);
-                    }
+        if self.max {
+            // A window with no valid tap gives f32::MIN (ONNX Runtime's value).
+            self.windows(x, out, f32::NEG_INFINITY, f32::max, |a, any, _| {
+                if any {
+                    a
+                } else {
+                    f32::MIN
                 }
             });
         } else {
-            out.par_chunks_mut(oh * ow)
-                .enumerate()
-                .for_each(|(plane, o)| {
-                    let xp = &x[plane * h * w..(plane + 1) * h * w];
-                    for oy in 0..oh {
-                        for ox in 0..ow {
-                            let mut acc = if self.max { f32::NEG_INFINITY } else { 0.0 };
-                            let mut any = false;
-                            for ty in 0..ay.k {
-                                let iy = ay.start[oy].wrapping_add(ty * ay.d);
-                                if iy >= h {
-                                    continue;
-                                }
-                                for tx in 0..ax.k {
-                                    let ix = ax.start[ox].wrapping_add(tx * ax.d);
-                                    if ix >= w {
-                                        continue;
-                                    }
-                                    any = true;
-                                    let v = xp[iy * w + ix];
-                                    acc = if self.max { acc.max(v) } else { acc + v };
-                                }
-                            }
-                            o[oy * ow + ox] = if !any {
-                                empty
-                            } else if self.max {
-                                acc
-                            } else {
-                                acc / (ay.count[oy] * ax.count[ox])
-                            };
-                        }
+            self.windows(
+                x,
+                out,
+                0.0,
+                |a, v| a + v,
+                |a, any, (oy, ox)| {
+                    if any {
+                        a / (ay.count[oy] * ax.count[ox])
+                    } else {
+                        0.0
                     }
-                });
+                },
+            );
         }
         Ok(())
     }
 }
 
 impl PoolKernel {
-    /// Max pooling of 8-bit codes (same window rules as the f32 path; a window with no valid
-    /// tap gives `lo`, what the f32 path's `f32::MIN` quantizes to).
+    /// Max pooling of 8-bit codes (a window with no valid tap gives `lo`, what the f32 path's
+    /// `f32::MIN` quantizes to).
     fn max_codes<T: Copy + Ord + Send + Sync>(&self, x: &[T], out: &mut [T], lo: T) {
+        self.windows(x, out, lo, Ord::max, |a, _, _| a);
+    }
+
+    /// Reduces every pooling window in either layout: `acc = add(acc, tap)` from `init` over
+    /// the valid taps, then `finish(acc, any valid tap, (oy, ox))`.
+    fn windows<T: Copy + Send + Sync>(
+        &self,
+        x: &[T],
+        out: &mut [T],
+        init: T,
+        add: impl Fn(T, T) -> T + Sync,
+        finish: impl Fn(T, bool, (usize, usize)) -> T + Sync,
+    ) {
         let (oh, ow) = (self.ay.start.len(), self.ax.start.len());
         let (c, h, w) = (self.c, self.h, self.w);
         let (ay, ax) = (&self.ay, &self.ax);
@@ -298,7 +262,8 @@ impl PoolKernel {
                 let (ni, oy) = (row / oh, row % oh);
                 for ox in 0..ow {
                     let acc = &mut o[ox * c..(ox + 1) * c];
-                    acc.fill(lo);
+                    acc.fill(init);
+                    let mut any = false;
                     for ty in 0..ay.k {
                         let iy = ay.start[oy].wrapping_add(ty * ay.d);
                         if iy >= h {
@@ -307,11 +272,13 @@ impl PoolKernel {
                         for tx in 0..ax.k {
                             let ix = ax.start[ox].wrapping_add(tx * ax.d);
                             if ix < w {
+                                any = true;
                                 let xi = &x[((ni * h + iy) * w + ix) * c..][..c];
-                                acc.iter_mut().zip(xi).for_each(|(a, &v)| *a = (*a).max(v));
+                                acc.iter_mut().zip(xi).for_each(|(a, &v)| *a = add(*a, v));
                             }
                         }
                     }
+                    acc.iter_mut().for_each(|a| *a = finish(*a, any, (oy, ox)));
                 }
             });
         } else {
@@ -321,7 +288,7 @@ impl PoolKernel {
                     let xp = &x[plane * h * w..(plane + 1) * h * w];
                     for oy in 0..oh {
                         for ox in 0..ow {
-                            let mut acc = lo;
+                            let (mut acc, mut any) = (init, false);
                             for ty in 0..ay.k {
                                 let iy = ay.start[oy].wrapping_add(ty * ay.d);
                                 if iy >= h {
@@ -330,11 +297,12 @@ impl PoolKernel {
                                 for tx in 0..ax.k {
                                     let ix = ax.start[ox].wrapping_add(tx * ax.d);
                                     if ix < w {
-                                        acc = acc.max(xp[iy * w + ix]);
+                                        any = true;
+                                        acc = add(acc, xp[iy * w + ix]);
                                     }
                                 }
                             }
-                            o[oy * ow + ox] = acc;
+                            o[oy * ow + ox] = finish(acc, any, (oy, ox));
                         }
                     }
                 });

@@ -4,9 +4,10 @@
 //! bit-identical to running those three; one pass over bytes instead of three over floats.
 
 use super::elementwise::{drive, input, numel, output, unsupported};
+use super::qgemm::QIsa;
 use super::{Kernel, TensorMut, TensorRef};
 use crate::error::{Error, Result};
-use crate::ir::{Activation, DataType, Graph, Node, Op, QAddAttrs, QParams};
+use crate::ir::{Activation, DataType, Graph, Node, Op, QParams};
 
 /// Compiles a QAdd node.
 pub fn build(graph: &Graph, node: &Node) -> Result<Box<dyn Kernel>> {
@@ -28,15 +29,28 @@ pub fn build(graph: &Graph, node: &Node) -> Result<Box<dyn Kernel>> {
     if !bytes(a) || !bytes(b) || graph.values[y].dtype != q.y.dtype {
         return Err(unsupported(node, "needs 8-bit inputs and output"));
     }
+    let (relu, general) = match q.activation {
+        None => (false, None),
+        Some(Activation::Relu) => (true, None),
+        Some(act) => (false, Some(act)),
+    };
     Ok(Box::new(QAddKernel {
-        q: q.clone(),
+        p: (Dq::new(&q.a), Dq::new(&q.b), Q::new(&q.y)),
+        relu,
+        general,
+        isa: QIsa::detect(),
         len: numel(sa),
         name: node.name.clone(),
     }))
 }
 
+/// A compiled QAdd: the per-input and output arithmetic, the activation (ReLU in the
+/// vectorised loop, any other per element) and the instruction set, all fixed at build time.
 struct QAddKernel {
-    q: QAddAttrs,
+    p: Params,
+    relu: bool,
+    general: Option<Activation>,
+    isa: QIsa,
     len: usize,
     name: String,
 }
@@ -151,36 +165,23 @@ impl Kernel for QAddKernel {
                 self.name
             )));
         }
-        let k = &self.q;
-        let p = (Dq::new(&k.a), Dq::new(&k.b), Q::new(&k.y));
-        let (relu, general) = match k.activation {
-            None => (false, None),
-            Some(Activation::Relu) => (true, None),
-            Some(act) => (false, Some(act)),
-        };
-        #[cfg(target_arch = "x86_64")]
-        let (avx512, avx2) = (
-            is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw"),
-            is_x86_feature_detected!("avx2"),
-        );
+        let (p, relu) = (self.p, self.relu);
         drive(out.bytes, |start, chunk| {
             let (xa, xb) = (
                 &a[start..start + chunk.len()],
                 &b[start..start + chunk.len()],
             );
-            if let Some(act) = general {
+            if let Some(act) = self.general {
                 return qadd_general(xa, xb, chunk, p, act);
             }
             #[cfg(target_arch = "x86_64")]
-            {
-                if avx512 {
-                    // SAFETY: the features were detected at run time.
-                    return unsafe { qadd_avx512(xa, xb, chunk, p, relu) };
-                }
-                if avx2 {
-                    // SAFETY: as above.
-                    return unsafe { qadd_avx2(xa, xb, chunk, p, relu) };
-                }
+            match self.isa {
+                // SAFETY: `QIsa::detect` checked the features (AVX-512 VNNI implies F/BW,
+                // AVX-VNNI implies AVX2).
+                QIsa::Avx512Vnni => return unsafe { qadd_avx512(xa, xb, chunk, p, relu) },
+                // SAFETY: as above.
+                QIsa::AvxVnni | QIsa::Avx2 => return unsafe { qadd_avx2(xa, xb, chunk, p, relu) },
+                QIsa::Portable => {}
             }
             qadd_impl(xa, xb, chunk, p, relu)
         });
