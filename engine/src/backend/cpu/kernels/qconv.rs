@@ -2,9 +2,11 @@
 //! activations, int8 OIHW weights packed at build time for the [`qgemm`](super::qgemm)
 //! micro-kernels. Paths: pointwise (1x1, stride 1, unpadded NHWC, C % 4 == 0, u8) runs the
 //! packed product on the input in place; depthwise (group == C) runs a direct kernel with
-//! channels in vector lanes (`vpmaddwd` of zero-extended bytes against i32
-//! weights, requantized in registers; portable scalar fallback); everything
-//! else gathers im2col tiles (padding holds the input zero point) per worker.
+//! channels in vector lanes: with AVX-512 VNNI + VBMI over tap-interleaved input rows
+//! ([`Dw4`]: four horizontal taps per `vpdpbusd` lane, rows interleaved once per worker band),
+//! else `vpmaddwd` of zero-extended bytes against i32 weights, requantized in registers
+//! (portable scalar fallback); everything else gathers im2col tiles (padding holds the input
+//! zero point) per worker.
 
 use rayon::prelude::*;
 
@@ -40,6 +42,64 @@ struct Geom {
     nhwc: bool,
 }
 
+/// The tap-interleaved depthwise layout: for each padded input row and each position `ix`
+/// a conv window can start a tap group at, the bytes `x[ix + j][c]` for `j` in 0..4 side by
+/// side per channel (one 32-bit lane), so one `vpdpbusd` multiplies four horizontal taps of
+/// 16 channels against the matching 4-byte weight lanes.
+#[derive(Debug)]
+struct Dw4 {
+    /// Padded input rows the conv reads (`pt` rows above the input included): rows of
+    /// image `n` are keyed `n * hp + row` in a worker's ring.
+    hp: usize,
+    /// Interleaved positions per row, `se` padded columns apart.
+    nx: usize,
+    se: usize,
+    /// Tap groups of four per kernel row (`ceil(kw / 4)`).
+    ng: usize,
+    /// Channels rounded up to 16 (one 64-byte vector per 16 channels and position).
+    cp: usize,
+    /// Weights `[ky][group][cp][4]` (taps past `kw` and channels past C are zero).
+    w: Vec<i8>,
+}
+
+impl Dw4 {
+    /// The layout for a depthwise conv of geometry `g` (horizontal dilation 1) with int8
+    /// weights `wt` in `[c][ky][kx]` order.
+    fn new(g: &Geom, wt: &[i8]) -> Dw4 {
+        let ng = g.kw.div_ceil(4);
+        let cp = g.cin.next_multiple_of(16);
+        // Windows start at `ox * sw` and groups 4 columns apart: when the stride divides 4
+        // only every `sw`-th column is ever a start.
+        let se = if 4 % g.sw == 0 { g.sw } else { 1 };
+        let last = (g.ow - 1) * g.sw + 4 * (ng - 1);
+        let mut w = vec![0i8; g.kh * ng * cp * 4];
+        for ky in 0..g.kh {
+            for kx in 0..g.kw {
+                let (gi, j) = (kx / 4, kx % 4);
+                for c in 0..g.cin {
+                    w[((ky * ng + gi) * cp + c) * 4 + j] = wt[(c * g.kh + ky) * g.kw + kx];
+                }
+            }
+        }
+        Dw4 {
+            hp: (g.oh - 1) * g.sh + (g.kh - 1) * g.dh + 1,
+            nx: last / se + 1,
+            se,
+            ng,
+            cp,
+            w,
+        }
+    }
+
+    /// Bytes of one worker's ring of interleaved rows (one per input row a window spans).
+    fn ring_bytes(&self, g: &Geom) -> usize {
+        ((g.kh - 1) * g.dh + 1) * self.nx * self.cp * 4
+    }
+}
+
+/// Largest kernel height of the [`Dw4`] path (its ring bookkeeping lives on the stack).
+const DW4_MAX_KH: usize = 16;
+
 enum Imp {
     Pointwise,
     Depthwise { w: Vec<i32> },
@@ -61,6 +121,9 @@ struct QConvKernel {
     /// Depthwise on AVX-512 VNNI with padding: the geometry over a scratch copy of the input
     /// with its zero-point border written out, so no output pixel takes the border path.
     dw_pad: Option<Geom>,
+    /// Depthwise on AVX-512 VNNI + VBMI: four horizontal taps per `vpdpbusd` lane over a
+    /// tap-interleaved scratch copy of the input (preferred over `dw_pad` when present).
+    dw4: Option<Dw4>,
     isa: QIsa,
     name: String,
 }
@@ -138,13 +201,28 @@ fn build_with(graph: &Graph, node: &Node, isa: QIsa) -> Result<Box<dyn Kernel>> 
             || g.pl > 0
             || (g.oh - 1) * g.sh + (g.kh - 1) * g.dh >= g.h
             || (g.ow - 1) * g.sw + (g.kw - 1) * g.dw >= g.w;
-        let dw_pad = (padded && isa == QIsa::Avx512Vnni && epi.general.is_none()).then(|| Geom {
-            h: (g.oh - 1) * g.sh + (g.kh - 1) * g.dh + 1,
-            w: (g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1,
-            pt: 0,
-            pl: 0,
-            ..g
-        });
+        #[cfg(target_arch = "x86_64")]
+        let vbmi = super::quantize::vbmi_available();
+        #[cfg(not(target_arch = "x86_64"))]
+        let vbmi = false;
+        let dw4 = (isa == QIsa::Avx512Vnni
+            && vbmi
+            && epi.general.is_none()
+            && g.dw == 1
+            && g.kh <= DW4_MAX_KH)
+            .then(|| Dw4::new(&g, wt));
+        let (slots, slot) = match &dw4 {
+            Some(d) => (rayon::current_num_threads().max(1), d.ring_bytes(&g)),
+            None => (0, 0),
+        };
+        let dw_pad = (dw4.is_none() && padded && isa == QIsa::Avx512Vnni && epi.general.is_none())
+            .then(|| Geom {
+                h: (g.oh - 1) * g.sh + (g.kh - 1) * g.dh + 1,
+                w: (g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1,
+                pt: 0,
+                pl: 0,
+                ..g
+            });
         return Ok(Box::new(QConvKernel {
             g,
             imp: Imp::Depthwise { w: dw_w },
@@ -152,9 +230,10 @@ fn build_with(graph: &Graph, node: &Node, isa: QIsa) -> Result<Box<dyn Kernel>> 
             epis: vec![epi],
             za,
             flip,
-            slots: 0,
-            slot: 0,
+            slots,
+            slot,
             dw_pad,
+            dw4,
             isa,
             name: name_s,
         }));
@@ -212,6 +291,7 @@ fn build_with(graph: &Graph, node: &Node, isa: QIsa) -> Result<Box<dyn Kernel>> 
         slots: threads,
         slot,
         dw_pad: None,
+        dw4: None,
         isa,
         name: name_s,
     }))
@@ -399,6 +479,182 @@ impl QConvKernel {
                 }
                 dw_row(g, x, w, row, o, epi, za, flip);
             });
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl QConvKernel {
+    /// Depthwise through [`Dw4`]: the interleaved copy (rows in parallel), then output rows
+    /// in parallel. The caller checked the input and output sizes; `scratch` is at least
+    /// `scratch_bytes` long.
+    fn run_dw4(&self, x: &[u8], out: &mut [u8], scratch: &mut [u8]) {
+        let (g, epi) = (&self.g, &self.epis[0]);
+        let Some(d) = &self.dw4 else { return };
+        let line = d.nx * d.cp * 4;
+        let span = (g.kh - 1) * g.dh + 1;
+        let total = g.n * g.oh;
+        // One band of output rows per worker slot, each with a ring of the `span` interleaved
+        // input rows its current window reads (a row is interleaved once per band).
+        let bands = self.slots.min(total).max(1);
+        let per = total.div_ceil(bands);
+        let fl = if self.flip { 0x80 } else { 0 };
+        let ring_rows = scratch[..bands * self.slot].par_chunks_mut(self.slot);
+        let out_rows = out.par_chunks_mut(per * g.ow * g.cout);
+        ring_rows
+            .zip(out_rows)
+            .enumerate()
+            .for_each(|(b, (ring, ob))| {
+                let mut have = [usize::MAX; DW4_MAX_KH];
+                let mut lines = [std::ptr::null(); DW4_MAX_KH];
+                for (k, o) in ob.chunks_exact_mut(g.ow * g.cout).enumerate() {
+                    let r = b * per + k;
+                    let (ni, oy) = (r / g.oh, r % g.oh);
+                    for (ky, l) in lines.iter_mut().enumerate().take(g.kh) {
+                        let iy = oy * g.sh + ky * g.dh;
+                        let slot = iy % span;
+                        let dst = &mut ring[slot * line..(slot + 1) * line];
+                        if have[slot] != ni * d.hp + iy {
+                            have[slot] = ni * d.hp + iy;
+                            let y = iy.wrapping_sub(g.pt);
+                            if y < g.h {
+                                let row = &x[(ni * g.h + y) * g.w * g.cin..][..g.w * g.cin];
+                                // SAFETY: VBMI and AVX-512 VNNI were checked when `dw4` was
+                                // built; `row` is one input row and `dst` one interleaved row.
+                                unsafe { dw4_interleave(d, g, row, dst, fl, self.za) };
+                            } else {
+                                dst.fill(self.za);
+                            }
+                        }
+                        *l = dst.as_ptr();
+                    }
+                    // SAFETY: as above; `lines` point at the kh interleaved rows output row `r`
+                    // reads (alive in `ring` until this row is done) and `o` is that row.
+                    unsafe { dw4_row(d, g, &lines[..g.kh], o, epi) };
+                }
+            });
+    }
+}
+
+/// Writes one [`Dw4`] row from input row `row`: at position `p` and channel `c`, the four
+/// bytes `row[p * se + j - pl][c] ^ fl` (the zero point `za` outside the image) side by side,
+/// 64 channels per step with two rounds of `vpermt2b`/`vpermt2w`; channels up to the next
+/// multiple of 16 are written too.
+///
+/// # Safety
+/// AVX-512F/BW and VBMI must be available; `row` holds `g.w * g.cin` bytes and `dst`
+/// `d.nx * d.cp * 4`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+unsafe fn dw4_interleave(d: &Dw4, g: &Geom, row: &[u8], dst: &mut [u8], fl: u8, za: u8) {
+    use std::arch::x86_64::*;
+    // Byte i of a pair interleave takes byte i / 2 of the first operand (even i) or of the
+    // second (odd i, bit 6); the word interleave likewise with bit 5.
+    let pair = |base: usize| -> __m512i {
+        let v: [u8; 64] = std::array::from_fn(|i| (base + i / 2) as u8 | ((i as u8 & 1) << 6));
+        _mm512_loadu_si512(v.as_ptr() as *const _)
+    };
+    let word = |base: usize| -> __m512i {
+        let v: [u16; 32] = std::array::from_fn(|i| (base + i / 2) as u16 | ((i as u16 & 1) << 5));
+        _mm512_loadu_si512(v.as_ptr() as *const _)
+    };
+    let (b_lo, b_hi, w_lo, w_hi) = (pair(0), pair(32), word(0), word(16));
+    let flv = _mm512_set1_epi8(fl as i8);
+    let zav = _mm512_set1_epi8(za as i8);
+    let c = g.cin;
+    let (rp, dp) = (row.as_ptr(), dst.as_mut_ptr());
+    for p in 0..d.nx {
+        let ix = p * d.se;
+        let src: [*const u8; 4] = std::array::from_fn(|j| {
+            let col = (ix + j).wrapping_sub(g.pl);
+            if col < g.w {
+                rp.add(col * c)
+            } else {
+                std::ptr::null()
+            }
+        });
+        // Channel block k of position p lies at block k * nx + p of the row.
+        let out = dp.add(p * 64) as *mut __m512i;
+        let mut cb = 0;
+        while cb < c {
+            let nb = (c - cb).min(64);
+            let m: __mmask64 = if nb == 64 { !0 } else { (1u64 << nb) - 1 };
+            let v: [__m512i; 4] = std::array::from_fn(|j| {
+                if src[j].is_null() {
+                    zav
+                } else {
+                    _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, src[j].add(cb) as *const i8), flv)
+                }
+            });
+            let ab = _mm512_permutex2var_epi8(v[0], b_lo, v[1]);
+            let cd = _mm512_permutex2var_epi8(v[2], b_lo, v[3]);
+            let o = out.add(cb / 16 * d.nx);
+            _mm512_storeu_si512(o, _mm512_permutex2var_epi16(ab, w_lo, cd));
+            if nb > 16 {
+                _mm512_storeu_si512(o.add(d.nx), _mm512_permutex2var_epi16(ab, w_hi, cd));
+            }
+            if nb > 32 {
+                let ab = _mm512_permutex2var_epi8(v[0], b_hi, v[1]);
+                let cd = _mm512_permutex2var_epi8(v[2], b_hi, v[3]);
+                _mm512_storeu_si512(o.add(2 * d.nx), _mm512_permutex2var_epi16(ab, w_lo, cd));
+                if nb > 48 {
+                    _mm512_storeu_si512(o.add(3 * d.nx), _mm512_permutex2var_epi16(ab, w_hi, cd));
+                }
+            }
+            cb += nb;
+        }
+    }
+}
+
+/// One output row of a depthwise conv over the [`Dw4`] rows `lines` (one per kernel row):
+/// per group of eight pixels
+/// and 16 channels, one `vpdpbusd` per kernel row and tap group (the weight vector shared by
+/// the four pixels' independent chains), requantized in registers.
+///
+/// # Safety
+/// AVX-512F/BW/VL/VNNI must be available; each of the `kh` lines holds `d.nx * d.cp * 4`
+/// bytes written by [`dw4_interleave`], `o` the `ow * C` bytes of the output row, and
+/// `epi.general` is `None`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn dw4_row(d: &Dw4, g: &Geom, lines: &[*const u8], o: &mut [u8], epi: &QEpilogue) {
+    use std::arch::x86_64::*;
+    const PX: usize = 8;
+    let c = g.cin;
+    // Positions between tap groups (`se` divides 4), hoisted: a division here would cost
+    // more than the group's four `vpdpbusd`.
+    let (gstep, pstep) = (4 / d.se, g.sw / d.se);
+    let (wp, op) = (d.w.as_ptr(), o.as_mut_ptr());
+    // Channel blocks outside, so the rows' positions of one block (kh * nx * 64 bytes) stay in
+    // L1 across the pixel groups.
+    let mut cb = 0;
+    while cb < c {
+        let nb = (c - cb).min(16);
+        let m: __mmask16 = if nb == 16 { 0xffff } else { (1u16 << nb) - 1 };
+        let mut ox0 = 0;
+        while ox0 < g.ow {
+            let np = PX.min(g.ow - ox0);
+            // Start position of each pixel's window (the last group repeats its final pixel).
+            let pos: [usize; PX] = std::array::from_fn(|p| (ox0 + p.min(np - 1)) * pstep);
+            let mut acc = [_mm512_setzero_si512(); PX];
+            for (ky, &line) in lines.iter().enumerate() {
+                let rb = line.add(cb / 16 * d.nx * 64);
+                for gi in 0..d.ng {
+                    let wv =
+                        _mm512_loadu_si512(wp.add(((ky * d.ng + gi) * d.cp + cb) * 4) as *const _);
+                    let step = gi * gstep;
+                    for p in 0..PX {
+                        let a = _mm512_loadu_si512(rb.add((pos[p] + step) * 64) as *const _);
+                        acc[p] = _mm512_dpbusd_epi32(acc[p], a, wv);
+                    }
+                }
+            }
+            for (p, &a) in acc.iter().enumerate().take(np) {
+                let q = epi.requant16(a, cb, m);
+                _mm_mask_storeu_epi8(op.add((ox0 + p) * c + cb) as *mut i8, m, q);
+            }
+            ox0 += np;
+        }
+        cb += nb;
     }
 }
 
@@ -683,6 +939,11 @@ impl Kernel for QConvKernel {
             return Err(Error::Shape(format!("{}: tensor sizes", self.name)));
         }
         match &self.imp {
+            #[cfg(target_arch = "x86_64")]
+            Imp::Depthwise { .. } if self.dw4.is_some() => {
+                self.run_dw4(x.bytes, out.bytes, scratch);
+                Ok(())
+            }
             Imp::Depthwise { w } => match &self.dw_pad {
                 Some(pg) => {
                     let need = pg.n * pg.h * pg.w * pg.cin;
@@ -1002,6 +1263,45 @@ mod tests {
                 stride: 2,
                 pad: [1, 1, 2, 2],
                 signed_in: true,
+                ..base
+            },
+            // depthwise on the tap-interleaved path: a batch of images sharing a worker's
+            // ring, a stride that does not divide 4, a kernel two tap groups wide, and a
+            // kernel taller than wide over a short image
+            Case {
+                n: 3,
+                cin: 80,
+                cout: 80,
+                group: 80,
+                h: 9,
+                w: 11,
+                k: (3, 7),
+                stride: 3,
+                pad: [1, 3, 2, 3],
+                signed_in: true,
+                ..base
+            },
+            Case {
+                n: 2,
+                cin: 20,
+                cout: 20,
+                group: 20,
+                h: 4,
+                w: 6,
+                k: (5, 2),
+                pad: [2, 0, 2, 1],
+                ..base
+            },
+            // one output row per image: every band spans several images' rows
+            Case {
+                n: 6,
+                cin: 24,
+                cout: 24,
+                group: 24,
+                h: 1,
+                w: 6,
+                k: (3, 2),
+                pad: [1, 0, 1, 1],
                 ..base
             },
             // depthwise with a channel tail below one vector, stride 2, asymmetric padding,

@@ -369,7 +369,7 @@ impl Kernel for LutKernel {
         let xs = x.bytes;
         let t = &self.table;
         #[cfg(target_arch = "x86_64")]
-        let vbmi = lut_vbmi_available();
+        let vbmi = vbmi_available();
         drive(out.bytes, |start, chunk| {
             let src = &xs[start..start + chunk.len()];
             #[cfg(target_arch = "x86_64")]
@@ -391,9 +391,10 @@ fn lut_scalar(t: &[u8; 256], src: &[u8], dst: &mut [u8]) {
     }
 }
 
-/// True when the 64-byte `vpermi2b` table lookup can run.
+/// True when AVX-512 VBMI byte permutes (`vpermi2b`/`vpermt2b`) can run: the 64-byte table
+/// lookup here and the depthwise tap interleave in `qconv`.
 #[cfg(target_arch = "x86_64")]
-fn lut_vbmi_available() -> bool {
+pub(super) fn vbmi_available() -> bool {
     is_x86_feature_detected!("avx512f")
         && is_x86_feature_detected!("avx512bw")
         && is_x86_feature_detected!("avx512vbmi")
@@ -559,7 +560,7 @@ mod tests {
             lut_scalar(&t, &src, &mut got);
             assert_eq!(got, want, "scalar n={n}");
             #[cfg(target_arch = "x86_64")]
-            if lut_vbmi_available() {
+            if vbmi_available() {
                 let mut got = vec![0u8; n];
                 // SAFETY: availability checked just above.
                 unsafe { lut_vbmi(&t, &src, &mut got) };
