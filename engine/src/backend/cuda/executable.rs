@@ -17,6 +17,7 @@ use super::dnn::{
     DnnHandle,
 };
 use super::lt::{Epilogue, LtHandle, LtMatmul, PointwiseShape, SearchBuffers};
+use crate::backend::cpu::kernels::QEpilogue;
 use crate::backend::{BackendContext, DeviceOutput, Executable};
 use crate::error::{Error, Result};
 use crate::ir::{Activation, DataType, Graph, Layout, Node, Op, Tensor, ValueId};
@@ -168,6 +169,35 @@ fn unsupported(node: &Node, why: &str) -> Error {
         node.op.name(),
         node.name
     ))
+}
+
+/// Whether cuBLASLt's int8 epilogue (`sat(round(alpha·acc + bias))`, ReLU optional) can
+/// requantize into `epi`'s output: `Some(relu)` for an int8 output whose clamp is the type's
+/// range (or ReLU at a zero point of 0), with no other activation.
+fn fused_requant(epi: &QEpilogue) -> Option<bool> {
+    if !epi.signed || epi.general.is_some() || epi.slope != 1.0 || epi.hi < 127.0 {
+        return None;
+    }
+    if epi.lo <= -128.0 {
+        Some(false)
+    } else if epi.lo == 0.0 && epi.zy == 0.0 {
+        Some(true)
+    } else {
+        None
+    }
+}
+
+/// The fused requantization's per-channel alpha (`mult`) and f32 bias (`bias · mult` plus the
+/// output zero point): `alpha·acc + bias` is the unfused `(acc + bias)·mult + zy` up to f32
+/// rounding, so outputs agree with the CPU's to one code.
+fn requant_vectors(p: &QConvParts) -> (Vec<f32>, Vec<f32>) {
+    let bias = p
+        .bias
+        .iter()
+        .zip(&p.mult)
+        .map(|(&b, &m)| (b as f64 * m as f64 + p.epi.zy as f64) as f32)
+        .collect();
+    (p.mult.clone(), bias)
 }
 
 fn alit(n: usize) -> usize {
@@ -581,6 +611,7 @@ impl Builder<'_> {
                 k: if im2col { unfold.cols() } else { xd[1] },
                 half: self.fp16,
                 int8: false,
+                requant: false,
                 epilogue: Epilogue {
                     bias: bias_ptr.is_some(),
                     residual: z.is_some(),
@@ -606,7 +637,7 @@ impl Builder<'_> {
                 ws: (t + (gb + 2 * yb + 3 * ALIGNMENT) as u64).div_ceil(256) * 256,
                 ws_limit: BLAS_WS,
             };
-            let mm = LtMatmul::build(self.lt, shape, bias_ptr.unwrap_or(0), self.stream, &bufs);
+            let mm = LtMatmul::build(self.lt, shape, bias_ptr.unwrap_or(0), 0, self.stream, &bufs);
             let lt_ms =
                 |mm: &LtMatmul| mm.time_ms + unfold_ms + if rest.is_some() { epi_ms } else { 0.0 };
             if let Some(mm) = mm.ok().filter(|mm| lt_force || lt_ms(mm) < cudnn_ms) {
@@ -722,71 +753,198 @@ impl Builder<'_> {
     /// false (with the reason in the step's note) when cuBLASLt is off or has no algorithm.
     fn q_gemm(&mut self, idx: usize, node: &Node, parts: &QConvParts) -> Result<bool> {
         let c = parts.geom;
-        if self.lt_mode != LtMode::Off {
-            let (m, n, k) = (c.n * c.oh * c.ow, c.cout, c.kh * c.kw * parts.c4);
+        if self.lt_mode == LtMode::Off {
+            return Ok(false);
+        }
+        let (m, n, k) = (c.n * c.oh * c.ow, c.cout, c.kh * c.kw * parts.c4);
+        // Signed 1x1 stride-1 input with whole 4-byte channel groups: the GEMM reads the
+        // activation itself (no patch matrix).
+        let direct = !parts.flip
+            && (c.kh, c.kw, c.sh, c.sw, c.pt, c.pl, c.oh, c.ow) == (1, 1, 1, 1, 0, 0, c.h, c.w)
+            && parts.c4 == c.cin;
+        let colb = if direct { 0 } else { alit(m * k) };
+        let x = node.input(0).ok_or_else(|| unsupported(node, "no input"))?;
+        let y = node.outputs[0];
+        let fuse = std::env::var("VIGIL_CUDA_QFUSE").map_or(true, |v| v != "0");
+        let mut fallback = String::new();
+        let mut fused = None;
+        if let Some(relu) = fused_requant(&parts.epi).filter(|_| fuse) {
+            // The requantization in the GEMM's epilogue (int8 result, no int32 round trip):
+            // weights, then the alpha vector, then the f32 bias, in one device buffer.
+            let (alpha, bias) = requant_vectors(parts);
+            let at = parts.packed.len().next_multiple_of(256);
+            let bt = at + (4 * n).next_multiple_of(256);
+            let mut bytes = parts.packed.clone();
+            bytes.resize(at, 0);
+            bytes.extend(alpha.iter().flat_map(|v| v.to_le_bytes()));
+            bytes.resize(bt, 0);
+            bytes.extend(bias.iter().flat_map(|v| v.to_le_bytes()));
+            let wbuf = DeviceBuffer::upload(self.ctx, &bytes)?;
             let shape = PointwiseShape {
                 m,
                 n,
                 k,
                 half: false,
                 int8: true,
+                requant: true,
                 epilogue: Epilogue {
-                    bias: false,
+                    bias: true,
                     residual: false,
-                    relu: false,
+                    relu,
                 },
             };
-            // Signed 1x1 stride-1 input with whole 4-byte channel groups: the GEMM reads the
-            // activation itself (no patch matrix).
-            let direct = !parts.flip
-                && (c.kh, c.kw, c.sh, c.sw, c.pt, c.pl, c.oh, c.ow) == (1, 1, 1, 1, 0, 0, c.h, c.w)
-                && parts.c4 == c.cin;
-            let (colb, accb) = (if direct { 0 } else { alit(m * k) }, alit(m * n * 4));
-            let wbuf = DeviceBuffer::upload(self.ctx, &parts.packed)?;
-            let t = self.tmp(colb + accb + BLAS_WS + 3 * ALIGNMENT + 256)? + ALIGNMENT as u64;
+            let yb = alit(m * n);
+            let t = self.tmp(colb + yb + BLAS_WS + 3 * ALIGNMENT + 256)? + ALIGNMENT as u64;
             let bufs = SearchBuffers {
                 x: t,
                 w: wbuf.ptr(),
                 y: t + (colb + ALIGNMENT) as u64,
                 z: t + (colb + ALIGNMENT) as u64,
-                ws: (t + (colb + accb + 2 * ALIGNMENT) as u64).div_ceil(256) * 256,
+                ws: (t + (colb + yb + 2 * ALIGNMENT) as u64).div_ceil(256) * 256,
                 ws_limit: BLAS_WS,
             };
-            match LtMatmul::build(self.lt, shape, 0, self.stream, &bufs) {
-                Ok(mm) => {
-                    let x = node.input(0).ok_or_else(|| unsupported(node, "no input"))?;
-                    let y = node.outputs[0];
-                    self.note = format!(
-                        " cublasLt int8 im2col ws {} KiB {:.4} ms m{m} n{n} k{k}",
-                        mm.workspace >> 10,
-                        mm.time_ms
-                    );
-                    let a = if direct {
-                        Arg::Val(x)
-                    } else {
-                        let kc = self.gen.qim2col_into_scratch(x, parts);
-                        self.launch(idx, kc);
-                        Arg::ScratchAt(0)
-                    };
-                    self.steps.push(Step::Pointwise(Box::new(PointwiseStep {
-                        node: idx,
-                        x: a,
-                        y: Arg::ScratchAt(colb),
-                        z: None,
-                        w: wbuf,
-                        mm,
-                    })));
-                    let kr = self.gen.qrequant(y, colb, parts);
-                    self.launch(idx, kr);
-                    self.scratch[idx] = colb + accb;
-                    return Ok(true);
-                }
-                Err(e) => {
-                    self.note = format!(" direct dp4a (cuBLASLt int8: {e})");
-                }
+            let (ap, bp) = (wbuf.ptr() + at as u64, wbuf.ptr() + bt as u64);
+            match LtMatmul::build(self.lt, shape, bp, ap, self.stream, &bufs) {
+                Ok(mm) => fused = Some((mm, wbuf)),
+                Err(e) => fallback = format!(" (fused requantization: {e})"),
             }
         }
-        Ok(false)
+        let shape = PointwiseShape {
+            m,
+            n,
+            k,
+            half: false,
+            int8: true,
+            requant: false,
+            epilogue: Epilogue {
+                bias: false,
+                residual: false,
+                relu: false,
+            },
+        };
+        let accb = alit(m * n * 4);
+        let wbuf = DeviceBuffer::upload(self.ctx, &parts.packed)?;
+        // After the workspace: the int8 output of the requantization kernel's timing.
+        let t =
+            self.tmp(colb + accb + BLAS_WS + alit(m * n) + 3 * ALIGNMENT + 512)? + ALIGNMENT as u64;
+        let bufs = SearchBuffers {
+            x: t,
+            w: wbuf.ptr(),
+            y: t + (colb + ALIGNMENT) as u64,
+            z: t + (colb + ALIGNMENT) as u64,
+            ws: (t + (colb + accb + 2 * ALIGNMENT) as u64).div_ceil(256) * 256,
+            ws_limit: BLAS_WS,
+        };
+        let split = LtMatmul::build(self.lt, shape, 0, 0, self.stream, &bufs);
+        // The fused GEMM against the int32 GEMM plus its requantization kernel, both measured:
+        // small GEMMs (batch 1) can be faster split, as the alpha-vector kernels are fewer.
+        let split_ms = match &split {
+            Ok(mm) => {
+                let yq = (bufs.ws + BLAS_WS as u64).div_ceil(256) * 256;
+                mm.time_ms + self.requant_ms(parts, node.outputs[0], bufs.y, yq)?
+            }
+            Err(_) => f32::INFINITY,
+        };
+        if let Some((mm, wbuf)) = fused.filter(|(mm, _)| mm.time_ms <= split_ms) {
+            self.note = format!(
+                " cublasLt int8 requant{} ws {} KiB {:.4} ms (split {split_ms:.4} ms) m{m} n{n} k{k}",
+                if direct { "" } else { " im2col" },
+                mm.workspace >> 10,
+                mm.time_ms
+            );
+            let a = if direct {
+                Arg::Val(x)
+            } else {
+                let kc = self.gen.qim2col_into_scratch(x, parts);
+                self.launch(idx, kc);
+                Arg::ScratchAt(0)
+            };
+            self.steps.push(Step::Pointwise(Box::new(PointwiseStep {
+                node: idx,
+                x: a,
+                y: Arg::Val(y),
+                z: None,
+                w: wbuf,
+                mm,
+            })));
+            self.scratch[idx] = colb;
+            return Ok(true);
+        }
+        match split {
+            Ok(mm) => {
+                self.note = format!(
+                    " cublasLt int8 im2col ws {} KiB {:.4} ms (+ requantization, {split_ms:.4} ms) m{m} n{n} k{k}{fallback}",
+                    mm.workspace >> 10,
+                    mm.time_ms
+                );
+                let a = if direct {
+                    Arg::Val(x)
+                } else {
+                    let kc = self.gen.qim2col_into_scratch(x, parts);
+                    self.launch(idx, kc);
+                    Arg::ScratchAt(0)
+                };
+                self.steps.push(Step::Pointwise(Box::new(PointwiseStep {
+                    node: idx,
+                    x: a,
+                    y: Arg::ScratchAt(colb),
+                    z: None,
+                    w: wbuf,
+                    mm,
+                })));
+                let kr = self.gen.qrequant(y, colb, parts);
+                self.launch(idx, kr);
+                self.scratch[idx] = colb + accb;
+                Ok(true)
+            }
+            Err(e) => {
+                self.note = format!(" direct dp4a (cuBLASLt int8: {e}){fallback}");
+                Ok(false)
+            }
+        }
+    }
+
+    /// Measured milliseconds of the requantization kernel of `parts` from int32 sums at `acc`
+    /// into int8 at `y` (compiled on its own; memoised per output shape, process-wide).
+    fn requant_ms(&mut self, parts: &QConvParts, yv: ValueId, acc: u64, y: u64) -> Result<f32> {
+        type Cache = Mutex<HashMap<(usize, usize), f32>>;
+        static CACHE: OnceLock<Cache> = OnceLock::new();
+        let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+        let key = (
+            parts.geom.n * parts.geom.oh * parts.geom.ow,
+            parts.geom.cout,
+        );
+        if let Some(&t) = cache.lock().ok().as_ref().and_then(|c| c.get(&key)) {
+            return Ok(t);
+        }
+        let mut g = Gen::new(false);
+        let k = g.qrequant(yv, 0, parts);
+        let module = Module::compile(self.ctx, &g.src)?;
+        let f = module.function(&k.name)?;
+        let tables = g
+            .extras
+            .iter()
+            .map(|b| DeviceBuffer::upload(self.ctx, b))
+            .collect::<Result<Vec<_>>>()?;
+        let grid = u32::try_from(k.threads.div_ceil(BLOCK as usize))
+            .map_err(|_| Error::Unsupported(format!("requantization of {} items", k.threads)))?;
+        let mut args = vec![acc, y];
+        args.extend(tables.iter().map(|t| t.ptr()));
+        let s = self.stream;
+        let t = time_warm(s, || {
+            let mut ptrs: Vec<*mut c_void> = args
+                .iter()
+                .map(|a| a as *const u64 as *mut c_void)
+                .collect();
+            // SAFETY: the kernel takes (sums, output, bias table, multiplier table): the
+            // search buffer holds the int32 sums and the int8 output, the tables were uploaded.
+            unsafe { drv::launch_kernel(f.0, (grid, 1, 1), (BLOCK, 1, 1), 0, s, &mut ptrs) }
+                .map_err(drv_err("kernel launch"))
+        })?;
+        if let Ok(mut c) = cache.lock() {
+            c.insert(key, t);
+        }
+        Ok(t)
     }
 
     /// Measured milliseconds of the im2col kernel for `unfold` from `x` into `col` (compiled

@@ -1,6 +1,8 @@
 //! cuBLASLt matrix multiplies with their epilogue fused (bias, a residual through C, ReLU), as
 //! RAII wrappers over cudarc's raw bindings. Pointwise (1x1, stride 1) NHWC convolutions run as
-//! one of these: `y[m, n] = act(x[m, k] · w[n, k]ᵀ + bias[n] + z[m, n])`, one kernel in all.
+//! one of these: `y[m, n] = act(x[m, k] · w[n, k]ᵀ + bias[n] + z[m, n])`, one kernel in all;
+//! int8 ones either return the int32 sums or requantize to int8 in the same kernel (a
+//! per-channel alpha vector and an f32 bias).
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -64,6 +66,10 @@ pub struct PointwiseShape {
     pub half: bool,
     /// Signed int8 operands with an int32 result and accumulation (no epilogue; `half` unset).
     pub int8: bool,
+    /// With `int8`: the requantization fused instead, an int8 result
+    /// `sat(round(alpha[n] · acc + bias[n]))` with per-channel f32 alpha (a device vector)
+    /// and f32 bias (`epilogue.bias` set; `epilogue.relu` optional, no residual).
+    pub requant: bool,
     pub epilogue: Epilogue,
 }
 
@@ -80,6 +86,8 @@ pub struct LtMatmul {
     pub time_ms: f32,
     shape: PointwiseShape,
     bias: u64,
+    /// Device address of the per-channel alpha vector (`requant` only).
+    alpha: u64,
 }
 // SAFETY: the descriptors are immutable after construction; cuBLASLt only reads them.
 unsafe impl Send for LtMatmul {}
@@ -116,17 +124,18 @@ pub struct SearchBuffers {
 }
 
 impl LtMatmul {
-    /// Builds the matmul for `shape` (bias at device address `bias`, 0 if none) and picks the
-    /// fastest of cuBLASLt's heuristic candidates by timing each on `buf` on `stream`
-    /// (once per shape per process).
+    /// Builds the matmul for `shape` (bias at device address `bias`, 0 if none; the alpha
+    /// vector at `alpha` for `requant`, else 0) and picks the fastest of cuBLASLt's heuristic
+    /// candidates by timing each on `buf` on `stream` (once per shape per process).
     pub fn build(
         h: &LtHandle,
         shape: PointwiseShape,
         bias: u64,
+        alpha: u64,
         stream: dsys::CUstream,
         buf: &SearchBuffers,
     ) -> Result<Self> {
-        let mut mm = Self::describe(shape, bias)?;
+        let mut mm = Self::describe(shape, bias, alpha)?;
         if let Some(&(algo, ws, t)) = cache().lock().ok().as_ref().and_then(|c| c.get(&shape)) {
             mm.algo = algo;
             mm.workspace = ws;
@@ -143,7 +152,7 @@ impl LtMatmul {
     /// The same matmul (algorithm included) with descriptors of its own, for one execution
     /// context, so that no cuBLASLt object is shared between concurrently running streams.
     pub fn instance(&self) -> Result<Self> {
-        let mut mm = Self::describe(self.shape, self.bias)?;
+        let mut mm = Self::describe(self.shape, self.bias, self.alpha)?;
         mm.algo = self.algo;
         mm.workspace = self.workspace;
         mm.time_ms = self.time_ms;
@@ -151,9 +160,25 @@ impl LtMatmul {
     }
 
     /// Creates the descriptors (no algorithm chosen yet).
-    fn describe(shape: PointwiseShape, bias: u64) -> Result<Self> {
+    fn describe(shape: PointwiseShape, bias: u64, alpha: u64) -> Result<Self> {
         use lt_sys::cudaDataType as T;
-        let (dt, ct, compute, scale) = if shape.int8 {
+        let (dt, ct, compute, scale) = if shape.int8 && shape.requant {
+            let e = &shape.epilogue;
+            if !e.bias || e.residual {
+                return Err(Error::Unsupported(
+                    "cuBLASLt int8 requantization takes a bias and no residual".into(),
+                ));
+            }
+            // IMMA with an int8 C/D: f32 scale, alpha and bias (cublasLt.h, BIAS_DATA_TYPE).
+            (
+                T::CUDA_R_8I,
+                T::CUDA_R_8I,
+                lt_sys::cublasComputeType_t::CUBLAS_COMPUTE_32I,
+                T::CUDA_R_32F,
+            )
+        } else if shape.requant {
+            return Err(Error::Unsupported("requantization needs int8".into()));
+        } else if shape.int8 {
             let e = &shape.epilogue;
             if e.bias || e.residual || e.relu {
                 return Err(Error::Unsupported(
@@ -197,6 +222,7 @@ impl LtMatmul {
             time_ms: f32::INFINITY,
             shape,
             bias,
+            alpha,
         };
         mm.a = lt::create_matrix_layout(dt, k, n, k as i64).map_err(lt_err("layout"))?;
         mm.b = lt::create_matrix_layout(dt, k, m, k as i64).map_err(lt_err("layout"))?;
@@ -235,6 +261,27 @@ impl LtMatmul {
                     8,
                 )
                 .map_err(lt_err("bias attribute"))?;
+            }
+            if shape.requant {
+                // Alpha as a device vector with a host beta (0): the mode the H200's IMMA
+                // kernels accepted (with a zero beta mode the heuristic found none), and the
+                // bias in f32 like alpha (cublasLt.h, BIAS_DATA_TYPE, IMMA with an int8 C).
+                let mode = lt_sys::cublasLtPointerMode_t::CUBLASLT_POINTER_MODE_ALPHA_DEVICE_VECTOR_BETA_HOST;
+                lt::set_matmul_desc_attribute(
+                    mm.desc,
+                    D::CUBLASLT_MATMUL_DESC_POINTER_MODE,
+                    &mode as *const lt_sys::cublasLtPointerMode_t as *const c_void,
+                    std::mem::size_of::<lt_sys::cublasLtPointerMode_t>(),
+                )
+                .map_err(lt_err("pointer mode attribute"))?;
+                let bt = T::CUDA_R_32F as i32;
+                lt::set_matmul_desc_attribute(
+                    mm.desc,
+                    D::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                    &bt as *const i32 as *const c_void,
+                    4,
+                )
+                .map_err(lt_err("bias type attribute"))?;
             }
         }
         Ok(mm)
@@ -341,6 +388,13 @@ impl LtMatmul {
             (false, true) => (1f32.to_bits(), 1f32.to_bits()),
             (false, false) => (1f32.to_bits(), 0),
         };
+        // With `requant` alpha is the device vector (the pointer mode says so) and beta the
+        // host f32 zero (the same bits as the integer zero above).
+        let alpha = if self.shape.requant {
+            self.alpha as *const c_void
+        } else {
+            &one as *const u32 as *const c_void
+        };
         let c = if self.shape.epilogue.residual { z } else { y };
         // SAFETY: live descriptors; the caller's buffers are sized for this shape and the
         // workspace holds `self.workspace` bytes.
@@ -348,7 +402,7 @@ impl LtMatmul {
             lt::matmul(
                 h.0,
                 self.desc,
-                &one as *const u32 as *const c_void,
+                alpha,
                 &beta as *const u32 as *const c_void,
                 w as *const c_void,
                 self.a,
