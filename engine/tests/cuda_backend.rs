@@ -313,7 +313,7 @@ fn cosine(a: &[f32], b: &[f32]) -> f64 {
 /// int8 kernels and must agree with the CPU's int8 execution of the same model (the int8
 /// arithmetic is the same; float ops between Q/DQ pairs, and cuBLASLt's fused requantization
 /// of int8 outputs, may round differently, which can move a requantized value by one step), on
-/// the eval photos: same top-1 and logits cosine ≥ 0.999 (0.998 with int8 activations) for
+/// the eval photos: same top-1 and logits cosine ≥ 0.999 (0.995 with int8 activations) for
 /// EfficientNet-Lite0, same detections for NanoDet-m. Both activation types: uint8 (`.qdq.onnx`) and int8
 /// (`.qdq-s8.onnx`, made by `scripts/make-qdq-models.py --s8`; the form TensorRT uses, whose
 /// int8 outputs cuBLASLt requantizes in its epilogue).
@@ -334,9 +334,10 @@ fn int8_qdq_models_match_cpu_int8() {
             continue;
         }
         // The uint8 model's requantization is the CPU's arithmetic (worst cosine 1.000000 on
-        // the H200); the int8 one's fused epilogue rounds `alpha·acc + bias` instead of
-        // `(acc + bias)·mult` (worst 0.99929), hence its looser bound.
-        let min_cos = if suffix == ".qdq.onnx" { 0.999 } else { 0.998 };
+        // the H200); with int8 activations cuBLASLt's epilogue rounds `alpha·acc + bias`
+        // instead of `(acc + bias)·mult` and residual sums are requantized once (worst
+        // 0.99824), hence the looser bound.
+        let min_cos = if suffix == ".qdq.onnx" { 0.999 } else { 0.995 };
         int8_effnet_matches_cpu(&dir, &eff, &photos, min_cos);
         int8_nanodet_matches_cpu(&dir, &format!("nanodet-m-416{suffix}"), &photos);
     }
@@ -424,6 +425,11 @@ fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
 }
 
+/// GPU against CPU on three seeded inputs, through eager, captured and replayed runs: largest
+/// difference ≤ 1e-3 of the output's range, or for QDQ models (`.qdq` in the name) a cosine
+/// ≥ 0.99: with int8 activations the GPU folds `QConv → QAdd` into one requantization (as
+/// TensorRT does), which the CPU's two-step arithmetic rounds differently (ResNet-50 with
+/// random weights: 4% of the logits' range, H200).
 fn compare_model(file: &str, batch: usize) {
     let cpu = load(file, Device::Cpu, batch);
     let gpu = load(file, Device::Cuda, batch);
@@ -437,9 +443,16 @@ fn compare_model(file: &str, batch: usize) {
         for rep in 0..3 {
             let got = gc.run(std::slice::from_ref(&x)).expect("gpu run");
             for (o, (g, w)) in got.iter().zip(&want).enumerate() {
-                let d = rel_diff(g.as_f32().expect("f32"), w.as_f32().expect("f32"));
-                println!("{file} batch {batch} seed {seed} rep {rep} output {o}: rel diff {d:.2e}");
-                assert!(d <= 1e-3, "{file}: output {o} differs from the CPU by {d}");
+                let (g, w) = (g.as_f32().expect("f32"), w.as_f32().expect("f32"));
+                let (d, cos) = (rel_diff(g, w), cosine(g, w));
+                println!(
+                    "{file} batch {batch} seed {seed} rep {rep} output {o}: rel diff {d:.2e}, cosine {cos:.6}"
+                );
+                if file.contains(".qdq") {
+                    assert!(cos >= 0.99, "{file}: output {o} cosine {cos} to the CPU's");
+                } else {
+                    assert!(d <= 1e-3, "{file}: output {o} differs from the CPU by {d}");
+                }
             }
         }
     }

@@ -226,6 +226,10 @@ pub struct QConvAttrs {
     pub y: QParams,
     /// Per-output-channel weight scales (weights are symmetric int8).
     pub w_scales: Vec<f32>,
+    /// A residual (input 3, the output's shape, these parameters) added to the real-valued
+    /// result before the activation, requantized once: `QConv → QAdd` fused by the CUDA
+    /// backend (the CPU backend runs the two ops).
+    pub residual: Option<QParams>,
 }
 
 /// An integer Gemm folded from `DQ(a) → Gemm(DQ(b), DQ(c)) [→ activation] → Q` (alpha = beta = 1).

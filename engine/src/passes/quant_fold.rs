@@ -333,6 +333,7 @@ fn fold_linear(graph: &mut Graph, i: usize) -> Result<bool> {
                 x: xp,
                 y: qp,
                 w_scales,
+                residual: None,
             })
         }
         _ => Op::QGemm(QGemmAttrs {

@@ -188,14 +188,18 @@ fn fused_requant(epi: &QEpilogue) -> Option<bool> {
 }
 
 /// The fused requantization's per-channel alpha (`mult`) and f32 bias (`bias · mult` plus the
-/// output zero point): `alpha·acc + bias` is the unfused `(acc + bias)·mult + zy` up to f32
-/// rounding, so outputs agree with the CPU's to one code.
+/// output zero point, minus `beta ·` the residual's zero point): `alpha·acc + bias` is the
+/// unfused `(acc + bias)·mult + zy` up to f32 rounding, so outputs agree with the CPU's to
+/// one code.
 fn requant_vectors(p: &QConvParts) -> (Vec<f32>, Vec<f32>) {
+    let shift = p
+        .residual
+        .map_or(0.0, |r| r.beta as f64 * r.zero_point as f64);
     let bias = p
         .bias
         .iter()
         .zip(&p.mult)
-        .map(|(&b, &m)| (b as f64 * m as f64 + p.epi.zy as f64) as f32)
+        .map(|(&b, &m)| (b as f64 * m as f64 + p.epi.zy as f64 - shift) as f32)
         .collect();
     (p.mult.clone(), bias)
 }
@@ -637,7 +641,14 @@ impl Builder<'_> {
                 ws: (t + (gb + 2 * yb + 3 * ALIGNMENT) as u64).div_ceil(256) * 256,
                 ws_limit: BLAS_WS,
             };
-            let mm = LtMatmul::build(self.lt, shape, bias_ptr.unwrap_or(0), 0, self.stream, &bufs);
+            let mm = LtMatmul::build(
+                self.lt,
+                shape,
+                bias_ptr.unwrap_or(0),
+                (0, 0.0),
+                self.stream,
+                &bufs,
+            );
             let lt_ms =
                 |mm: &LtMatmul| mm.time_ms + unfold_ms + if rest.is_some() { epi_ms } else { 0.0 };
             if let Some(mm) = mm.ok().filter(|mm| lt_force || lt_ms(mm) < cudnn_ms) {
@@ -731,6 +742,12 @@ impl Builder<'_> {
         {
             return Ok(());
         }
+        if parts.residual.is_some() {
+            return Err(unsupported(
+                node,
+                "a fused residual needs cuBLASLt's int8 GEMM, which found no algorithm",
+            ));
+        }
         let k = self.gen.qconv(g, node, q)?;
         self.launch(idx, k);
         Ok(())
@@ -789,7 +806,7 @@ impl Builder<'_> {
                 requant: true,
                 epilogue: Epilogue {
                     bias: true,
-                    residual: false,
+                    residual: parts.residual.is_some(),
                     relu,
                 },
             };
@@ -804,7 +821,8 @@ impl Builder<'_> {
                 ws_limit: BLAS_WS,
             };
             let (ap, bp) = (wbuf.ptr() + at as u64, wbuf.ptr() + bt as u64);
-            match LtMatmul::build(self.lt, shape, bp, ap, self.stream, &bufs) {
+            let beta = parts.residual.map_or(0.0, |r| r.beta);
+            match LtMatmul::build(self.lt, shape, bp, (ap, beta), self.stream, &bufs) {
                 Ok(mm) => fused = Some((mm, wbuf)),
                 Err(e) => fallback = format!(" (fused requantization: {e})"),
             }
@@ -835,7 +853,7 @@ impl Builder<'_> {
             ws: (t + (colb + accb + 2 * ALIGNMENT) as u64).div_ceil(256) * 256,
             ws_limit: BLAS_WS,
         };
-        let split = LtMatmul::build(self.lt, shape, 0, 0, self.stream, &bufs);
+        let split = LtMatmul::build(self.lt, shape, 0, (0, 0.0), self.stream, &bufs);
         // The fused GEMM against the int32 GEMM plus its requantization kernel, both measured:
         // small GEMMs (batch 1) can be faster split, as the alpha-vector kernels are fewer.
         let split_ms = match &split {
@@ -863,7 +881,7 @@ impl Builder<'_> {
                 node: idx,
                 x: a,
                 y: Arg::Val(y),
-                z: None,
+                z: parts.residual.map(|r| Arg::Val(r.z)),
                 w: wbuf,
                 mm,
             })));
@@ -905,15 +923,13 @@ impl Builder<'_> {
     }
 
     /// Measured milliseconds of the requantization kernel of `parts` from int32 sums at `acc`
-    /// into int8 at `y` (compiled on its own; memoised per output shape, process-wide).
+    /// into int8 at `y` (compiled on its own; memoised per output shape and residual, process-wide).
     fn requant_ms(&mut self, parts: &QConvParts, yv: ValueId, acc: u64, y: u64) -> Result<f32> {
-        type Cache = Mutex<HashMap<(usize, usize), f32>>;
+        type Cache = Mutex<HashMap<(usize, usize, bool), f32>>;
         static CACHE: OnceLock<Cache> = OnceLock::new();
         let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
-        let key = (
-            parts.geom.n * parts.geom.oh * parts.geom.ow,
-            parts.geom.cout,
-        );
+        let m = parts.geom.n * parts.geom.oh * parts.geom.ow;
+        let key = (m, parts.geom.cout, parts.residual.is_some());
         if let Some(&t) = cache.lock().ok().as_ref().and_then(|c| c.get(&key)) {
             return Ok(t);
         }
@@ -930,6 +946,10 @@ impl Builder<'_> {
             .map_err(|_| Error::Unsupported(format!("requantization of {} items", k.threads)))?;
         let mut args = vec![acc, y];
         args.extend(tables.iter().map(|t| t.ptr()));
+        if parts.residual.is_some() {
+            // The residual's bytes: any int8 buffer of the output's size.
+            args.push(y);
+        }
         let s = self.stream;
         let t = time_warm(s, || {
             let mut ptrs: Vec<*mut c_void> = args
@@ -1152,8 +1172,11 @@ impl CudaExecutable {
     pub fn new(graph: Arc<Graph>, ordinal: usize, fp16: bool) -> Result<Self> {
         let ctx = CudaContext::new(ordinal).map_err(drv_err("context creation"))?;
         let fuse = std::env::var("VIGIL_CUDA_FUSE").map_or(true, |v| v != "0");
+        // Int8 residuals fold only where cuBLASLt runs the convs (the dp4a kernel adds none).
+        let int8 = LtMode::from_env() != LtMode::Off
+            && std::env::var("VIGIL_CUDA_QFUSE").map_or(true, |v| v != "0");
         let graph = if fuse {
-            Arc::new(fuse_residual(&graph)?)
+            Arc::new(fuse_residual(&graph, int8)?)
         } else {
             graph
         };
@@ -1954,8 +1977,9 @@ impl Drop for CudaRun {
 /// Folds `Add(conv(x), z)` and `Relu(Add(conv(x), z))` (conv with constant bias and no
 /// activation, its output read only by the add) into one conv node with `z` as a fourth input,
 /// placed where the add was (so every input is computed before it and stays live until it).
-/// cuDNN then computes `act(conv(x) + bias + z)` in one call.
-fn fuse_residual(g: &Graph) -> Result<Graph> {
+/// cuDNN then computes `act(conv(x) + bias + z)` in one call. With `int8`, likewise
+/// `QAdd(QConv(x), z)` into a QConv with a residual (see [`fuse_qresidual`]).
+fn fuse_residual(g: &Graph, int8: bool) -> Result<Graph> {
     use crate::ir::{BinaryOp, ChainStep, UnaryOp};
     let consumers = g.consumers();
     let mut out = g.clone();
@@ -1967,6 +1991,15 @@ fn fuse_residual(g: &Graph) -> Result<Graph> {
         .flat_map(|(i, n)| n.outputs.iter().map(move |&o| (o, i)))
         .collect();
     for (j, add) in g.nodes.iter().enumerate() {
+        if let Op::QAdd(qa) = &add.op {
+            if int8 {
+                if let Some((i, node)) = fuse_qresidual(g, add, qa, &producer, &consumers, &dead) {
+                    out.nodes[j] = node;
+                    dead[i] = true;
+                }
+            }
+            continue;
+        }
         let relu = match &add.op {
             Op::Binary(BinaryOp::Add) => false,
             Op::Elementwise(steps) => match steps.as_slice() {
@@ -2036,4 +2069,193 @@ fn fuse_residual(g: &Graph) -> Result<Graph> {
         !dead[k - 1]
     });
     Ok(out)
+}
+
+/// The QConv node that computes `QAdd(QConv(x), z)` in one step, and the index of the QConv it
+/// replaces: a dense NHWC QConv with no activation whose int8 output only the add reads, an
+/// int8 `z` and sum of its shape, and no activation on the sum but ReLU. The result is
+/// `Q(act(conv + DQ(z)))`: the conv's own requantization is skipped (as TensorRT does), so
+/// values can differ from the unfused graph by a step of the output's scale.
+fn fuse_qresidual(
+    g: &Graph,
+    add: &Node,
+    qa: &crate::ir::QAddAttrs,
+    producer: &HashMap<ValueId, usize>,
+    consumers: &[Vec<usize>],
+    dead: &[bool],
+) -> Option<(usize, Node)> {
+    let (Some(Some(a)), Some(Some(b)), 2, 1) = (
+        add.inputs.first(),
+        add.inputs.get(1),
+        add.inputs.len(),
+        add.outputs.len(),
+    ) else {
+        return None;
+    };
+    let out_v = add.outputs[0];
+    if !matches!(qa.activation, None | Some(Activation::Relu)) {
+        return None;
+    }
+    for (y, z, zq) in [(*a, *b, qa.b), (*b, *a, qa.a)] {
+        let Some(&i) = producer.get(&y) else {
+            continue;
+        };
+        let conv = &g.nodes[i];
+        let Op::QConv(attrs) = &conv.op else {
+            continue;
+        };
+        let ok = !dead[i]
+            && y != z
+            && attrs.conv.activation.is_none()
+            && attrs.residual.is_none()
+            && attrs.conv.layout == Layout::Nhwc
+            && attrs.conv.group == 1
+            && (2..=3).contains(&conv.inputs.len())
+            && consumers[y].len() == 1
+            && !g.outputs.contains(&y)
+            && [y, z, out_v]
+                .iter()
+                .all(|&v| g.values[v].dtype == DataType::I8)
+            && g.shape(y).ok() == g.shape(z).ok()
+            && g.shape(y).ok() == g.shape(out_v).ok();
+        if !ok {
+            continue;
+        }
+        let mut attrs = attrs.clone();
+        attrs.conv.activation = qa.activation;
+        attrs.y = qa.y;
+        attrs.residual = Some(zq);
+        let mut inputs = conv.inputs.clone();
+        inputs.resize(3, None);
+        inputs.push(Some(z));
+        return Some((
+            i,
+            Node {
+                name: format!("{}+{}", conv.name, add.name),
+                op: Op::QConv(attrs),
+                inputs,
+                outputs: vec![out_v],
+            },
+        ));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{AutoPad, ConvAttrs, QAddAttrs, QConvAttrs, QParams, TensorData};
+
+    fn q8(scale: f32, zero_point: i32) -> QParams {
+        QParams {
+            scale,
+            zero_point,
+            dtype: DataType::I8,
+        }
+    }
+
+    /// `x → QConv(1x1) → a`, `QAdd(a, z) [→ ReLU] → y` on int8 NHWC tensors; `z` and `x`
+    /// are graph inputs, `y` the output (and `a` too when `a_out`).
+    fn conv_add(a_out: bool) -> Graph {
+        let mut g = Graph {
+            opset: 17,
+            ..Default::default()
+        };
+        let shape = vec![1, 4, 4, 8];
+        let value = |g: &mut Graph, name: &str| {
+            let v = g.add_value(name, DataType::I8);
+            g.values[v].shape = Some(shape.clone());
+            v
+        };
+        let (x, z, a, y) = (
+            value(&mut g, "x"),
+            value(&mut g, "z"),
+            value(&mut g, "a"),
+            value(&mut g, "y"),
+        );
+        let w = g.add_constant(
+            "w",
+            Tensor::new(vec![8, 8, 1, 1], TensorData::I8(vec![1; 64])).expect("w"),
+        );
+        let b = g.add_constant(
+            "b",
+            Tensor::new(vec![8], TensorData::I32(vec![0; 8])).expect("b"),
+        );
+        g.nodes.push(Node {
+            name: "conv".into(),
+            op: Op::QConv(QConvAttrs {
+                conv: ConvAttrs {
+                    kernel_shape: vec![1, 1],
+                    strides: vec![1, 1],
+                    pads: vec![0; 4],
+                    dilations: vec![1, 1],
+                    group: 1,
+                    auto_pad: AutoPad::NotSet,
+                    activation: None,
+                    layout: Layout::Nhwc,
+                },
+                x: q8(0.1, 0),
+                y: q8(0.2, 3),
+                w_scales: vec![0.01; 8],
+                residual: None,
+            }),
+            inputs: vec![Some(x), Some(w), Some(b)],
+            outputs: vec![a],
+        });
+        g.nodes.push(Node {
+            name: "add".into(),
+            op: Op::QAdd(QAddAttrs {
+                a: q8(0.2, 3),
+                b: q8(0.05, -2),
+                y: q8(0.3, 0),
+                activation: Some(Activation::Relu),
+            }),
+            inputs: vec![Some(a), Some(z)],
+            outputs: vec![y],
+        });
+        g.inputs = vec![x, z];
+        g.outputs = if a_out { vec![y, a] } else { vec![y] };
+        g
+    }
+
+    #[test]
+    fn int8_residual_add_folds_into_its_conv() {
+        let g = conv_add(false);
+        let f = fuse_residual(&g, true).expect("fuse");
+        assert_eq!(f.nodes.len(), 1, "{:?}", f.nodes);
+        let n = &f.nodes[0];
+        let Op::QConv(q) = &n.op else {
+            panic!("not a QConv: {:?}", n.op)
+        };
+        // The sum's parameters and activation; the residual keeps z's parameters.
+        assert_eq!(q.y, q8(0.3, 0));
+        assert_eq!(q.conv.activation, Some(Activation::Relu));
+        assert_eq!(q.residual, Some(q8(0.05, -2)));
+        let (x, w, b, z) = (
+            g.inputs[0],
+            g.nodes[0].inputs[1],
+            g.nodes[0].inputs[2],
+            g.inputs[1],
+        );
+        assert_eq!(n.inputs, vec![Some(x), w, b, Some(z)]);
+        assert_eq!(n.outputs, g.outputs);
+        // Off (cuBLASLt off or VIGIL_CUDA_QFUSE=0): untouched.
+        assert_eq!(
+            names(&fuse_residual(&g, false).expect("fuse")),
+            ["conv", "add"]
+        );
+    }
+
+    #[test]
+    fn int8_residual_stays_when_the_conv_output_is_read_elsewhere() {
+        let g = conv_add(true);
+        assert_eq!(
+            names(&fuse_residual(&g, true).expect("fuse")),
+            ["conv", "add"]
+        );
+    }
+
+    fn names(g: &Graph) -> Vec<&str> {
+        g.nodes.iter().map(|n| n.name.as_str()).collect()
+    }
 }

@@ -67,8 +67,9 @@ pub struct PointwiseShape {
     /// Signed int8 operands with an int32 result and accumulation (no epilogue; `half` unset).
     pub int8: bool,
     /// With `int8`: the requantization fused instead, an int8 result
-    /// `sat(round(alpha[n] · acc + bias[n]))` with per-channel f32 alpha (a device vector)
-    /// and f32 bias (`epilogue.bias` set; `epilogue.relu` optional, no residual).
+    /// `sat(round(act(alpha[n] · acc + beta · z + bias[n])))` with per-channel f32 alpha (a
+    /// device vector) and f32 bias (`epilogue.bias` set; ReLU and an int8 residual `z`
+    /// optional).
     pub requant: bool,
     pub epilogue: Epilogue,
 }
@@ -88,6 +89,8 @@ pub struct LtMatmul {
     bias: u64,
     /// Device address of the per-channel alpha vector (`requant` only).
     alpha: u64,
+    /// The residual's factor (`requant` with a residual only).
+    beta: f32,
 }
 // SAFETY: the descriptors are immutable after construction; cuBLASLt only reads them.
 unsafe impl Send for LtMatmul {}
@@ -124,18 +127,19 @@ pub struct SearchBuffers {
 }
 
 impl LtMatmul {
-    /// Builds the matmul for `shape` (bias at device address `bias`, 0 if none; the alpha
-    /// vector at `alpha` for `requant`, else 0) and picks the fastest of cuBLASLt's heuristic
-    /// candidates by timing each on `buf` on `stream` (once per shape per process).
+    /// Builds the matmul for `shape` (bias at device address `bias`, 0 if none; for
+    /// `requant`, the alpha vector at `alpha` and the residual's factor `beta`, else 0) and
+    /// picks the fastest of cuBLASLt's heuristic candidates by timing each on `buf` on
+    /// `stream` (once per shape per process).
     pub fn build(
         h: &LtHandle,
         shape: PointwiseShape,
         bias: u64,
-        alpha: u64,
+        (alpha, beta): (u64, f32),
         stream: dsys::CUstream,
         buf: &SearchBuffers,
     ) -> Result<Self> {
-        let mut mm = Self::describe(shape, bias, alpha)?;
+        let mut mm = Self::describe(shape, bias, (alpha, beta))?;
         if let Some(&(algo, ws, t)) = cache().lock().ok().as_ref().and_then(|c| c.get(&shape)) {
             mm.algo = algo;
             mm.workspace = ws;
@@ -152,7 +156,7 @@ impl LtMatmul {
     /// The same matmul (algorithm included) with descriptors of its own, for one execution
     /// context, so that no cuBLASLt object is shared between concurrently running streams.
     pub fn instance(&self) -> Result<Self> {
-        let mut mm = Self::describe(self.shape, self.bias, self.alpha)?;
+        let mut mm = Self::describe(self.shape, self.bias, (self.alpha, self.beta))?;
         mm.algo = self.algo;
         mm.workspace = self.workspace;
         mm.time_ms = self.time_ms;
@@ -160,13 +164,12 @@ impl LtMatmul {
     }
 
     /// Creates the descriptors (no algorithm chosen yet).
-    fn describe(shape: PointwiseShape, bias: u64, alpha: u64) -> Result<Self> {
+    fn describe(shape: PointwiseShape, bias: u64, (alpha, beta): (u64, f32)) -> Result<Self> {
         use lt_sys::cudaDataType as T;
         let (dt, ct, compute, scale) = if shape.int8 && shape.requant {
-            let e = &shape.epilogue;
-            if !e.bias || e.residual {
+            if !shape.epilogue.bias {
                 return Err(Error::Unsupported(
-                    "cuBLASLt int8 requantization takes a bias and no residual".into(),
+                    "cuBLASLt int8 requantization takes a bias".into(),
                 ));
             }
             // IMMA with an int8 C/D: f32 scale, alpha and bias (cublasLt.h, BIAS_DATA_TYPE).
@@ -223,6 +226,7 @@ impl LtMatmul {
             shape,
             bias,
             alpha,
+            beta,
         };
         mm.a = lt::create_matrix_layout(dt, k, n, k as i64).map_err(lt_err("layout"))?;
         mm.b = lt::create_matrix_layout(dt, k, m, k as i64).map_err(lt_err("layout"))?;
@@ -384,12 +388,13 @@ impl LtMatmul {
         // Scalars in the scale type: i32 for int8 matmuls, else f32 (same bit patterns for
         // 1 and 0 would not hold, so each is spelled out).
         let (one, beta): (u32, u32) = match (self.shape.int8, self.shape.epilogue.residual) {
-            (true, _) => (1, 0),
+            (true, true) => (1, self.beta.to_bits()),
+            (true, false) => (1, 0),
             (false, true) => (1f32.to_bits(), 1f32.to_bits()),
             (false, false) => (1f32.to_bits(), 0),
         };
         // With `requant` alpha is the device vector (the pointer mode says so) and beta the
-        // host f32 zero (the same bits as the integer zero above).
+        // host f32 (zero without a residual: the same bits as the integer zero).
         let alpha = if self.shape.requant {
             self.alpha as *const c_void
         } else {

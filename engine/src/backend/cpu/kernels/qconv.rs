@@ -145,6 +145,9 @@ fn build_with(graph: &Graph, node: &Node, isa: QIsa) -> Result<Box<dyn Kernel>> 
     let a = &q.conv;
     let bad = |what: &str| Error::Unsupported(format!("{name}: {what}"));
     let xv = node.input(0).ok_or_else(|| bad("no input"))?;
+    if q.residual.is_some() {
+        return Err(bad("a fused residual (a CUDA backend fusion)"));
+    }
     if graph.shape(xv)?.len() != 4 {
         return Err(bad("only 2-D convolutions are supported"));
     }
@@ -1146,6 +1149,7 @@ mod tests {
                 x,
                 y,
                 w_scales: ws.clone(),
+                residual: None,
             }),
             inputs: vec![Some(xv), Some(wv), Some(bv)],
             outputs: vec![out],
