@@ -1977,10 +1977,18 @@ impl Drop for CudaRun {
 /// Folds `Add(conv(x), z)` and `Relu(Add(conv(x), z))` (conv with constant bias and no
 /// activation, its output read only by the add) into one conv node with `z` as a fourth input,
 /// placed where the add was (so every input is computed before it and stays live until it).
-/// cuDNN then computes `act(conv(x) + bias + z)` in one call. With `int8`, likewise
-/// `QAdd(QConv(x), z)` into a QConv with a residual (see [`fuse_qresidual`]).
+/// cuDNN then computes `act(conv(x) + bias + z)` in one call. With `int8`, uint8 activations
+/// between int8 ops become int8 first ([`signed_activations`]), then `QAdd(QConv(x), z)`
+/// folds into a QConv with a residual ([`fuse_qresidual`]).
 fn fuse_residual(g: &Graph, int8: bool) -> Result<Graph> {
     use crate::ir::{BinaryOp, ChainStep, UnaryOp};
+    let signed;
+    let g = if int8 {
+        signed = signed_activations(g);
+        &signed
+    } else {
+        g
+    };
     let consumers = g.consumers();
     let mut out = g.clone();
     let mut dead = vec![false; g.nodes.len()];
@@ -2069,6 +2077,84 @@ fn fuse_residual(g: &Graph, int8: bool) -> Result<Graph> {
         !dead[k - 1]
     });
     Ok(out)
+}
+
+/// `g` with uint8 activations between int8 ops stored as int8: a value that a QConv or QAdd
+/// produces and only QConvs (as their input) and QAdds read, not a graph input or output,
+/// becomes int8 with its zero point minus 128 in the producer's and every consumer's
+/// parameters. The same real values, bit for bit (`q_i8 = q_u8 - 128`); it lets cuBLASLt's
+/// signed epilogue (and the residual fold) serve ONNX Runtime's default uint8 QDQ models.
+fn signed_activations(g: &Graph) -> Graph {
+    use crate::ir::QParams;
+    let consumers = g.consumers();
+    let mut producer = vec![None; g.values.len()];
+    for (i, n) in g.nodes.iter().enumerate() {
+        for &o in &n.outputs {
+            producer[o] = Some(i);
+        }
+    }
+    let reads_as_activation = |node: &Node, v: ValueId| match &node.op {
+        Op::QConv(q) => {
+            q.residual.is_none()
+                && node.input(0) == Some(v)
+                && node.present_inputs().filter(|&u| u == v).count() == 1
+        }
+        Op::QAdd(_) => true,
+        _ => false,
+    };
+    let flip: Vec<ValueId> = (0..g.values.len())
+        .filter(|&v| {
+            g.values[v].dtype == DataType::U8
+                && !g.inputs.contains(&v)
+                && !g.outputs.contains(&v)
+                && !consumers[v].is_empty()
+                && producer[v].is_some_and(|p| match &g.nodes[p].op {
+                    Op::QConv(q) => q.residual.is_none(),
+                    Op::QAdd(_) => true,
+                    _ => false,
+                })
+                && consumers[v]
+                    .iter()
+                    .all(|&c| reads_as_activation(&g.nodes[c], v))
+        })
+        .collect();
+    let signed = |q: &mut QParams| {
+        if q.dtype == DataType::U8 {
+            q.dtype = DataType::I8;
+            q.zero_point -= 128;
+        }
+    };
+    let mut out = g.clone();
+    for &v in &flip {
+        out.values[v].dtype = DataType::I8;
+        for i in producer[v].into_iter().chain(consumers[v].iter().copied()) {
+            let node = &mut out.nodes[i];
+            let (ins, outs) = (node.inputs.clone(), node.outputs.clone());
+            match &mut node.op {
+                Op::QConv(q) => {
+                    if outs.contains(&v) {
+                        signed(&mut q.y);
+                    }
+                    if ins.first() == Some(&Some(v)) {
+                        signed(&mut q.x);
+                    }
+                }
+                Op::QAdd(q) => {
+                    if outs.contains(&v) {
+                        signed(&mut q.y);
+                    }
+                    if ins.first() == Some(&Some(v)) {
+                        signed(&mut q.a);
+                    }
+                    if ins.get(1) == Some(&Some(v)) {
+                        signed(&mut q.b);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    out
 }
 
 /// The QConv node that computes `QAdd(QConv(x), z)` in one step, and the index of the QConv it
@@ -2253,6 +2339,48 @@ mod tests {
             names(&fuse_residual(&g, true).expect("fuse")),
             ["conv", "add"]
         );
+    }
+
+    #[test]
+    fn uint8_activations_between_int8_ops_become_int8() {
+        // x (input) → conv → a → conv2 → y (output), all uint8.
+        let mut g = conv_add(false);
+        let u8q = |q: QParams| QParams {
+            dtype: DataType::U8,
+            zero_point: q.zero_point + 128,
+            ..q
+        };
+        let (x, a, y) = (g.inputs[0], g.nodes[0].outputs[0], g.nodes[1].outputs[0]);
+        let mut conv2 = g.nodes[0].clone();
+        conv2.name = "conv2".into();
+        conv2.inputs[0] = Some(a);
+        conv2.outputs = vec![y];
+        g.nodes[1] = conv2;
+        g.outputs = vec![y];
+        g.inputs = vec![x];
+        for v in [x, a, y] {
+            g.values[v].dtype = DataType::U8;
+        }
+        for n in &mut g.nodes {
+            if let Op::QConv(q) = &mut n.op {
+                q.x = u8q(q.x);
+                q.y = u8q(q.y);
+            }
+        }
+        let f = signed_activations(&g);
+        let dt = |v: ValueId| f.values[v].dtype;
+        assert_eq!(
+            (dt(x), dt(a), dt(y)),
+            (DataType::U8, DataType::I8, DataType::U8)
+        );
+        let q = |i: usize| match &f.nodes[i].op {
+            Op::QConv(q) => (q.x, q.y),
+            op => panic!("{op:?}"),
+        };
+        // `a`'s parameters in its producer (output) and consumer (input) go back to int8
+        // (zero point - 128); the graph's input and output keep theirs.
+        assert_eq!(q(0), (u8q(q8(0.1, 0)), q8(0.2, 3)));
+        assert_eq!(q(1), (q8(0.1, 0), u8q(q8(0.2, 3))));
     }
 
     fn names(g: &Graph) -> Vec<&str> {
