@@ -487,12 +487,17 @@ impl QConvKernel {
 
 #[cfg(target_arch = "x86_64")]
 impl QConvKernel {
-    /// Depthwise through [`Dw4`]: the interleaved copy (rows in parallel), then output rows
-    /// in parallel. The caller checked the input and output sizes; `scratch` is at least
-    /// `scratch_bytes` long.
-    fn run_dw4(&self, x: &[u8], out: &mut [u8], scratch: &mut [u8]) {
+    /// Depthwise through [`Dw4`]: output rows in bands, one per worker slot, each
+    /// interleaving the input rows its windows read into its ring. The caller checked the
+    /// input and output sizes; a scratch shorter than `scratch_bytes` is an error.
+    fn run_dw4(&self, x: &[u8], out: &mut [u8], scratch: &mut [u8]) -> Result<()> {
         let (g, epi) = (&self.g, &self.epis[0]);
-        let Some(d) = &self.dw4 else { return };
+        let Some(d) = &self.dw4 else {
+            return Err(Error::Unsupported(format!(
+                "{}: no depthwise layout",
+                self.name
+            )));
+        };
         let line = d.nx * d.cp * 4;
         let span = (g.kh - 1) * g.dh + 1;
         let total = g.n * g.oh;
@@ -501,7 +506,10 @@ impl QConvKernel {
         let bands = self.slots.min(total).max(1);
         let per = total.div_ceil(bands);
         let fl = if self.flip { 0x80 } else { 0 };
-        let ring_rows = scratch[..bands * self.slot].par_chunks_mut(self.slot);
+        let rings = scratch
+            .get_mut(..bands * self.slot)
+            .ok_or_else(|| Error::Shape(format!("{}: scratch too small", self.name)))?;
+        let ring_rows = rings.par_chunks_mut(self.slot);
         let out_rows = out.par_chunks_mut(per * g.ow * g.cout);
         ring_rows
             .zip(out_rows)
@@ -535,6 +543,7 @@ impl QConvKernel {
                     unsafe { dw4_row(d, g, &lines[..g.kh], o, epi) };
                 }
             });
+        Ok(())
     }
 }
 
@@ -944,8 +953,7 @@ impl Kernel for QConvKernel {
         match &self.imp {
             #[cfg(target_arch = "x86_64")]
             Imp::Depthwise { .. } if self.dw4.is_some() => {
-                self.run_dw4(x.bytes, out.bytes, scratch);
-                Ok(())
+                self.run_dw4(x.bytes, out.bytes, scratch)
             }
             Imp::Depthwise { w } => match &self.dw_pad {
                 Some(pg) => {
