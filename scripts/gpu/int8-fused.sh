@@ -1,19 +1,13 @@
 #!/bin/bash
-# Fourth session: cuBLASLt int8 GEMMs that requantize in their epilogue (int8 result, per-channel
-# alpha vector + f32 bias, residual QAdds folded in; uint8 activations stored as int8). Checks (full cuda_backend suite, QDQ ResNet-50 with
-# u8 and s8 activations vs the CPU), then INT8 with the fusion on and off (VIGIL_CUDA_QFUSE=0)
-# against FP16 in the same call, and a profile of the s8 model at batch 32.
+# Fourth session: cuBLASLt int8 GEMMs that requantize in their epilogue (int8 result,
+# per-channel alpha vector + f32 bias, residual QAdds folded in; uint8 activations stored as
+# int8). Checks (full cuda_backend suite, QDQ ResNet-50 with u8 and s8 activations vs the CPU,
+# exactness with VIGIL_CUDA_QFUSE=0), then INT8 with the fusions on and off against FP16 in the
+# same call, and profiles of the s8 model at batch 32 and 1.
 # run(command="bash scripts/gpu/int8-fused.sh", carry=[".gpu/s9", ".gpu/cuda/node", ".gpu/cuda3/eval"])
 set -o pipefail
 D=${D:-.gpu/s9}
-. "$(dirname "$0")/device-env.sh"
-export VIGIL_CUDA_POOL_MB=3072 VIGIL_MODELS=$PWD/models VIGIL_EVAL_IMAGES=$PWD/.gpu/cuda3/eval VIGIL_QDQ_MODELS=$PWD/$D/qdq
-xz -dc $D/qdq.txz | tar xf - -C $D
-gunzip -c $D/cuda_backend.gz > /tmp/cuda_backend && chmod +x /tmp/cuda_backend
-PY=/opt/torch/.venv/bin/python; mkdir -p /tmp/onnx
-cd $D && VIGIL_EXPORT_ONLY=1 timeout 120 $PY torch_bench.py /tmp/onnx > $OUT/export.txt 2>&1; cd - >/dev/null; grep -c EXPORTED $OUT/export.txt
-timeout 100 $PY $D/qdq_resnet50.py /tmp/onnx/resnet50.onnx /tmp/onnx/resnet50.qdq.onnx > $OUT/qdq.txt 2>&1; tail -1 $OUT/qdq.txt
-timeout 100 $PY $D/qdq_resnet50.py /tmp/onnx/resnet50.onnx /tmp/onnx/resnet50.qdq.s8.onnx s8 > $OUT/qdq8.txt 2>&1; tail -1 $OUT/qdq8.txt
+. "$(dirname "$0")/int8-setup.sh"
 echo "=== cuda_backend ($SECONDS s)"
 VIGIL_ONNX_NODE_TESTS=$PWD/.gpu/cuda/node VIGIL_CUDA_COMPARE="/tmp/onnx/resnet50.qdq.onnx:2,/tmp/onnx/resnet50.qdq.s8.onnx:2,$PWD/models/nanodet-m-416.onnx:2" timeout 300 /tmp/cuda_backend --test-threads=1 --nocapture > "$OUT/tests.txt" 2>&1; echo "rc $?"
 grep -E "^test |test result|conformance:|int8 GPU vs CPU|allocs" "$OUT/tests.txt" | cut -c1-200 | tail -18; grep -E "qdq.*rel diff" "$OUT/tests.txt" | cut -c1-160 | head -14; grep -A3 panicked "$OUT/tests.txt" | head -12

@@ -4,14 +4,7 @@
 # incl. QDQ ResNet-50 with u8 and s8 activations), then INT8 vs FP16 and an fp32/fp16 b1 sweep.
 set -o pipefail
 D=${D:-.gpu/s6}
-. "$(dirname "$0")/device-env.sh"
-export VIGIL_CUDA_POOL_MB=3072 VIGIL_MODELS=$PWD/models VIGIL_EVAL_IMAGES=$PWD/.gpu/cuda3/eval VIGIL_QDQ_MODELS=$PWD/$D/qdq
-mkdir -p $D/qdq && xz -dc $D/qdq.txz | tar xf - -C $D
-gunzip -c $D/cuda_backend.gz > /tmp/cuda_backend && chmod +x /tmp/cuda_backend
-PY=/opt/torch/.venv/bin/python; mkdir -p /tmp/onnx
-cd $D && VIGIL_EXPORT_ONLY=1 timeout 120 $PY torch_bench.py /tmp/onnx > $OUT/export.txt 2>&1; cd - >/dev/null; grep -c EXPORTED $OUT/export.txt
-timeout 100 $PY $D/qdq_resnet50.py /tmp/onnx/resnet50.onnx /tmp/onnx/resnet50.qdq.onnx > $OUT/qdq.txt 2>&1; tail -1 $OUT/qdq.txt
-timeout 100 $PY $D/qdq_resnet50.py /tmp/onnx/resnet50.onnx /tmp/onnx/resnet50.qdq.s8.onnx s8 > $OUT/qdq8.txt 2>&1; tail -1 $OUT/qdq8.txt
+. "$(dirname "$0")/int8-setup.sh"
 echo "=== cuda_backend ($SECONDS s)"
 VIGIL_ONNX_NODE_TESTS=$PWD/.gpu/cuda/node VIGIL_CUDA_COMPARE="/tmp/onnx/resnet50.onnx:1,/tmp/onnx/resnet50.qdq.onnx:2,/tmp/onnx/resnet50.qdq.s8.onnx:2,$PWD/models/nanodet-m-416.onnx:2" timeout 300 /tmp/cuda_backend --test-threads=1 --nocapture > "$OUT/tests.txt" 2>&1; echo "rc $?"
 grep -E "^test |test result|conformance:|int8 GPU vs CPU|allocs" "$OUT/tests.txt" | cut -c1-200 | tail -16; grep -E "qdq.*rel diff" "$OUT/tests.txt" | sort -u -t: -k1,1 | head -4; grep -A3 panicked "$OUT/tests.txt" | head -12

@@ -870,21 +870,8 @@ impl Builder<'_> {
                 mm.workspace >> 10,
                 mm.time_ms
             );
-            let a = if direct {
-                Arg::Val(x)
-            } else {
-                let kc = self.gen.qim2col_into_scratch(x, parts);
-                self.launch(idx, kc);
-                Arg::ScratchAt(0)
-            };
-            self.steps.push(Step::Pointwise(Box::new(PointwiseStep {
-                node: idx,
-                x: a,
-                y: Arg::Val(y),
-                z: parts.residual.map(|r| Arg::Val(r.z)),
-                w: wbuf,
-                mm,
-            })));
+            let z = parts.residual.map(|r| Arg::Val(r.z));
+            self.push_q_gemm(idx, parts, (x, direct), (Arg::Val(y), z), wbuf, mm);
             self.scratch[idx] = colb;
             return Ok(true);
         }
@@ -895,21 +882,14 @@ impl Builder<'_> {
                     mm.workspace >> 10,
                     mm.time_ms
                 );
-                let a = if direct {
-                    Arg::Val(x)
-                } else {
-                    let kc = self.gen.qim2col_into_scratch(x, parts);
-                    self.launch(idx, kc);
-                    Arg::ScratchAt(0)
-                };
-                self.steps.push(Step::Pointwise(Box::new(PointwiseStep {
-                    node: idx,
-                    x: a,
-                    y: Arg::ScratchAt(colb),
-                    z: None,
-                    w: wbuf,
+                self.push_q_gemm(
+                    idx,
+                    parts,
+                    (x, direct),
+                    (Arg::ScratchAt(colb), None),
+                    wbuf,
                     mm,
-                })));
+                );
                 let kr = self.gen.qrequant(y, colb, parts);
                 self.launch(idx, kr);
                 self.scratch[idx] = colb + accb;
@@ -920,6 +900,34 @@ impl Builder<'_> {
                 Ok(false)
             }
         }
+    }
+
+    /// Emits an int8 GEMM step reading `x` (in place when `direct`, else through the unfold
+    /// into scratch) and writing `y` (with the residual `z` through cuBLASLt's C).
+    fn push_q_gemm(
+        &mut self,
+        idx: usize,
+        parts: &QConvParts,
+        (x, direct): (ValueId, bool),
+        (y, z): (Arg, Option<Arg>),
+        w: DeviceBuffer,
+        mm: LtMatmul,
+    ) {
+        let a = if direct {
+            Arg::Val(x)
+        } else {
+            let kc = self.gen.qim2col_into_scratch(x, parts);
+            self.launch(idx, kc);
+            Arg::ScratchAt(0)
+        };
+        self.steps.push(Step::Pointwise(Box::new(PointwiseStep {
+            node: idx,
+            x: a,
+            y,
+            z,
+            w,
+            mm,
+        })));
     }
 
     /// Measured milliseconds of the requantization kernel of `parts` from int32 sums at `acc`
