@@ -81,11 +81,13 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
             }
         };
         let server = serve_with_shutdown(listener, state.clone(), on_signal);
+        tracing::info!(%addr, models = state.registry.len(), cameras = state.cameras.len(), "vigil listening");
+        notifier.ready(&serving_status(&state, &addr));
+        // Pings start after READY=1: spawned earlier, the pinger's first tick could reach
+        // systemd first on another runtime thread.
         if let Some(period) = notify::watchdog_period() {
             tokio::spawn(watchdog::run(state.clone(), notifier.clone(), period));
         }
-        tracing::info!(%addr, models = state.registry.len(), cameras = state.cameras.len(), "vigil listening");
-        notifier.ready(&serving_status(&state, &addr));
         fault::arm();
         let started = async {
             if stop_rx.await.is_err() {
