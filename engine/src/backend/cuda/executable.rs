@@ -249,6 +249,8 @@ struct Builder<'a> {
     lt_mode: LtMode,
     /// Whether non-pointwise convolutions may unfold into a GEMM (`VIGIL_CUDA_IM2COL`).
     im2col: bool,
+    /// Whether int8 GEMMs may requantize in cuBLASLt's epilogue (`VIGIL_CUDA_QFUSE`).
+    qfuse: bool,
 }
 
 /// `VIGIL_CUDA_LT`: `0` turns the cuBLASLt convolution paths off, `force` takes them whenever
@@ -782,10 +784,9 @@ impl Builder<'_> {
         let colb = if direct { 0 } else { alit(m * k) };
         let x = node.input(0).ok_or_else(|| unsupported(node, "no input"))?;
         let y = node.outputs[0];
-        let fuse = std::env::var("VIGIL_CUDA_QFUSE").map_or(true, |v| v != "0");
         let mut fallback = String::new();
         let mut fused = None;
-        if let Some(relu) = fused_requant(&parts.epi).filter(|_| fuse) {
+        if let Some(relu) = fused_requant(&parts.epi).filter(|_| self.qfuse) {
             // The requantization in the GEMM's epilogue (int8 result, no int32 round trip):
             // weights, then the alpha vector, then the f32 bias, in one device buffer.
             let (alpha, bias) = requant_vectors(parts);
@@ -943,32 +944,20 @@ impl Builder<'_> {
         }
         let mut g = Gen::new(false);
         let k = g.qrequant(yv, 0, parts);
-        let module = Module::compile(self.ctx, &g.src)?;
-        let f = module.function(&k.name)?;
         let tables = g
             .extras
             .iter()
             .map(|b| DeviceBuffer::upload(self.ctx, b))
             .collect::<Result<Vec<_>>>()?;
-        let grid = u32::try_from(k.threads.div_ceil(BLOCK as usize))
-            .map_err(|_| Error::Unsupported(format!("requantization of {} items", k.threads)))?;
         let mut args = vec![acc, y];
         args.extend(tables.iter().map(|t| t.ptr()));
         if parts.residual.is_some() {
             // The residual's bytes: any int8 buffer of the output's size.
             args.push(y);
         }
-        let s = self.stream;
-        let t = time_warm(s, || {
-            let mut ptrs: Vec<*mut c_void> = args
-                .iter()
-                .map(|a| a as *const u64 as *mut c_void)
-                .collect();
-            // SAFETY: the kernel takes (sums, output, bias table, multiplier table): the
-            // search buffer holds the int32 sums and the int8 output, the tables were uploaded.
-            unsafe { drv::launch_kernel(f.0, (grid, 1, 1), (BLOCK, 1, 1), 0, s, &mut ptrs) }
-                .map_err(drv_err("kernel launch"))
-        })?;
+        // SAFETY: the kernel takes (sums, output, bias table, multiplier table[, residual]):
+        // the search buffer holds the int32 sums and the int8 output, the tables were uploaded.
+        let t = unsafe { self.kernel_ms(&g, &k, &args) }?;
         if let Ok(mut c) = cache.lock() {
             c.insert(key, t);
         }
@@ -987,25 +976,33 @@ impl Builder<'_> {
         }
         let mut g = Gen::new(self.fp16);
         let k = g.im2col_into_scratch(0, unfold);
-        let module = Module::compile(self.ctx, &g.src)?;
-        let f = module.function(&k.name)?;
-        let grid = u32::try_from(k.threads.div_ceil(BLOCK as usize))
-            .map_err(|_| Error::Unsupported(format!("im2col of {} items", k.threads)))?;
-        let s = self.stream;
-        let t = time_warm(s, || {
-            let args = [x, col];
-            let mut ptrs = [
-                &args[0] as *const u64 as *mut c_void,
-                &args[1] as *const u64 as *mut c_void,
-            ];
-            // SAFETY: the kernel takes (x, col); both search buffers hold the unfold's bytes.
-            unsafe { drv::launch_kernel(f.0, (grid, 1, 1), (BLOCK, 1, 1), 0, s, &mut ptrs) }
-                .map_err(drv_err("kernel launch"))
-        })?;
+        // SAFETY: the kernel takes (x, col); both search buffers hold the unfold's bytes.
+        let t = unsafe { self.kernel_ms(&g, &k, &[x, col]) }?;
         if let Ok(mut c) = cache.lock() {
             c.insert(key, t);
         }
         Ok(t)
+    }
+
+    /// Milliseconds of generated kernel `k` of `g` (compiled on its own), warm, on `args`.
+    ///
+    /// # Safety
+    /// `args` are `k`'s parameters in order: device buffers it may read and write whole.
+    unsafe fn kernel_ms(&self, g: &Gen, k: &GenKernel, args: &[u64]) -> Result<f32> {
+        let module = Module::compile(self.ctx, &g.src)?;
+        let f = module.function(&k.name)?;
+        let grid = u32::try_from(k.threads.div_ceil(BLOCK as usize))
+            .map_err(|_| Error::Unsupported(format!("{} of {} items", k.name, k.threads)))?;
+        let s = self.stream;
+        time_warm(s, || {
+            let mut ptrs: Vec<*mut c_void> = args
+                .iter()
+                .map(|a| a as *const u64 as *mut c_void)
+                .collect();
+            // SAFETY: the caller vouches for `args`; the grid covers `k.threads`.
+            unsafe { drv::launch_kernel(f.0, (grid, 1, 1), (BLOCK, 1, 1), 0, s, &mut ptrs) }
+                .map_err(drv_err("kernel launch"))
+        })
     }
 
     fn gemm(&mut self, idx: usize, node: &Node) -> Result<()> {
@@ -1180,9 +1177,12 @@ impl CudaExecutable {
     pub fn new(graph: Arc<Graph>, ordinal: usize, fp16: bool) -> Result<Self> {
         let ctx = CudaContext::new(ordinal).map_err(drv_err("context creation"))?;
         let fuse = std::env::var("VIGIL_CUDA_FUSE").map_or(true, |v| v != "0");
+        let (lt_mode, qfuse) = (
+            LtMode::from_env(),
+            std::env::var("VIGIL_CUDA_QFUSE").map_or(true, |v| v != "0"),
+        );
         // Int8 residuals fold only where cuBLASLt runs the convs (the dp4a kernel adds none).
-        let int8 = LtMode::from_env() != LtMode::Off
-            && std::env::var("VIGIL_CUDA_QFUSE").map_or(true, |v| v != "0");
+        let int8 = lt_mode != LtMode::Off && qfuse;
         let graph = if fuse {
             Arc::new(fuse_residual(&graph, int8)?)
         } else {
@@ -1218,8 +1218,9 @@ impl CudaExecutable {
             l2_bytes: ctx
                 .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
                 .map_or(0, |v| usize::try_from(v).unwrap_or(0)),
-            lt_mode: LtMode::from_env(),
+            lt_mode,
             im2col: std::env::var("VIGIL_CUDA_IM2COL").map_or(true, |v| v != "0"),
+            qfuse,
         };
         for (i, n) in g.nodes.iter().enumerate() {
             b.node(i, n)?;
@@ -1986,8 +1987,8 @@ impl Drop for CudaRun {
 /// activation, its output read only by the add) into one conv node with `z` as a fourth input,
 /// placed where the add was (so every input is computed before it and stays live until it).
 /// cuDNN then computes `act(conv(x) + bias + z)` in one call. With `int8`, uint8 activations
-/// between int8 ops become int8 first ([`signed_activations`]), then `QAdd(QConv(x), z)`
-/// folds into a QConv with a residual ([`fuse_qresidual`]).
+/// between int8 ops become int8 first ([`signed_activations`]), then `QAdd(QConv(x), z)` (no
+/// activation on the sum but ReLU) folds into a dense NHWC QConv with a residual.
 fn fuse_residual(g: &Graph, int8: bool) -> Result<Graph> {
     use crate::ir::{BinaryOp, ChainStep, UnaryOp};
     let signed;
@@ -2007,77 +2008,79 @@ fn fuse_residual(g: &Graph, int8: bool) -> Result<Graph> {
         .flat_map(|(i, n)| n.outputs.iter().map(move |&o| (o, i)))
         .collect();
     for (j, add) in g.nodes.iter().enumerate() {
-        if let Op::QAdd(qa) = &add.op {
-            if int8 {
-                if let Some((i, node)) = fuse_qresidual(g, add, qa, &producer, &consumers, &dead) {
-                    out.nodes[j] = node;
-                    dead[i] = true;
-                }
+        // What the add is: a float sum (ReLU after or not) or, with `int8`, a QAdd.
+        let (float_relu, qadd) = match &add.op {
+            Op::QAdd(qa) if int8 && matches!(qa.activation, None | Some(Activation::Relu)) => {
+                (false, Some(qa))
             }
-            continue;
-        }
-        let relu = match &add.op {
-            Op::Binary(BinaryOp::Add) => false,
+            Op::Binary(BinaryOp::Add) => (false, None),
             Op::Elementwise(steps) => match steps.as_slice() {
                 [ChainStep::Binary {
                     op: BinaryOp::Add,
                     operand: 1,
                     ..
-                }] => false,
+                }] => (false, None),
                 [ChainStep::Binary {
                     op: BinaryOp::Add,
                     operand: 1,
                     ..
-                }, ChainStep::Unary(UnaryOp::Act(Activation::Relu))] => true,
+                }, ChainStep::Unary(UnaryOp::Act(Activation::Relu))] => (true, None),
                 _ => continue,
             },
             _ => continue,
         };
-        let (Some(Some(a)), Some(Some(b)), 2, 1) = (
-            add.inputs.first(),
-            add.inputs.get(1),
-            add.inputs.len(),
-            add.outputs.len(),
-        ) else {
+        let dtype = if qadd.is_some() {
+            DataType::I8
+        } else {
+            DataType::F32
+        };
+        let accept = |conv: &Node| match (&conv.op, qadd) {
+            (Op::Conv(c), None) => {
+                c.activation.is_none()
+                    && conv.inputs.len() == 3
+                    && conv.input(2).is_some_and(|bv| g.constant(bv).is_some())
+            }
+            (Op::QConv(q), Some(_)) => {
+                q.conv.activation.is_none()
+                    && q.residual.is_none()
+                    && q.conv.layout == Layout::Nhwc
+                    && q.conv.group == 1
+                    && (2..=3).contains(&conv.inputs.len())
+            }
+            _ => false,
+        };
+        let operands = residual_operands(g, add, dtype, (&producer, &consumers, &dead), accept);
+        let Some((i, z, z_first)) = operands else {
             continue;
         };
-        let out_v = add.outputs[0];
-        for (y, z) in [(*a, *b), (*b, *a)] {
-            let Some(&i) = producer.get(&y) else {
-                continue;
-            };
-            let conv = &g.nodes[i];
-            let Op::Conv(attrs) = &conv.op else {
-                continue;
-            };
-            let ok = !dead[i]
-                && y != z
-                && attrs.activation.is_none()
-                && conv.inputs.len() == 3
-                && conv.input(2).is_some_and(|bv| g.constant(bv).is_some())
-                && consumers[y].len() == 1
-                && !g.outputs.contains(&y)
-                && [y, z, out_v]
-                    .iter()
-                    .all(|&v| g.values[v].dtype == DataType::F32)
-                && g.shape(y).ok() == g.shape(z).ok()
-                && g.shape(y).ok() == g.shape(out_v).ok();
-            if !ok {
-                continue;
+        let conv = &g.nodes[i];
+        let mut inputs = conv.inputs.clone();
+        let op = match (&conv.op, qadd) {
+            (Op::Conv(c), None) => {
+                let mut c = c.clone();
+                c.activation = float_relu.then_some(Activation::Relu);
+                Op::Conv(c)
             }
-            let mut attrs = attrs.clone();
-            attrs.activation = relu.then_some(Activation::Relu);
-            let mut inputs = conv.inputs.clone();
-            inputs.push(Some(z));
-            out.nodes[j] = Node {
-                name: format!("{}+{}", conv.name, add.name),
-                op: Op::Conv(attrs),
-                inputs,
-                outputs: vec![out_v],
-            };
-            dead[i] = true;
-            break;
-        }
+            (Op::QConv(q), Some(qa)) => {
+                // `Q(act(conv + DQ(z)))`: the conv's own requantization is skipped (as
+                // TensorRT does), so values can differ from the unfused graph by a step.
+                let mut q = q.clone();
+                q.conv.activation = qa.activation;
+                q.y = qa.y;
+                q.residual = Some(if z_first { qa.a } else { qa.b });
+                inputs.resize(3, None);
+                Op::QConv(q)
+            }
+            _ => continue,
+        };
+        inputs.push(Some(z));
+        out.nodes[j] = Node {
+            name: format!("{}+{}", conv.name, add.name),
+            op,
+            inputs,
+            outputs: add.outputs.clone(),
+        };
+        dead[i] = true;
     }
     let mut k = 0;
     out.nodes.retain(|_| {
@@ -2165,19 +2168,17 @@ fn signed_activations(g: &Graph) -> Graph {
     out
 }
 
-/// The QConv node that computes `QAdd(QConv(x), z)` in one step, and the index of the QConv it
-/// replaces: a dense NHWC QConv with no activation whose int8 output only the add reads, an
-/// int8 `z` and sum of its shape, and no activation on the sum but ReLU. The result is
-/// `Q(act(conv + DQ(z)))`: the conv's own requantization is skipped (as TensorRT does), so
-/// values can differ from the unfused graph by a step of the output's scale.
-fn fuse_qresidual(
+/// The conv whose output an add `add` (inputs `a`, `b`) can absorb: the first orientation
+/// where one input is produced by a node `accept`s (not fused already), read only by the add
+/// and no graph output, with the other input `z` and the sum of its shape, all `dtype`.
+/// Returns the conv's index, `z`, and whether `z` is the add's first input.
+fn residual_operands(
     g: &Graph,
     add: &Node,
-    qa: &crate::ir::QAddAttrs,
-    producer: &HashMap<ValueId, usize>,
-    consumers: &[Vec<usize>],
-    dead: &[bool],
-) -> Option<(usize, Node)> {
+    dtype: DataType,
+    (producer, consumers, dead): (&HashMap<ValueId, usize>, &[Vec<usize>], &[bool]),
+    accept: impl Fn(&Node) -> bool,
+) -> Option<(usize, ValueId, bool)> {
     let (Some(Some(a)), Some(Some(b)), 2, 1) = (
         add.inputs.first(),
         add.inputs.get(1),
@@ -2187,52 +2188,20 @@ fn fuse_qresidual(
         return None;
     };
     let out_v = add.outputs[0];
-    if !matches!(qa.activation, None | Some(Activation::Relu)) {
-        return None;
-    }
-    for (y, z, zq) in [(*a, *b, qa.b), (*b, *a, qa.a)] {
-        let Some(&i) = producer.get(&y) else {
-            continue;
-        };
-        let conv = &g.nodes[i];
-        let Op::QConv(attrs) = &conv.op else {
-            continue;
-        };
-        let ok = !dead[i]
-            && y != z
-            && attrs.conv.activation.is_none()
-            && attrs.residual.is_none()
-            && attrs.conv.layout == Layout::Nhwc
-            && attrs.conv.group == 1
-            && (2..=3).contains(&conv.inputs.len())
-            && consumers[y].len() == 1
-            && !g.outputs.contains(&y)
-            && [y, z, out_v]
-                .iter()
-                .all(|&v| g.values[v].dtype == DataType::I8)
-            && g.shape(y).ok() == g.shape(z).ok()
-            && g.shape(y).ok() == g.shape(out_v).ok();
-        if !ok {
-            continue;
-        }
-        let mut attrs = attrs.clone();
-        attrs.conv.activation = qa.activation;
-        attrs.y = qa.y;
-        attrs.residual = Some(zq);
-        let mut inputs = conv.inputs.clone();
-        inputs.resize(3, None);
-        inputs.push(Some(z));
-        return Some((
-            i,
-            Node {
-                name: format!("{}+{}", conv.name, add.name),
-                op: Op::QConv(attrs),
-                inputs,
-                outputs: vec![out_v],
-            },
-        ));
-    }
-    None
+    [(*a, *b, false), (*b, *a, true)]
+        .into_iter()
+        .find_map(|(y, z, z_first)| {
+            let i = *producer.get(&y)?;
+            let ok = !dead[i]
+                && y != z
+                && accept(&g.nodes[i])
+                && consumers[y].len() == 1
+                && !g.outputs.contains(&y)
+                && [y, z, out_v].iter().all(|&v| g.values[v].dtype == dtype)
+                && g.shape(y).ok() == g.shape(z).ok()
+                && g.shape(y).ok() == g.shape(out_v).ok();
+            ok.then_some((i, z, z_first))
+        })
 }
 
 #[cfg(test)]
@@ -2389,6 +2358,39 @@ mod tests {
         // (zero point - 128); the graph's input and output keep theirs.
         assert_eq!(q(0), (u8q(q8(0.1, 0)), q8(0.2, 3)));
         assert_eq!(q(1), (q8(0.1, 0), u8q(q8(0.2, 3))));
+    }
+
+    #[test]
+    fn float_residual_add_and_relu_fold_into_their_conv() {
+        use crate::ir::{BinaryOp, ChainStep, UnaryOp};
+        // The int8 graph turned float: Conv → a, Relu(a + z) as one elementwise chain.
+        let mut g = conv_add(false);
+        for v in &mut g.values {
+            if v.dtype == DataType::I8 {
+                v.dtype = DataType::F32;
+            }
+        }
+        if let Op::QConv(q) = &g.nodes[0].op {
+            g.nodes[0].op = Op::Conv(q.conv.clone());
+        }
+        g.nodes[1].op = Op::Elementwise(vec![
+            ChainStep::Binary {
+                op: BinaryOp::Add,
+                operand: 1,
+                acc_on_right: false,
+            },
+            ChainStep::Unary(UnaryOp::Act(Activation::Relu)),
+        ]);
+        let f = fuse_residual(&g, true).expect("fuse");
+        assert_eq!(names(&f), ["conv+add"]);
+        let Op::Conv(c) = &f.nodes[0].op else {
+            panic!("not a Conv: {:?}", f.nodes[0].op)
+        };
+        assert_eq!(c.activation, Some(Activation::Relu));
+        let mut want = g.nodes[0].inputs.clone();
+        want.push(Some(g.inputs[1]));
+        assert_eq!(f.nodes[0].inputs, want);
+        assert_eq!(f.nodes[0].outputs, g.outputs);
     }
 
     fn names(g: &Graph) -> Vec<&str> {
