@@ -12,7 +12,9 @@ use crate::ir::{
 
 use crate::backend::resize_taps::{taps, Tap};
 
+mod igemm;
 mod quant;
+pub use igemm::{igemm_fits, Tiling, TILINGS};
 pub use quant::QConvParts;
 
 /// Where a kernel argument points.
@@ -63,6 +65,8 @@ pub struct GenKernel {
     pub name: String,
     pub threads: usize,
     pub args: Vec<Arg>,
+    /// An explicit `(grid, block)` for tiled kernels; `None`: one thread per item.
+    pub launch: Option<((u32, u32, u32), u32)>,
 }
 
 /// Accumulates the module source and the constant tables it needs.
@@ -306,8 +310,7 @@ impl Gen {
 
     /// Emits one kernel with parameters `(arg, C type)` named p0, p1, ... over `n` threads.
     pub fn kernel(&mut self, params: &[(Arg, String)], n: usize, body: &str) -> GenKernel {
-        let name = format!("vk{}", self.count);
-        self.count += 1;
+        let name = self.next_name();
         let plist: Vec<String> = params
             .iter()
             .enumerate()
@@ -322,7 +325,14 @@ impl Gen {
             name,
             threads: n,
             args: params.iter().map(|(a, _)| *a).collect(),
+            launch: None,
         }
+    }
+
+    /// A fresh kernel name in this module.
+    fn next_name(&mut self) -> String {
+        self.count += 1;
+        format!("vk{}", self.count - 1)
     }
 
     /// Bias + residual + activation epilogue applied in place on `y` (channel `c` of each

@@ -10,7 +10,7 @@ use cudarc::cublas::{result as blas, sys as blas_sys};
 use cudarc::cudnn::{result as dnn, sys as dnn_sys};
 use cudarc::driver::{result as drv, sys, CudaContext, CudaEvent, CudaGraph, CudaStream};
 
-use super::codegen::{Arg, Gen, GenKernel, Im2col, QConvParts};
+use super::codegen::{igemm_fits, Arg, Gen, GenKernel, Im2col, QConvParts, Tiling, TILINGS};
 use super::device::{alloc_arena, drv_err, Arena, DeviceBuffer, Function, Module, PinnedBuffer};
 use super::dnn::{
     blas_err, choose_algo, dnn_err, time_warm, AlgoChoice, BlasHandle, ConvDescs, ConvGeom,
@@ -99,7 +99,8 @@ enum Step {
     Launch {
         node: usize,
         f: usize,
-        threads: usize,
+        /// Grid and block sizes.
+        dims: ((u32, u32, u32), u32),
         args: Vec<Arg>,
     },
     Conv(Box<ConvStep>),
@@ -204,6 +205,15 @@ fn requant_vectors(p: &QConvParts) -> (Vec<f32>, Vec<f32>) {
     (p.mult.clone(), bias)
 }
 
+/// A generated kernel's grid and block: its own for tiled kernels, else one thread per item
+/// in blocks of [`BLOCK`] (a grid beyond `u32` saturates; launching it fails).
+fn launch_dims(k: &GenKernel) -> ((u32, u32, u32), u32) {
+    k.launch.unwrap_or_else(|| {
+        let blocks = k.threads.div_ceil(BLOCK as usize);
+        ((u32::try_from(blocks).unwrap_or(u32::MAX), 1, 1), BLOCK)
+    })
+}
+
 fn alit(n: usize) -> usize {
     n.div_ceil(ALIGNMENT) * ALIGNMENT
 }
@@ -246,29 +256,32 @@ struct Builder<'a> {
     /// The device's L2 cache size in bytes (bounds the im2col patch matrix).
     l2_bytes: usize,
     /// When convolutions may run through cuBLASLt (`VIGIL_CUDA_LT`).
-    lt_mode: LtMode,
+    lt_mode: PathMode,
     /// Whether non-pointwise convolutions may unfold into a GEMM (`VIGIL_CUDA_IM2COL`).
     im2col: bool,
     /// Whether int8 GEMMs may requantize in cuBLASLt's epilogue (`VIGIL_CUDA_QFUSE`).
     qfuse: bool,
+    /// When int8 convolutions may run as the implicit-GEMM kernel (`VIGIL_CUDA_IGEMM`).
+    igemm: PathMode,
 }
 
-/// `VIGIL_CUDA_LT`: `0` turns the cuBLASLt convolution paths off, `force` takes them whenever
-/// they apply (A/B measurements and tests of the im2col path); otherwise they are taken when
-/// they measure faster than cuDNN.
+/// An optional kernel path's switch, from an environment variable (`VIGIL_CUDA_LT` for the
+/// cuBLASLt convolutions, `VIGIL_CUDA_IGEMM` for the int8 implicit GEMM): `0` turns it off,
+/// `force` takes it whenever it applies (A/B measurements and tests); otherwise it is taken
+/// when it measures faster than the alternatives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum LtMode {
+enum PathMode {
     Off,
     Measured,
     Force,
 }
 
-impl LtMode {
-    fn from_env() -> Self {
-        match std::env::var("VIGIL_CUDA_LT").as_deref() {
-            Ok("0") => LtMode::Off,
-            Ok("force") => LtMode::Force,
-            _ => LtMode::Measured,
+impl PathMode {
+    fn from_var(name: &str) -> Self {
+        match std::env::var(name).as_deref() {
+            Ok("0") => PathMode::Off,
+            Ok("force") => PathMode::Force,
+            _ => PathMode::Measured,
         }
     }
 }
@@ -278,7 +291,7 @@ impl Builder<'_> {
         self.steps.push(Step::Launch {
             node,
             f: self.kernels.len(),
-            threads: k.threads,
+            dims: launch_dims(&k),
             args: k.args.clone(),
         });
         self.kernels.push(k);
@@ -578,7 +591,10 @@ impl Builder<'_> {
         } else {
             best.time_ms + if needs_epi { epi_ms } else { 0.0 }
         };
-        let (lt_on, lt_force) = (self.lt_mode != LtMode::Off, self.lt_mode == LtMode::Force);
+        let (lt_on, lt_force) = (
+            self.lt_mode != PathMode::Off,
+            self.lt_mode == PathMode::Force,
+        );
         let gemm_able =
             nhwc && symmetric && a.group == 1 && (bias.is_none() || bias_ptr.is_some()) && lt_on;
         let pointwise = gemm_able
@@ -772,7 +788,20 @@ impl Builder<'_> {
     /// false (with the reason in the step's note) when cuBLASLt is off or has no algorithm.
     fn q_gemm(&mut self, idx: usize, node: &Node, parts: &QConvParts) -> Result<bool> {
         let c = parts.geom;
-        if self.lt_mode == LtMode::Off {
+        let x = node.input(0).ok_or_else(|| unsupported(node, "no input"))?;
+        let y = node.outputs[0];
+        let ig = match self.igemm {
+            PathMode::Off => None,
+            _ if !igemm_fits(parts) => None,
+            _ => Some(self.igemm_best(parts, x, y)?),
+        };
+        if let Some((t, ms)) =
+            ig.filter(|_| self.igemm == PathMode::Force || self.lt_mode == PathMode::Off)
+        {
+            self.push_igemm(idx, parts, (x, y), t, ms, "forced".into());
+            return Ok(true);
+        }
+        if self.lt_mode == PathMode::Off {
             return Ok(false);
         }
         let (m, n, k) = (c.n * c.oh * c.ow, c.cout, c.kh * c.kw * parts.c4);
@@ -782,8 +811,6 @@ impl Builder<'_> {
             && (c.kh, c.kw, c.sh, c.sw, c.pt, c.pl, c.oh, c.ow) == (1, 1, 1, 1, 0, 0, c.h, c.w)
             && parts.c4 == c.cin;
         let colb = if direct { 0 } else { alit(m * k) };
-        let x = node.input(0).ok_or_else(|| unsupported(node, "no input"))?;
-        let y = node.outputs[0];
         let mut fallback = String::new();
         let mut fused = None;
         if let Some(relu) = fused_requant(&parts.epi).filter(|_| self.qfuse) {
@@ -864,9 +891,27 @@ impl Builder<'_> {
             }
             Err(_) => f32::INFINITY,
         };
-        if let Some((mm, wbuf)) = fused.filter(|(mm, _)| mm.time_ms <= split_ms) {
+        let fused = fused.filter(|(mm, _)| mm.time_ms <= split_ms);
+        if let Some((t, ms)) = ig {
+            // Against the cuBLASLt path: its GEMM(s) plus the unfold when there is one.
+            let unfold = if direct {
+                0.0
+            } else {
+                self.qunfold_ms(parts, m * k)?
+            };
+            let lt = fused.as_ref().map_or(split_ms, |(mm, _)| mm.time_ms) + unfold;
+            if ms < lt {
+                let why = format!("cublasLt {lt:.4} ms");
+                self.push_igemm(idx, parts, (x, y), t, ms, why);
+                return Ok(true);
+            }
+        }
+        let ig_note = ig.map_or(String::new(), |(t, ms)| {
+            format!(" [igemm {}x{} {ms:.4} ms]", t.bm(), t.bn())
+        });
+        if let Some((mm, wbuf)) = fused {
             self.note = format!(
-                " cublasLt int8 requant{} ws {} KiB {:.4} ms (split {split_ms:.4} ms) m{m} n{n} k{k}",
+                " cublasLt int8 requant{} ws {} KiB {:.4} ms (split {split_ms:.4} ms) m{m} n{n} k{k}{ig_note}",
                 if direct { "" } else { " im2col" },
                 mm.workspace >> 10,
                 mm.time_ms
@@ -879,7 +924,7 @@ impl Builder<'_> {
         match split {
             Ok(mm) => {
                 self.note = format!(
-                    " cublasLt int8 im2col ws {} KiB {:.4} ms (+ requantization, {split_ms:.4} ms) m{m} n{n} k{k}{fallback}",
+                    " cublasLt int8 im2col ws {} KiB {:.4} ms (+ requantization, {split_ms:.4} ms) m{m} n{n} k{k}{fallback}{ig_note}",
                     mm.workspace >> 10,
                     mm.time_ms
                 );
@@ -929,6 +974,115 @@ impl Builder<'_> {
             w,
             mm,
         })));
+    }
+
+    /// Emits the implicit-GEMM kernel (tiling `t`, measured `ms`) for QConv `parts`.
+    fn push_igemm(
+        &mut self,
+        idx: usize,
+        parts: &QConvParts,
+        (x, y): (ValueId, ValueId),
+        t: Tiling,
+        ms: f32,
+        against: String,
+    ) {
+        let c = parts.geom;
+        self.note = format!(
+            " igemm {}x{} {ms:.4} ms ({against}) m{} n{} k{}",
+            t.bm(),
+            t.bn(),
+            c.n * c.oh * c.ow,
+            c.cout,
+            c.kh * c.kw * c.cin
+        );
+        let k = self.gen.qigemm(x, y, parts, t);
+        self.launch(idx, k);
+    }
+
+    /// The fastest implicit-GEMM tiling for QConv `parts` and its measured milliseconds (all
+    /// tilings compiled as one module; memoised per geometry and residual, process-wide).
+    fn igemm_best(&mut self, parts: &QConvParts, x: ValueId, y: ValueId) -> Result<(Tiling, f32)> {
+        type Cache = Mutex<HashMap<String, (Tiling, f32)>>;
+        static CACHE: OnceLock<Cache> = OnceLock::new();
+        let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+        let c = parts.geom;
+        let key = format!("{c:?} {}", parts.residual.is_some());
+        if let Some(&t) = cache.lock().ok().as_ref().and_then(|c| c.get(&key)) {
+            return Ok(t);
+        }
+        let mut g = Gen::new(false);
+        let kernels: Vec<(Tiling, GenKernel)> = TILINGS
+            .iter()
+            .map(|&t| (t, g.qigemm(x, y, parts, t)))
+            .collect();
+        let module = Module::compile(self.ctx, &g.src)?;
+        // Each kernel's tables are its own three extras (weights, bias, multiplier).
+        let tables = g
+            .extras
+            .iter()
+            .map(|b| DeviceBuffer::upload(self.ctx, b))
+            .collect::<Result<Vec<_>>>()?;
+        let (xb, yb) = (
+            alit(c.n * c.h * c.w * c.cin),
+            alit(c.n * c.oh * c.ow * c.cout),
+        );
+        let buf = self.tmp(xb + yb + 2 * ALIGNMENT)?.div_ceil(256) * 256;
+        let mut best: Option<(Tiling, f32)> = None;
+        for (i, (t, k)) in kernels.iter().enumerate() {
+            let f = module.function(&k.name)?;
+            let (grid, block) = launch_dims(k);
+            let mut args = vec![buf, buf + xb as u64];
+            args.extend(tables[3 * i..3 * i + 3].iter().map(|b| b.ptr()));
+            if parts.residual.is_some() {
+                args.push(buf + xb as u64);
+            }
+            let s = self.stream;
+            let ms = time_warm(s, || {
+                let mut ptrs: Vec<*mut c_void> = args
+                    .iter()
+                    .map(|a| a as *const u64 as *mut c_void)
+                    .collect();
+                // SAFETY: the kernel takes (x, y, weights, bias, multiplier[, residual]): the
+                // search buffer holds x's and y's bytes, the tables were uploaded; the grid
+                // covers the output tiles.
+                unsafe { drv::launch_kernel(f.0, grid, (block, 1, 1), 0, s, &mut ptrs) }
+                    .map_err(drv_err("kernel launch"))
+            })?;
+            if best.is_none_or(|(_, b)| ms < b) {
+                best = Some((*t, ms));
+            }
+        }
+        let best = best.ok_or_else(|| Error::Unsupported("no implicit-GEMM tiling".into()))?;
+        if let Ok(mut c) = cache.lock() {
+            c.insert(key, best);
+        }
+        Ok(best)
+    }
+
+    /// Measured milliseconds of the int8 unfold of `parts` into a `col_bytes` patch matrix
+    /// (memoised per geometry, process-wide).
+    fn qunfold_ms(&mut self, parts: &QConvParts, col_bytes: usize) -> Result<f32> {
+        type Cache = Mutex<HashMap<String, f32>>;
+        static CACHE: OnceLock<Cache> = OnceLock::new();
+        let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+        let c = parts.geom;
+        let key = format!("{c:?} {}", parts.flip);
+        if let Some(&t) = cache.lock().ok().as_ref().and_then(|c| c.get(&key)) {
+            return Ok(t);
+        }
+        let mut g = Gen::new(false);
+        let k = g.qim2col_into_scratch(0, parts);
+        let xb = alit(c.n * c.h * c.w * c.cin);
+        let buf = self
+            .tmp(xb + alit(col_bytes) + 2 * ALIGNMENT)?
+            .div_ceil(256)
+            * 256;
+        // SAFETY: the kernel takes (x, col): the search buffer holds both.
+        let t = unsafe { self.kernel_ms(&g, &k, &[buf, buf + xb as u64]) }?;
+        if let Ok(mut c) = cache.lock() {
+            c.insert(key, t);
+        }
+        Ok(t)
     }
 
     /// Measured milliseconds of the requantization kernel of `parts` from int32 sums at `acc`
@@ -991,8 +1145,13 @@ impl Builder<'_> {
     unsafe fn kernel_ms(&self, g: &Gen, k: &GenKernel, args: &[u64]) -> Result<f32> {
         let module = Module::compile(self.ctx, &g.src)?;
         let f = module.function(&k.name)?;
-        let grid = u32::try_from(k.threads.div_ceil(BLOCK as usize))
-            .map_err(|_| Error::Unsupported(format!("{} of {} items", k.name, k.threads)))?;
+        let (grid, block) = launch_dims(k);
+        if u32::try_from(k.threads.div_ceil(BLOCK as usize)).is_err() {
+            return Err(Error::Unsupported(format!(
+                "{} of {} items",
+                k.name, k.threads
+            )));
+        }
         let s = self.stream;
         time_warm(s, || {
             let mut ptrs: Vec<*mut c_void> = args
@@ -1000,7 +1159,7 @@ impl Builder<'_> {
                 .map(|a| a as *const u64 as *mut c_void)
                 .collect();
             // SAFETY: the caller vouches for `args`; the grid covers `k.threads`.
-            unsafe { drv::launch_kernel(f.0, (grid, 1, 1), (BLOCK, 1, 1), 0, s, &mut ptrs) }
+            unsafe { drv::launch_kernel(f.0, grid, (block, 1, 1), 0, s, &mut ptrs) }
                 .map_err(drv_err("kernel launch"))
         })
     }
@@ -1178,11 +1337,11 @@ impl CudaExecutable {
         let ctx = CudaContext::new(ordinal).map_err(drv_err("context creation"))?;
         let fuse = std::env::var("VIGIL_CUDA_FUSE").map_or(true, |v| v != "0");
         let (lt_mode, qfuse) = (
-            LtMode::from_env(),
+            PathMode::from_var("VIGIL_CUDA_LT"),
             std::env::var("VIGIL_CUDA_QFUSE").map_or(true, |v| v != "0"),
         );
         // Int8 residuals fold only where cuBLASLt runs the convs (the dp4a kernel adds none).
-        let int8 = lt_mode != LtMode::Off && qfuse;
+        let int8 = lt_mode != PathMode::Off && qfuse;
         let graph = if fuse {
             Arc::new(fuse_residual(&graph, int8)?)
         } else {
@@ -1221,6 +1380,7 @@ impl CudaExecutable {
             lt_mode,
             im2col: std::env::var("VIGIL_CUDA_IM2COL").map_or(true, |v| v != "0"),
             qfuse,
+            igemm: PathMode::from_var("VIGIL_CUDA_IGEMM"),
         };
         for (i, n) in g.nodes.iter().enumerate() {
             b.node(i, n)?;
@@ -1327,7 +1487,7 @@ impl Executable for CudaExecutable {
 enum Resolved {
     Launch {
         f: Function,
-        grid: u32,
+        dims: ((u32, u32, u32), u32),
         args: Vec<u64>,
     },
     Conv {
@@ -1497,11 +1657,11 @@ impl CudaRun {
                 Step::Launch {
                     node,
                     f,
-                    threads,
+                    dims,
                     args,
                 } => Resolved::Launch {
                     f: exe.functions[*f],
-                    grid: (*threads as u64).div_ceil(BLOCK as u64) as u32,
+                    dims: *dims,
                     args: args
                         .iter()
                         .map(|&a| resolve(a, *node))
@@ -1591,8 +1751,9 @@ impl CudaRun {
                 record(&p.events[k], s, capturing)?;
             }
             match r {
-                Resolved::Launch { f, grid, args } => {
-                    if *grid == 0 {
+                Resolved::Launch { f, dims, args } => {
+                    let (grid, block) = *dims;
+                    if grid.0 == 0 || grid.1 == 0 {
                         continue;
                     }
                     let mut ptrs = [std::ptr::null_mut::<c_void>(); 64];
@@ -1605,14 +1766,7 @@ impl CudaRun {
                     // SAFETY: the generated kernel takes exactly these pointer arguments, each
                     // into a live buffer sized by the plan.
                     unsafe {
-                        drv::launch_kernel(
-                            f.0,
-                            (*grid, 1, 1),
-                            (BLOCK, 1, 1),
-                            0,
-                            s,
-                            &mut ptrs[..args.len()],
-                        )
+                        drv::launch_kernel(f.0, grid, (block, 1, 1), 0, s, &mut ptrs[..args.len()])
                     }
                     .map_err(drv_err("kernel launch"))?;
                 }

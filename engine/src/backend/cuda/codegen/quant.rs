@@ -33,7 +33,7 @@ fn requant(epi: &QEpilogue) -> String {
 }
 
 /// The requantized value as a byte expression (from `q` of [`requant_value`]).
-fn requant_byte(epi: &QEpilogue) -> &'static str {
+pub(super) fn requant_byte(epi: &QEpilogue) -> &'static str {
     if epi.signed {
         "(u8)(signed char)(int)q"
     } else {
@@ -44,7 +44,7 @@ fn requant_byte(epi: &QEpilogue) -> &'static str {
 /// The requantization of the i32 sum `t` (bias included) of output channel `co` into the
 /// float `q` holding the 8-bit value, as CUDA statements; with a residual, its int8 code (an
 /// expression) joins the sum in output units first.
-fn requant_value(epi: &QEpilogue, residual: Option<(&Residual, &str)>) -> String {
+pub(super) fn requant_value(epi: &QEpilogue, residual: Option<(&Residual, &str)>) -> String {
     let mut s = String::from("float f = __fmul_rn(__int2float_rn(t), mult[co]); float q;");
     if let Some((r, code)) = residual {
         let _ = write!(

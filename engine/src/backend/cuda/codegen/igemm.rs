@@ -1,0 +1,370 @@
+//! The int8 implicit-GEMM convolution: NHWC signed-byte input read straight from the
+//! activation (no patch matrix), tensor-core `mma.sync.m16n8k32` with i32 accumulators, and the
+//! requantization (plus an optional int8 residual) applied to the accumulators before one
+//! int8 store. The epilogue is [`super::quant`]'s (same float operations), so without a
+//! residual the result equals the CPU backend's bit for bit.
+//!
+//! Tiles: a block computes `BM` pixels × `BN` output channels; K (taps × channels, tap-major
+//! like the packed weights) advances 64 bytes at a time through a `stages`-deep `cp.async`
+//! ring in shared memory. A tile row is four 16-byte chunks stored XOR-swizzled by
+//! `(row >> 1) & 3`, so the `ldmatrix` reads of eight rows hit eight different bank groups.
+//! Each 16-byte chunk of A lies inside one tap (channels are a multiple of 16); taps that fall
+//! in the padding are the input zero point's byte, as in the unfold.
+
+use std::fmt::Write as _;
+
+use super::quant::{requant_byte, requant_value, QConvParts};
+use super::{f32_bytes, Arg, Gen, GenKernel};
+use crate::ir::ValueId;
+
+/// A block's shape: `warps_m × warps_n` warps, each computing `wm` 16-row by `wn` 8-column
+/// mma tiles, over a `stages`-deep shared-memory ring.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Tiling {
+    pub warps_m: usize,
+    pub warps_n: usize,
+    pub wm: usize,
+    pub wn: usize,
+    pub stages: usize,
+}
+
+impl Tiling {
+    /// Output pixels per block.
+    pub fn bm(&self) -> usize {
+        self.warps_m * self.wm * 16
+    }
+    /// Output channels per block.
+    pub fn bn(&self) -> usize {
+        self.warps_n * self.wn * 8
+    }
+    /// Threads per block.
+    pub fn threads(&self) -> usize {
+        32 * self.warps_m * self.warps_n
+    }
+    /// The launch grid for `m` pixels and `n` channels.
+    pub fn grid(&self, m: usize, n: usize) -> (usize, usize) {
+        (m.div_ceil(self.bm()), n.div_ceil(self.bn()))
+    }
+}
+
+/// The block shapes tried per convolution (the fastest measured one is kept): 128×128 for
+/// large GEMMs, 128×64 for 64-channel outputs, 64×128 and 64×64 for GEMMs whose larger
+/// grids would leave SMs idle.
+pub const TILINGS: [Tiling; 4] = [
+    Tiling {
+        warps_m: 2,
+        warps_n: 4,
+        wm: 4,
+        wn: 4,
+        stages: 3,
+    },
+    Tiling {
+        warps_m: 2,
+        warps_n: 4,
+        wm: 2,
+        wn: 4,
+        stages: 4,
+    },
+    Tiling {
+        warps_m: 2,
+        warps_n: 2,
+        wm: 2,
+        wn: 4,
+        stages: 4,
+    },
+    Tiling {
+        warps_m: 4,
+        warps_n: 2,
+        wm: 2,
+        wn: 4,
+        stages: 4,
+    },
+];
+
+/// Whether `p` fits the implicit GEMM: one group, output channels a multiple of 8, and every
+/// index within 31 bits. Signed inputs with channels a multiple of 16 are copied into shared
+/// memory 16 bytes at a time; others (RGB stems, u8 inputs) are gathered a byte at a time.
+pub fn igemm_fits(p: &QConvParts) -> bool {
+    let c = &p.geom;
+    let m = c.n * c.oh * c.ow;
+    let k = c.kh * c.kw * p.c4;
+    let big = |v: usize| v >= i32::MAX as usize / 2;
+    c.groups == 1
+        && c.cout.is_multiple_of(8)
+        && !big(c.n * c.h * c.w * c.cin)
+        && !big(m * c.cout)
+        && !big(c.cout * k.next_multiple_of(64))
+}
+
+/// Whether `p`'s input rows are gathered byte by byte instead of copied in 16-byte pieces.
+fn gathers(p: &QConvParts) -> bool {
+    p.flip || !p.geom.cin.is_multiple_of(16) || p.c4 != p.geom.cin
+}
+
+impl Gen {
+    /// The implicit-GEMM kernel of QConv `parts` from NHWC int8 `x` into `y` with block
+    /// shape `t` (see the module docs); check [`igemm_fits`] first.
+    pub fn qigemm(&mut self, x: ValueId, y: ValueId, p: &QConvParts, t: Tiling) -> GenKernel {
+        let c = &p.geom;
+        let (m, n, k) = (c.n * c.oh * c.ow, c.cout, c.kh * c.kw * p.c4);
+        let (bm, bn, th, st) = (t.bm(), t.bn(), t.threads(), t.stages);
+        let (wm, wn, warps_m) = (t.wm, t.wn, t.warps_m);
+        // Weight rows padded with zeros to whole 64-byte K tiles (aligned 16-byte copies).
+        let kp = k.next_multiple_of(64);
+        let mut padded = vec![0u8; n * kp];
+        for (dst, src) in padded.chunks_exact_mut(kp).zip(p.packed.chunks_exact(k)) {
+            dst[..k].copy_from_slice(src);
+        }
+        let wt = self.extra(padded);
+        let bt = self.extra(p.bias.iter().flat_map(|v| v.to_le_bytes()).collect());
+        let mt = self.extra(f32_bytes(&p.mult));
+        let mut params = vec![
+            (Arg::Val(x), "const u8"),
+            (Arg::Val(y), "u8"),
+            (wt, "const u8"),
+            (bt, "const u8"),
+            (mt, "const u8"),
+        ];
+        if let Some(r) = &p.residual {
+            params.push((Arg::Val(r.z), "const u8"));
+        }
+        let name = self.next_name();
+        let plist: Vec<String> = params
+            .iter()
+            .enumerate()
+            .map(|(i, (_, ty))| format!("{ty}* __restrict__ p{i}"))
+            .collect();
+        let pad_word = u32::from(p.pad_s as i8 as u8) * 0x0101_0101;
+        let (h, w, cin, c4, oh, ow) = (c.h, c.w, c.cin, p.c4, c.oh, c.ow);
+        let (kw, sh, sw, pt, pl, dh, dw) = (c.kw, c.sh, c.sw, c.pt, c.pl, c.dh, c.dw);
+        let kt = k.div_ceil(64);
+        // Output rows leave in 16-byte pieces (8 when the channel count is not a multiple of 16).
+        let (v, vt) = if n.is_multiple_of(16) {
+            (16, "uint4")
+        } else {
+            (8, "uint2")
+        };
+        let (bnv, ts) = (bn / v, bn + 16);
+        let (al, bl) = ((bm * 4).div_ceil(th), (bn * 4).div_ceil(th));
+        let a_loader = if gathers(p) {
+            format!(
+                r#"
+#pragma unroll
+    for (int r = 0; r < {al}; ++r) {{
+      const int row = (tid >> 2) + r * {th4};
+      if (row < {bm}) {{
+        const unsigned int dst = sa + row * 64 + ((col ^ ((row >> 1) & 3)) << 4);
+        unsigned int wv[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {{
+          const int kq = k + q * 4;
+          const int tap = kq / {c4}, c0 = kq - tap * {c4}, ky = tap / {kw}, kx = tap - ky * {kw};
+          const int iy = a_iy[r] + ky * {dh}, ix = a_ix[r] + kx * {dw};
+          unsigned int v = 0u;
+          if (kq < {k}) {{
+            if ((unsigned)iy < {h}u && (unsigned)ix < {w}u) {{
+              const u8* src = p0 + (i64)((a_pix[r] + iy * {w} + ix) * {cin});
+#pragma unroll
+              for (int b = 0; b < 4; ++b)
+                if (c0 + b < {cin}) v |= (unsigned int)(u8)(src[c0 + b] ^ {flip}) << (8 * b);
+            }} else {{
+              v = {pad_word}u;
+            }}
+          }}
+          wv[q] = v;
+        }}
+        asm volatile("st.shared.v4.u32 [%0], {{%1, %2, %3, %4}};" :: "r"(dst), "r"(wv[0]), "r"(wv[1]), "r"(wv[2]), "r"(wv[3]));
+      }}
+    }}
+"#,
+                flip = if p.flip { "0x80" } else { "0" },
+                th4 = th / 4,
+            )
+        } else {
+            format!(
+                r#"
+    const int tap = k / {cin}, ci = k - tap * {cin}, ky = tap / {kw}, kx = tap - ky * {kw};
+#pragma unroll
+    for (int r = 0; r < {al}; ++r) {{
+      const int row = (tid >> 2) + r * {th4};
+      if (row < {bm}) {{
+        const unsigned int dst = sa + row * 64 + ((col ^ ((row >> 1) & 3)) << 4);
+        const int iy = a_iy[r] + ky * {dh}, ix = a_ix[r] + kx * {dw};
+        if (k < {k} && (unsigned)iy < {h}u && (unsigned)ix < {w}u) {{
+          const u8* src = p0 + (i64)((a_pix[r] + iy * {w} + ix) * {cin} + ci);
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(src));
+        }} else {{
+          asm volatile("st.shared.v4.u32 [%0], {{%1, %1, %1, %1}};" :: "r"(dst), "r"({pad_word}u));
+        }}
+      }}
+    }}
+"#,
+                th4 = th / 4,
+            )
+        };
+        let mut s = String::new();
+        let _ = write!(
+            s,
+            r#"
+extern "C" __global__ void __launch_bounds__({th}) {name}({plist}) {{
+  __shared__ __align__(128) u8 smem[{st} * {tile}];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wmi = warp % {warps_m}, wni = warp / {warps_m};
+  const int m0 = blockIdx.x * {bm}, n0 = blockIdx.y * {bn};
+  const int col = tid & 3;
+  unsigned int sbase;
+  asm("{{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }}" : "=r"(sbase) : "l"(smem));
+  int a_pix[{al}], a_iy[{al}], a_ix[{al}];
+#pragma unroll
+  for (int r = 0; r < {al}; ++r) {{
+    int m = m0 + (tid >> 2) + r * {th4};
+    int img = m / {ohw}, rem = m - img * {ohw}, oy = rem / {ow}, ox = rem - oy * {ow};
+    bool live = m < {m};
+    a_pix[r] = img * {hw};
+    a_iy[r] = live ? oy * {sh} - {pt} : -(1 << 28);
+    a_ix[r] = ox * {sw} - {pl};
+  }}
+  auto load = [&](int stage, int kt) {{
+    const unsigned int sa = sbase + stage * {tile};
+    const unsigned int sb = sa + {bm} * 64;
+    const int k = kt * 64 + col * 16;
+{a_loader}#pragma unroll
+    for (int r = 0; r < {bl}; ++r) {{
+      const int row = (tid >> 2) + r * {th4};
+      if (row < {bn}) {{
+        const unsigned int dst = sb + row * 64 + ((col ^ ((row >> 1) & 3)) << 4);
+        const bool ok = n0 + row < {n};
+        const u8* src = ok ? p2 + (i64)(n0 + row) * {kp} + k : p2;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(ok ? 16 : 0));
+      }}
+    }}
+  }};
+  int acc[{wm}][{wn}][4];
+#pragma unroll
+  for (int i = 0; i < {wm}; ++i)
+#pragma unroll
+    for (int j = 0; j < {wn}; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0;
+#pragma unroll
+  for (int s = 0; s < {st} - 1; ++s) {{
+    if (s < {kt}) load(s, s);
+    asm volatile("cp.async.commit_group;");
+  }}
+  for (int kt = 0; kt < {kt}; ++kt) {{
+    asm volatile("cp.async.wait_group {wait};" ::: "memory");
+    __syncthreads();
+    if (kt + {st} - 1 < {kt}) load((kt + {st} - 1) % {st}, kt + {st} - 1);
+    asm volatile("cp.async.commit_group;");
+    const unsigned int sa = sbase + (kt % {st}) * {tile};
+    const unsigned int sb = sa + {bm} * 64;
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks) {{
+      unsigned int af[{wm}][4], bf[{wn}][2];
+#pragma unroll
+      for (int i = 0; i < {wm}; ++i) {{
+        const int row = wmi * {wm16} + i * 16 + (lane & 15);
+        const int ch = ks * 2 + (lane >> 4);
+        const unsigned int a = sa + row * 64 + ((ch ^ ((row >> 1) & 3)) << 4);
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{%0, %1, %2, %3}}, [%4];"
+                     : "=r"(af[i][0]), "=r"(af[i][1]), "=r"(af[i][2]), "=r"(af[i][3]) : "r"(a));
+      }}
+#pragma unroll
+      for (int j = 0; j < {wn}; j += 2) {{
+        const int mat = lane >> 3;
+        const int row = wni * {wn8} + j * 8 + (mat >> 1) * 8 + (lane & 7);
+        const int ch = ks * 2 + (mat & 1);
+        const unsigned int a = sb + row * 64 + ((ch ^ ((row >> 1) & 3)) << 4);
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{%0, %1, %2, %3}}, [%4];"
+                     : "=r"(bf[j][0]), "=r"(bf[j][1]), "=r"(bf[j + 1][0]), "=r"(bf[j + 1][1]) : "r"(a));
+      }}
+#pragma unroll
+      for (int i = 0; i < {wm}; ++i)
+#pragma unroll
+        for (int j = 0; j < {wn}; ++j)
+          asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {{%0, %1, %2, %3}}, {{%4, %5, %6, %7}}, {{%8, %9}}, {{%0, %1, %2, %3}};"
+                       : "+r"(acc[i][j][0]), "+r"(acc[i][j][1]), "+r"(acc[i][j][2]), "+r"(acc[i][j][3])
+                       : "r"(af[i][0]), "r"(af[i][1]), "r"(af[i][2]), "r"(af[i][3]), "r"(bf[j][0]), "r"(bf[j][1]));
+    }}
+  }}
+  asm volatile("cp.async.wait_group 0;" ::: "memory");
+  __syncthreads();
+  // The ring is free: the block's output tile goes through it ([BM][TS] bytes, rows padded
+  // by 16 so the 2-byte writes of eight rows hit different banks) and leaves in {v}-byte
+  // pieces; a residual comes in the same way.
+  u8* tile = smem;
+  {zload}
+  const int* bias2 = (const int*)p3;
+  const float* mult = (const float*)p4;
+#pragma unroll
+  for (int j = 0; j < {wn}; ++j) {{
+    const int cl = wni * {wn8} + j * 8 + (lane & 3) * 2;
+    if (n0 + cl >= {n}) continue;
+#pragma unroll
+    for (int i = 0; i < {wm}; ++i)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {{
+        const int rl = wmi * {wm16} + i * 16 + (lane >> 2) + hh * 8;
+        unsigned short* cell = (unsigned short*)(tile + rl * {ts} + cl);
+        {rz}
+        unsigned int out = 0u;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {{
+          const int co = n0 + cl + e;
+          int t = (int)((unsigned int)acc[i][j][hh * 2 + e] + (unsigned int)bias2[co]);
+          {value}
+          out |= (unsigned int){byte} << (8 * e);
+        }}
+        *cell = (unsigned short)out;
+      }}
+  }}
+  __syncthreads();
+  for (int q = tid; q < {bm} * {bnv}; q += {th}) {{
+    const int r = q / {bnv}, c = (q - r * {bnv}) * {v};
+    if (m0 + r < {m} && n0 + c < {n})
+      *({vt}*)(p1 + (i64)(m0 + r) * {n} + n0 + c) = *(const {vt}*)(tile + r * {ts} + c);
+  }}
+}}
+"#,
+            plist = plist.join(", "),
+            tile = (bm + bn) * 64,
+            th4 = th / 4,
+            ohw = oh * ow,
+            hw = h * w,
+            wait = st - 2,
+            wm16 = wm * 16,
+            wn8 = wn * 8,
+            rz = if p.residual.is_some() {
+                "const unsigned int rz = *cell;"
+            } else {
+                ""
+            },
+            zload = if p.residual.is_some() {
+                format!(
+                    "for (int q = tid; q < {bm} * {bnv}; q += {th}) {{ \
+                     const int r = q / {bnv}, c = (q - r * {bnv}) * {v}; \
+                     if (m0 + r < {m} && n0 + c < {n}) \
+                       *({vt}*)(tile + r * {ts} + c) = *(const {vt}*)(p5 + (i64)(m0 + r) * {n} + n0 + c); }} \
+                     __syncthreads();"
+                )
+            } else {
+                String::new()
+            },
+            value = requant_value(
+                &p.epi,
+                p.residual
+                    .as_ref()
+                    .map(|r| (r, "(signed char)(rz >> (8 * e))"))
+            ),
+            byte = requant_byte(&p.epi),
+        );
+        self.src.push_str(&s);
+        let (gx, gy) = t.grid(m, n);
+        GenKernel {
+            name,
+            threads: m * n,
+            args: params.iter().map(|(a, _)| *a).collect(),
+            launch: Some(((gx as u32, gy as u32, 1), th as u32)),
+        }
+    }
+}
