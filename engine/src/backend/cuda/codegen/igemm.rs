@@ -368,3 +368,89 @@ extern "C" __global__ void __launch_bounds__({th}) {name}({plist}) {{
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::kernels::{ConvGeometry, QEpilogue};
+    use crate::ir::{DataType, QParams};
+
+    /// A QConv's parts with `cin` channels (padded to `c4`), `cout` outputs and a 3x3 kernel.
+    fn parts(cin: usize, c4: usize, cout: usize, flip: bool) -> QConvParts {
+        let geom = ConvGeometry {
+            n: 2,
+            cin,
+            h: 9,
+            w: 7,
+            cout,
+            oh: 9,
+            ow: 7,
+            kh: 3,
+            kw: 3,
+            sh: 1,
+            sw: 1,
+            dh: 1,
+            dw: 1,
+            pt: 1,
+            pl: 1,
+            groups: 1,
+            cin_g: cin,
+            cout_g: cout,
+        };
+        let xq = QParams {
+            scale: 0.1,
+            zero_point: 0,
+            dtype: DataType::I8,
+        };
+        let epi = QEpilogue::new(
+            xq,
+            &vec![0.01; cout],
+            xq,
+            &vec![0; cout],
+            &vec![0; cout],
+            None,
+        );
+        let k = 9 * c4;
+        QConvParts {
+            geom,
+            packed: (0..cout * k).map(|i| (i % 251) as u8).collect(),
+            c4,
+            bias: vec![0; cout],
+            mult: vec![0.1; cout],
+            epi,
+            pad_s: 0,
+            flip,
+            residual: None,
+        }
+    }
+
+    #[test]
+    fn weight_rows_are_padded_to_whole_k_tiles() {
+        // K = 9 taps x 4 bytes = 36 -> rows of 64 with zeros after byte 36.
+        let p = parts(3, 4, 16, true);
+        let mut g = Gen::new(false);
+        let k = g.qigemm(0, 1, &p, TILINGS[0]);
+        let w = &g.extras[0];
+        assert_eq!(w.len(), 16 * 64);
+        for (row, src) in w.chunks_exact(64).zip(p.packed.chunks_exact(36)) {
+            assert_eq!(&row[..36], src);
+            assert!(row[36..].iter().all(|&b| b == 0));
+        }
+        // 16 x 126 outputs in 128 x 128 tiles: a 1 x 1 grid of 256 threads.
+        assert_eq!(k.launch, Some(((1, 1, 1), 256)));
+        assert!(g.src.contains(&k.name));
+    }
+
+    #[test]
+    fn stems_and_u8_inputs_gather_others_copy() {
+        assert!(gathers(&parts(3, 4, 16, false)));
+        assert!(gathers(&parts(32, 32, 16, true)));
+        assert!(gathers(&parts(24, 24, 16, false)));
+        assert!(!gathers(&parts(32, 32, 16, false)));
+        assert!(igemm_fits(&parts(3, 4, 16, true)));
+        assert!(!igemm_fits(&parts(32, 32, 12, false)));
+        let mut grouped = parts(32, 32, 16, false);
+        grouped.geom.groups = 2;
+        assert!(!igemm_fits(&grouped));
+    }
+}
