@@ -311,15 +311,10 @@ impl Gen {
     /// Emits one kernel with parameters `(arg, C type)` named p0, p1, ... over `n` threads.
     pub fn kernel(&mut self, params: &[(Arg, String)], n: usize, body: &str) -> GenKernel {
         let name = self.next_name();
-        let plist: Vec<String> = params
-            .iter()
-            .enumerate()
-            .map(|(k, (_, t))| format!("{t}* __restrict__ p{k}"))
-            .collect();
         let _ = write!(
             self.src,
             "\nextern \"C\" __global__ void {name}({}) {{\n  i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;\n  if (i >= {n}LL) return;\n  {body}\n}}\n",
-            plist.join(", ")
+            Self::param_list(params)
         );
         GenKernel {
             name,
@@ -327,6 +322,16 @@ impl Gen {
             args: params.iter().map(|(a, _)| *a).collect(),
             launch: None,
         }
+    }
+
+    /// The C parameter list `T0* __restrict__ p0, ...` of `(arg, C type)` pairs.
+    fn param_list<T: AsRef<str>>(params: &[(Arg, T)]) -> String {
+        let list: Vec<String> = params
+            .iter()
+            .enumerate()
+            .map(|(k, (_, t))| format!("{}* __restrict__ p{k}", t.as_ref()))
+            .collect();
+        list.join(", ")
     }
 
     /// A fresh kernel name in this module.

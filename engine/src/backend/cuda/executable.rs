@@ -205,6 +205,26 @@ fn requant_vectors(p: &QConvParts) -> (Vec<f32>, Vec<f32>) {
     (p.mult.clone(), bias)
 }
 
+/// A process-wide memo of measured kernel times (they depend on the device and the shape only).
+type Memo<K, V> = OnceLock<Mutex<HashMap<K, V>>>;
+
+/// `memo`'s value for `key`, else `measure()`'s, stored (a poisoned lock measures again).
+fn memoised<K: Eq + std::hash::Hash, V: Copy>(
+    memo: &Memo<K, V>,
+    key: K,
+    measure: impl FnOnce() -> Result<V>,
+) -> Result<V> {
+    let map = memo.get_or_init(Default::default);
+    if let Some(&v) = map.lock().ok().as_ref().and_then(|m| m.get(&key)) {
+        return Ok(v);
+    }
+    let v = measure()?;
+    if let Ok(mut m) = map.lock() {
+        m.insert(key, v);
+    }
+    Ok(v)
+}
+
 /// A generated kernel's grid and block: its own for tiled kernels, else one thread per item
 /// in blocks of [`BLOCK`] (a grid beyond `u32` saturates; launching it fails).
 fn launch_dims(k: &GenKernel) -> ((u32, u32, u32), u32) {
@@ -784,8 +804,9 @@ impl Builder<'_> {
         Ok(())
     }
 
-    /// Emits a dense NHWC int8 convolution as im2col + cuBLASLt int8 GEMM + requantization;
-    /// false (with the reason in the step's note) when cuBLASLt is off or has no algorithm.
+    /// Emits a dense NHWC int8 convolution as the implicit-GEMM kernel or as im2col + cuBLASLt
+    /// int8 GEMM + requantization, whichever measures faster; false (with the reason in the
+    /// step's note) when neither applies.
     fn q_gemm(&mut self, idx: usize, node: &Node, parts: &QConvParts) -> Result<bool> {
         let c = parts.geom;
         let x = node.input(0).ok_or_else(|| unsupported(node, "no input"))?;
@@ -798,7 +819,12 @@ impl Builder<'_> {
         if let Some((t, ms)) =
             ig.filter(|_| self.igemm == PathMode::Force || self.lt_mode == PathMode::Off)
         {
-            self.push_igemm(idx, parts, (x, y), t, ms, "forced".into());
+            let why = if self.igemm == PathMode::Force {
+                "forced"
+            } else {
+                "cuBLASLt off"
+            };
+            self.push_igemm(idx, parts, (x, y), t, ms, why.into());
             return Ok(true);
         }
         if self.lt_mode == PathMode::Off {
@@ -1002,140 +1028,103 @@ impl Builder<'_> {
     /// The fastest implicit-GEMM tiling for QConv `parts` and its measured milliseconds (all
     /// tilings compiled as one module; memoised per geometry and residual, process-wide).
     fn igemm_best(&mut self, parts: &QConvParts, x: ValueId, y: ValueId) -> Result<(Tiling, f32)> {
-        type Cache = Mutex<HashMap<String, (Tiling, f32)>>;
-        static CACHE: OnceLock<Cache> = OnceLock::new();
-        let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+        static CACHE: Memo<String, (Tiling, f32)> = OnceLock::new();
         let c = parts.geom;
-        let key = format!("{c:?} {}", parts.residual.is_some());
-        if let Some(&t) = cache.lock().ok().as_ref().and_then(|c| c.get(&key)) {
-            return Ok(t);
-        }
-        let mut g = Gen::new(false);
-        let kernels: Vec<(Tiling, GenKernel)> = TILINGS
-            .iter()
-            .map(|&t| (t, g.qigemm(x, y, parts, t)))
-            .collect();
-        let module = Module::compile(self.ctx, &g.src)?;
-        // Each kernel's tables are its own three extras (weights, bias, multiplier).
-        let tables = g
-            .extras
-            .iter()
-            .map(|b| DeviceBuffer::upload(self.ctx, b))
-            .collect::<Result<Vec<_>>>()?;
-        let (xb, yb) = (
-            alit(c.n * c.h * c.w * c.cin),
-            alit(c.n * c.oh * c.ow * c.cout),
-        );
-        let buf = self.tmp(xb + yb + 2 * ALIGNMENT)?.div_ceil(256) * 256;
-        let mut best: Option<(Tiling, f32)> = None;
-        for (i, (t, k)) in kernels.iter().enumerate() {
-            let f = module.function(&k.name)?;
-            let (grid, block) = launch_dims(k);
-            let mut args = vec![buf, buf + xb as u64];
-            args.extend(tables[3 * i..3 * i + 3].iter().map(|b| b.ptr()));
-            if parts.residual.is_some() {
-                args.push(buf + xb as u64);
-            }
-            let s = self.stream;
-            let ms = time_warm(s, || {
-                let mut ptrs: Vec<*mut c_void> = args
+        memoised(
+            &CACHE,
+            format!("{c:?} {}", parts.residual.is_some()),
+            || {
+                let mut g = Gen::new(false);
+                let kernels: Vec<(Tiling, GenKernel)> = TILINGS
                     .iter()
-                    .map(|a| a as *const u64 as *mut c_void)
+                    .map(|&t| (t, g.qigemm(x, y, parts, t)))
                     .collect();
-                // SAFETY: the kernel takes (x, y, weights, bias, multiplier[, residual]): the
-                // search buffer holds x's and y's bytes, the tables were uploaded; the grid
-                // covers the output tiles.
-                unsafe { drv::launch_kernel(f.0, grid, (block, 1, 1), 0, s, &mut ptrs) }
-                    .map_err(drv_err("kernel launch"))
-            })?;
-            if best.is_none_or(|(_, b)| ms < b) {
-                best = Some((*t, ms));
-            }
-        }
-        let best = best.ok_or_else(|| Error::Unsupported("no implicit-GEMM tiling".into()))?;
-        if let Ok(mut c) = cache.lock() {
-            c.insert(key, best);
-        }
-        Ok(best)
+                let module = Module::compile(self.ctx, &g.src)?;
+                // Each kernel's tables are its own three extras (weights, bias, multiplier).
+                let tables = g
+                    .extras
+                    .iter()
+                    .map(|b| DeviceBuffer::upload(self.ctx, b))
+                    .collect::<Result<Vec<_>>>()?;
+                let (xb, yb) = (
+                    alit(c.n * c.h * c.w * c.cin),
+                    alit(c.n * c.oh * c.ow * c.cout),
+                );
+                let buf = self.tmp(xb + yb + 2 * ALIGNMENT)?.div_ceil(256) * 256;
+                let mut best: Option<(Tiling, f32)> = None;
+                for (i, (t, k)) in kernels.iter().enumerate() {
+                    let f = module.function(&k.name)?;
+                    let mut args = vec![buf, buf + xb as u64];
+                    args.extend(tables[3 * i..3 * i + 3].iter().map(|b| b.ptr()));
+                    if parts.residual.is_some() {
+                        args.push(buf + xb as u64);
+                    }
+                    // SAFETY: the kernel takes (x, y, weights, bias, multiplier[, residual]): the
+                    // search buffer holds x's and y's bytes, the tables were uploaded.
+                    let ms = unsafe { self.function_ms(&f, k, &args) }?;
+                    if best.is_none_or(|(_, b)| ms < b) {
+                        best = Some((*t, ms));
+                    }
+                }
+                best.ok_or_else(|| Error::Unsupported("no implicit-GEMM tiling".into()))
+            },
+        )
     }
 
     /// Measured milliseconds of the int8 unfold of `parts` into a `col_bytes` patch matrix
     /// (memoised per geometry, process-wide).
     fn qunfold_ms(&mut self, parts: &QConvParts, col_bytes: usize) -> Result<f32> {
-        type Cache = Mutex<HashMap<String, f32>>;
-        static CACHE: OnceLock<Cache> = OnceLock::new();
-        let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+        static CACHE: Memo<String, f32> = OnceLock::new();
         let c = parts.geom;
-        let key = format!("{c:?} {}", parts.flip);
-        if let Some(&t) = cache.lock().ok().as_ref().and_then(|c| c.get(&key)) {
-            return Ok(t);
-        }
-        let mut g = Gen::new(false);
-        let k = g.qim2col_into_scratch(0, parts);
-        let xb = alit(c.n * c.h * c.w * c.cin);
-        let buf = self
-            .tmp(xb + alit(col_bytes) + 2 * ALIGNMENT)?
-            .div_ceil(256)
-            * 256;
-        // SAFETY: the kernel takes (x, col): the search buffer holds both.
-        let t = unsafe { self.kernel_ms(&g, &k, &[buf, buf + xb as u64]) }?;
-        if let Ok(mut c) = cache.lock() {
-            c.insert(key, t);
-        }
-        Ok(t)
+        memoised(&CACHE, format!("{c:?} {}", parts.flip), || {
+            let mut g = Gen::new(false);
+            let k = g.qim2col_into_scratch(0, parts);
+            let xb = alit(c.n * c.h * c.w * c.cin);
+            let buf = self
+                .tmp(xb + alit(col_bytes) + 2 * ALIGNMENT)?
+                .div_ceil(256)
+                * 256;
+            // SAFETY: the kernel takes (x, col): the search buffer holds both.
+            unsafe { self.kernel_ms(&g, &k, &[buf, buf + xb as u64]) }
+        })
     }
 
     /// Measured milliseconds of the requantization kernel of `parts` from int32 sums at `acc`
     /// into int8 at `y` (compiled on its own; memoised per output shape and residual, process-wide).
     fn requant_ms(&mut self, parts: &QConvParts, yv: ValueId, acc: u64, y: u64) -> Result<f32> {
-        type Cache = Mutex<HashMap<(usize, usize, bool), f32>>;
-        static CACHE: OnceLock<Cache> = OnceLock::new();
-        let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+        static CACHE: Memo<(usize, usize, bool), f32> = OnceLock::new();
         let m = parts.geom.n * parts.geom.oh * parts.geom.ow;
         let key = (m, parts.geom.cout, parts.residual.is_some());
-        if let Some(&t) = cache.lock().ok().as_ref().and_then(|c| c.get(&key)) {
-            return Ok(t);
-        }
-        let mut g = Gen::new(false);
-        let k = g.qrequant(yv, 0, parts);
-        let tables = g
-            .extras
-            .iter()
-            .map(|b| DeviceBuffer::upload(self.ctx, b))
-            .collect::<Result<Vec<_>>>()?;
-        let mut args = vec![acc, y];
-        args.extend(tables.iter().map(|t| t.ptr()));
-        if parts.residual.is_some() {
-            // The residual's bytes: any int8 buffer of the output's size.
-            args.push(y);
-        }
-        // SAFETY: the kernel takes (sums, output, bias table, multiplier table[, residual]):
-        // the search buffer holds the int32 sums and the int8 output, the tables were uploaded.
-        let t = unsafe { self.kernel_ms(&g, &k, &args) }?;
-        if let Ok(mut c) = cache.lock() {
-            c.insert(key, t);
-        }
-        Ok(t)
+        memoised(&CACHE, key, || {
+            let mut g = Gen::new(false);
+            let k = g.qrequant(yv, 0, parts);
+            let tables = g
+                .extras
+                .iter()
+                .map(|b| DeviceBuffer::upload(self.ctx, b))
+                .collect::<Result<Vec<_>>>()?;
+            let mut args = vec![acc, y];
+            args.extend(tables.iter().map(|t| t.ptr()));
+            if parts.residual.is_some() {
+                // The residual's bytes: any int8 buffer of the output's size.
+                args.push(y);
+            }
+            // SAFETY: the kernel takes (sums, output, bias table, multiplier table[, residual]):
+            // the search buffer holds the int32 sums and the int8 output, the tables were uploaded.
+            unsafe { self.kernel_ms(&g, &k, &args) }
+        })
     }
 
     /// Measured milliseconds of the im2col kernel for `unfold` from `x` into `col` (compiled
     /// on its own for the measurement; memoised per geometry and precision, process-wide).
     fn im2col_ms(&mut self, unfold: &Im2col, x: u64, col: u64) -> Result<f32> {
-        type Cache = Mutex<HashMap<(Im2col, bool), f32>>;
-        static CACHE: OnceLock<Cache> = OnceLock::new();
-        let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
-        let key = (*unfold, self.fp16);
-        if let Some(&t) = cache.lock().ok().as_ref().and_then(|c| c.get(&key)) {
-            return Ok(t);
-        }
-        let mut g = Gen::new(self.fp16);
-        let k = g.im2col_into_scratch(0, unfold);
-        // SAFETY: the kernel takes (x, col); both search buffers hold the unfold's bytes.
-        let t = unsafe { self.kernel_ms(&g, &k, &[x, col]) }?;
-        if let Ok(mut c) = cache.lock() {
-            c.insert(key, t);
-        }
-        Ok(t)
+        static CACHE: Memo<(Im2col, bool), f32> = OnceLock::new();
+        memoised(&CACHE, (*unfold, self.fp16), || {
+            let mut g = Gen::new(self.fp16);
+            let k = g.im2col_into_scratch(0, unfold);
+            // SAFETY: the kernel takes (x, col); both search buffers hold the unfold's bytes.
+            unsafe { self.kernel_ms(&g, &k, &[x, col]) }
+        })
     }
 
     /// Milliseconds of generated kernel `k` of `g` (compiled on its own), warm, on `args`.
@@ -1145,20 +1134,23 @@ impl Builder<'_> {
     unsafe fn kernel_ms(&self, g: &Gen, k: &GenKernel, args: &[u64]) -> Result<f32> {
         let module = Module::compile(self.ctx, &g.src)?;
         let f = module.function(&k.name)?;
+        // SAFETY: as the caller vouches.
+        unsafe { self.function_ms(&f, k, args) }
+    }
+
+    /// Milliseconds of `f`, the compiled kernel `k`, warm, on `args`.
+    ///
+    /// # Safety
+    /// As for [`Self::kernel_ms`].
+    unsafe fn function_ms(&self, f: &Function, k: &GenKernel, args: &[u64]) -> Result<f32> {
         let (grid, block) = launch_dims(k);
-        if u32::try_from(k.threads.div_ceil(BLOCK as usize)).is_err() {
-            return Err(Error::Unsupported(format!(
-                "{} of {} items",
-                k.name, k.threads
-            )));
-        }
         let s = self.stream;
         time_warm(s, || {
             let mut ptrs: Vec<*mut c_void> = args
                 .iter()
                 .map(|a| a as *const u64 as *mut c_void)
                 .collect();
-            // SAFETY: the caller vouches for `args`; the grid covers `k.threads`.
+            // SAFETY: the caller vouches for `args`; the grid covers the kernel's items.
             unsafe { drv::launch_kernel(f.0, grid, (block, 1, 1), 0, s, &mut ptrs) }
                 .map_err(drv_err("kernel launch"))
         })

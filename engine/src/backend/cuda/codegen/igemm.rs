@@ -13,7 +13,7 @@
 
 use std::fmt::Write as _;
 
-use super::quant::{requant_byte, requant_value, QConvParts};
+use super::quant::{i32_bytes, requant_byte, requant_value, QConvParts};
 use super::{f32_bytes, Arg, Gen, GenKernel};
 use crate::ir::ValueId;
 
@@ -116,7 +116,7 @@ impl Gen {
             dst[..k].copy_from_slice(src);
         }
         let wt = self.extra(padded);
-        let bt = self.extra(p.bias.iter().flat_map(|v| v.to_le_bytes()).collect());
+        let bt = self.extra(i32_bytes(&p.bias));
         let mt = self.extra(f32_bytes(&p.mult));
         let mut params = vec![
             (Arg::Val(x), "const u8"),
@@ -129,11 +129,7 @@ impl Gen {
             params.push((Arg::Val(r.z), "const u8"));
         }
         let name = self.next_name();
-        let plist: Vec<String> = params
-            .iter()
-            .enumerate()
-            .map(|(i, (_, ty))| format!("{ty}* __restrict__ p{i}"))
-            .collect();
+        let plist = Self::param_list(&params);
         let pad_word = u32::from(p.pad_s as i8 as u8) * 0x0101_0101;
         let (h, w, cin, c4, oh, ow) = (c.h, c.w, c.cin, p.c4, c.oh, c.ow);
         let (kw, sh, sw, pt, pl, dh, dw) = (c.kw, c.sh, c.sw, c.pt, c.pl, c.dh, c.dw);
@@ -326,7 +322,6 @@ extern "C" __global__ void __launch_bounds__({th}) {name}({plist}) {{
   }}
 }}
 "#,
-            plist = plist.join(", "),
             tile = (bm + bn) * 64,
             th4 = th / 4,
             ohw = oh * ow,

@@ -18,7 +18,7 @@ use crate::ir::{
     DataType, Graph, Layout, Node, QAddAttrs, QConvAttrs, QGemmAttrs, QParams, ValueId,
 };
 
-fn i32_bytes(v: &[i32]) -> Vec<u8> {
+pub(super) fn i32_bytes(v: &[i32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
