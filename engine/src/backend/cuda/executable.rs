@@ -234,6 +234,20 @@ fn launch_dims(k: &GenKernel) -> ((u32, u32, u32), u32) {
     })
 }
 
+/// An int8 GEMM's algorithm-search buffers in one temporary at `t`: the patch matrix
+/// (`colb` bytes), then the output (`yb` bytes, also read as the residual), then the workspace.
+fn q_search_buffers(t: u64, w: u64, colb: usize, yb: usize) -> SearchBuffers {
+    let y = t + (colb + ALIGNMENT) as u64;
+    SearchBuffers {
+        x: t,
+        w,
+        y,
+        z: y,
+        ws: (t + (colb + yb + 2 * ALIGNMENT) as u64).div_ceil(256) * 256,
+        ws_limit: BLAS_WS,
+    }
+}
+
 fn alit(n: usize) -> usize {
     n.div_ceil(ALIGNMENT) * ALIGNMENT
 }
@@ -866,14 +880,7 @@ impl Builder<'_> {
             };
             let yb = alit(m * n);
             let t = self.tmp(colb + yb + BLAS_WS + 3 * ALIGNMENT + 256)? + ALIGNMENT as u64;
-            let bufs = SearchBuffers {
-                x: t,
-                w: wbuf.ptr(),
-                y: t + (colb + ALIGNMENT) as u64,
-                z: t + (colb + ALIGNMENT) as u64,
-                ws: (t + (colb + yb + 2 * ALIGNMENT) as u64).div_ceil(256) * 256,
-                ws_limit: BLAS_WS,
-            };
+            let bufs = q_search_buffers(t, wbuf.ptr(), colb, yb);
             let (ap, bp) = (wbuf.ptr() + at as u64, wbuf.ptr() + bt as u64);
             let beta = parts.residual.map_or(0.0, |r| r.beta);
             match LtMatmul::build(self.lt, shape, bp, (ap, beta), self.stream, &bufs) {
@@ -899,14 +906,7 @@ impl Builder<'_> {
         // After the workspace: the int8 output of the requantization kernel's timing.
         let t =
             self.tmp(colb + accb + BLAS_WS + alit(m * n) + 3 * ALIGNMENT + 512)? + ALIGNMENT as u64;
-        let bufs = SearchBuffers {
-            x: t,
-            w: wbuf.ptr(),
-            y: t + (colb + ALIGNMENT) as u64,
-            z: t + (colb + ALIGNMENT) as u64,
-            ws: (t + (colb + accb + 2 * ALIGNMENT) as u64).div_ceil(256) * 256,
-            ws_limit: BLAS_WS,
-        };
+        let bufs = q_search_buffers(t, wbuf.ptr(), colb, accb);
         let split = LtMatmul::build(self.lt, shape, 0, (0, 0.0), self.stream, &bufs);
         // The fused GEMM against the int32 GEMM plus its requantization kernel, both measured:
         // small GEMMs (batch 1) can be faster split, as the alpha-vector kernels are fewer.
