@@ -98,7 +98,7 @@ pub fn igemm_fits(p: &QConvParts) -> bool {
 
 /// Whether `p`'s input rows are gathered byte by byte instead of copied in 16-byte pieces.
 fn gathers(p: &QConvParts) -> bool {
-    p.flip || !p.geom.cin.is_multiple_of(16) || p.c4 != p.geom.cin
+    p.flip || !p.geom.cin.is_multiple_of(16)
 }
 
 impl Gen {
@@ -196,6 +196,17 @@ impl Gen {
     }}
 "#,
                 th4 = th / 4,
+            )
+        };
+        // Copies the block's output tile between global memory (`g`: its byte offset there)
+        // and the shared tile, `v` bytes per thread and step.
+        let shared = format!("tile + r * {ts} + c");
+        let tile_copy = |dst: &str, src: &str| {
+            format!(
+                "for (int q = tid; q < {bm} * {bnv}; q += {th}) {{ \
+                 const int r = q / {bnv}, c = (q - r * {bnv}) * {v}; \
+                 const i64 g = (i64)(m0 + r) * {n} + n0 + c; \
+                 if (m0 + r < {m} && n0 + c < {n}) *({vt}*)({dst}) = *(const {vt}*)({src}); }}"
             )
         };
         let mut s = String::new();
@@ -315,11 +326,7 @@ extern "C" __global__ void __launch_bounds__({th}) {name}({plist}) {{
       }}
   }}
   __syncthreads();
-  for (int q = tid; q < {bm} * {bnv}; q += {th}) {{
-    const int r = q / {bnv}, c = (q - r * {bnv}) * {v};
-    if (m0 + r < {m} && n0 + c < {n})
-      *({vt}*)(p1 + (i64)(m0 + r) * {n} + n0 + c) = *(const {vt}*)(tile + r * {ts} + c);
-  }}
+  {ystore}
 }}
 "#,
             tile = (bm + bn) * 64,
@@ -335,16 +342,11 @@ extern "C" __global__ void __launch_bounds__({th}) {name}({plist}) {{
                 ""
             },
             zload = if p.residual.is_some() {
-                format!(
-                    "for (int q = tid; q < {bm} * {bnv}; q += {th}) {{ \
-                     const int r = q / {bnv}, c = (q - r * {bnv}) * {v}; \
-                     if (m0 + r < {m} && n0 + c < {n}) \
-                       *({vt}*)(tile + r * {ts} + c) = *(const {vt}*)(p5 + (i64)(m0 + r) * {n} + n0 + c); }} \
-                     __syncthreads();"
-                )
+                format!("{} __syncthreads();", tile_copy(&shared, "p5 + g"))
             } else {
                 String::new()
             },
+            ystore = tile_copy("p1 + g", &shared),
             value = requant_value(
                 &p.epi,
                 p.residual
