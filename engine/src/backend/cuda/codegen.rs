@@ -14,7 +14,7 @@ use crate::backend::resize_taps::{taps, Tap};
 
 mod igemm;
 mod quant;
-pub use igemm::{igemm_fits, Tiling, TILINGS};
+pub use igemm::{igemm_fits, Tiling, TILINGS, WG_TILINGS};
 pub use quant::QConvParts;
 
 /// Where a kernel argument points.
@@ -65,8 +65,17 @@ pub struct GenKernel {
     pub name: String,
     pub threads: usize,
     pub args: Vec<Arg>,
-    /// An explicit `(grid, block)` for tiled kernels; `None`: one thread per item.
-    pub launch: Option<((u32, u32, u32), u32)>,
+    /// An explicit launch for tiled kernels; `None`: one thread per item.
+    pub launch: Option<LaunchDims>,
+}
+
+/// A kernel launch's shape: grid, threads per block, and dynamic shared-memory bytes (kernels
+/// over 48 KiB get their limit raised when loaded).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchDims {
+    pub grid: (u32, u32, u32),
+    pub block: u32,
+    pub smem: u32,
 }
 
 /// Accumulates the module source and the constant tables it needs.

@@ -269,11 +269,18 @@ unsafe impl Sync for Function {}
 impl Module {
     /// Compiles CUDA C source with NVRTC for the device's architecture and loads it.
     pub fn compile(ctx: &Arc<CudaContext>, src: &str) -> Result<Self> {
+        Self::load(ctx, &Self::ptx(ctx, src)?)
+    }
+
+    /// Compiles CUDA C source to PTX with NVRTC for the device's architecture (no context
+    /// needed bound: callers may compile several modules on threads and load them after).
+    pub fn ptx(ctx: &Arc<CudaContext>, src: &str) -> Result<String> {
         let (major, minor) = ctx
             .compute_capability()
             .map_err(drv_err("compute capability query"))?;
         let arch: Option<&'static str> = match (major, minor) {
-            (9, 0) => Some("compute_90"),
+            // 90a: Hopper's own instructions (wgmma) for the int8 implicit GEMM.
+            (9, 0) => Some("compute_90a"),
             (8, 9) => Some("compute_89"),
             (8, 6) => Some("compute_86"),
             (8, 0) => Some("compute_80"),
@@ -289,7 +296,12 @@ impl Module {
         };
         let ptx = cudarc::nvrtc::compile_ptx_with_opts(src, opts)
             .map_err(|e| Error::Unsupported(format!("NVRTC compilation failed: {e:?}")))?;
-        let text = std::ffi::CString::new(ptx.to_src())
+        Ok(ptx.to_src())
+    }
+
+    /// Loads a PTX image (the driver compiles it for the device).
+    pub fn load(ctx: &Arc<CudaContext>, ptx: &str) -> Result<Self> {
+        let text = std::ffi::CString::new(ptx)
             .map_err(|_| Error::Unsupported("NVRTC produced PTX with a NUL byte".into()))?;
         ctx.bind_to_thread().map_err(drv_err("bind context"))?;
         // SAFETY: a NUL-terminated PTX image.

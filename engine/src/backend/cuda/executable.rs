@@ -10,7 +10,9 @@ use cudarc::cublas::{result as blas, sys as blas_sys};
 use cudarc::cudnn::{result as dnn, sys as dnn_sys};
 use cudarc::driver::{result as drv, sys, CudaContext, CudaEvent, CudaGraph, CudaStream};
 
-use super::codegen::{igemm_fits, Arg, Gen, GenKernel, Im2col, QConvParts, Tiling, TILINGS};
+use super::codegen::{
+    igemm_fits, Arg, Gen, GenKernel, Im2col, LaunchDims, QConvParts, Tiling, TILINGS, WG_TILINGS,
+};
 use super::device::{alloc_arena, drv_err, Arena, DeviceBuffer, Function, Module, PinnedBuffer};
 use super::dnn::{
     blas_err, choose_algo, dnn_err, time_warm, AlgoChoice, BlasHandle, ConvDescs, ConvGeom,
@@ -99,8 +101,8 @@ enum Step {
     Launch {
         node: usize,
         f: usize,
-        /// Grid and block sizes.
-        dims: ((u32, u32, u32), u32),
+        /// Grid, block and dynamic shared-memory sizes.
+        dims: LaunchDims,
         args: Vec<Arg>,
     },
     Conv(Box<ConvStep>),
@@ -225,13 +227,65 @@ fn memoised<K: Eq + std::hash::Hash, V: Copy>(
     Ok(v)
 }
 
-/// A generated kernel's grid and block: its own for tiled kernels, else one thread per item
-/// in blocks of [`BLOCK`] (a grid beyond `u32` saturates; launching it fails).
-fn launch_dims(k: &GenKernel) -> ((u32, u32, u32), u32) {
+/// Bytes of the int32 partial sums a split-K tiling `t` of `parts` writes (0 unsplit).
+fn partial_bytes(parts: &QConvParts, t: &Tiling) -> usize {
+    let c = parts.geom;
+    if t.splits > 1 {
+        alit(t.splits * c.n * c.oh * c.ow * c.cout * 4)
+    } else {
+        0
+    }
+}
+
+/// The PTX of each source, compiled with NVRTC on its own thread (large stacks for the
+/// compiler; `VIGIL_CUDA_COMPILE_THREADS=1` compiles them one after another).
+fn compile_all<'s>(
+    ctx: &Arc<CudaContext>,
+    srcs: impl Iterator<Item = &'s str>,
+) -> Result<Vec<Result<String>>> {
+    if std::env::var("VIGIL_CUDA_COMPILE_THREADS").is_ok_and(|v| v == "1") {
+        return Ok(srcs.map(|s| Module::ptx(ctx, s)).collect());
+    }
+    std::thread::scope(|scope| {
+        let jobs = srcs
+            .map(|s| {
+                std::thread::Builder::new()
+                    .stack_size(256 << 20)
+                    .spawn_scoped(scope, move || Module::ptx(ctx, s))
+                    .map_err(|e| Error::Unsupported(format!("compile thread: {e}")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        jobs.into_iter()
+            .map(|j| {
+                j.join()
+                    .map_err(|_| Error::Unsupported("compile thread panicked".into()))
+            })
+            .collect()
+    })
+}
+
+/// A generated kernel's launch: its own for tiled kernels, else one thread per item in blocks
+/// of [`BLOCK`] (a grid beyond `u32` saturates; launching it fails).
+fn launch_dims(k: &GenKernel) -> LaunchDims {
     k.launch.unwrap_or_else(|| {
         let blocks = k.threads.div_ceil(BLOCK as usize);
-        ((u32::try_from(blocks).unwrap_or(u32::MAX), 1, 1), BLOCK)
+        LaunchDims {
+            grid: (u32::try_from(blocks).unwrap_or(u32::MAX), 1, 1),
+            block: BLOCK,
+            smem: 0,
+        }
     })
+}
+
+/// Raises `f`'s dynamic shared-memory limit to what launch `d` needs (above the default 48 KiB).
+fn allow_smem(f: &Function, d: &LaunchDims) -> Result<()> {
+    if d.smem <= 48 << 10 {
+        return Ok(());
+    }
+    let attr = sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+    // SAFETY: `f` is a loaded kernel; the driver checks the value against the device's limit.
+    unsafe { drv::function::set_function_attribute(f.0, attr, d.smem as i32) }
+        .map_err(drv_err("shared-memory limit"))
 }
 
 /// An int8 GEMM's algorithm-search buffers in one temporary at `t`: the patch matrix
@@ -297,6 +351,14 @@ struct Builder<'a> {
     qfuse: bool,
     /// When int8 convolutions may run as the implicit-GEMM kernel (`VIGIL_CUDA_IGEMM`).
     igemm: PathMode,
+    /// Whether the implicit GEMM may take Hopper's wgmma tilings (compute capability 9.0 only;
+    /// `VIGIL_CUDA_WGMMA`: `0` never, `force` only those).
+    wgmma: PathMode,
+    /// Whether the implicit GEMM may split K across blocks (`VIGIL_CUDA_SPLITK`: `0` never,
+    /// `force` only split tilings where they apply).
+    splitk: PathMode,
+    /// The device's multiprocessor count (how many blocks fill it).
+    sms: usize,
 }
 
 /// An optional kernel path's switch, from an environment variable (`VIGIL_CUDA_LT` for the
@@ -913,7 +975,7 @@ impl Builder<'_> {
         let split_ms = match &split {
             Ok(mm) => {
                 let yq = (bufs.ws + BLAS_WS as u64).div_ceil(256) * 256;
-                mm.time_ms + self.requant_ms(parts, node.outputs[0], bufs.y, yq)?
+                mm.time_ms + self.requant_ms(parts, node.outputs[0], (bufs.y, 1), yq)?
             }
             Err(_) => f32::INFINITY,
         };
@@ -932,9 +994,7 @@ impl Builder<'_> {
                 return Ok(true);
             }
         }
-        let ig_note = ig.map_or(String::new(), |(t, ms)| {
-            format!(" [igemm {}x{} {ms:.4} ms]", t.bm(), t.bn())
-        });
+        let ig_note = ig.map_or(String::new(), |(t, ms)| format!(" [igemm {t} {ms:.4} ms]"));
         if let Some((mm, wbuf)) = fused {
             self.note = format!(
                 " cublasLt int8 requant{} ws {} KiB {:.4} ms (split {split_ms:.4} ms) m{m} n{n} k{k}{ig_note}",
@@ -962,7 +1022,7 @@ impl Builder<'_> {
                     wbuf,
                     mm,
                 );
-                let kr = self.gen.qrequant(y, colb, parts);
+                let kr = self.gen.qrequant(y, colb, parts, 1);
                 self.launch(idx, kr);
                 self.scratch[idx] = colb + accb;
                 Ok(true)
@@ -1014,56 +1074,111 @@ impl Builder<'_> {
     ) {
         let c = parts.geom;
         self.note = format!(
-            " igemm {}x{} {ms:.4} ms ({against}) m{} n{} k{}",
-            t.bm(),
-            t.bn(),
+            " igemm {t} {ms:.4} ms ({against}) m{} n{} k{}",
             c.n * c.oh * c.ow,
             c.cout,
             c.kh * c.kw * c.cin
         );
         let k = self.gen.qigemm(x, y, parts, t);
         self.launch(idx, k);
+        if t.splits > 1 {
+            // The partial sums in scratch, added up by the requantization.
+            self.scratch[idx] = partial_bytes(parts, &t);
+            let kr = self.gen.qrequant(y, 0, parts, t.splits);
+            self.launch(idx, kr);
+        }
     }
 
-    /// The fastest implicit-GEMM tiling for QConv `parts` and its measured milliseconds (all
-    /// tilings compiled as one module; memoised per geometry and residual, process-wide).
+    /// Split-K versions of the implicit GEMM worth timing for `parts`: long K (16 tiles of 64
+    /// or more) whose 128×128 grid would leave SMs idle, with at most 16 MiB of partial sums.
+    fn split_tilings(&self, parts: &QConvParts) -> Vec<Tiling> {
+        let c = parts.geom;
+        let (m, n) = (c.n * c.oh * c.ow, c.cout);
+        let kt = (c.kh * c.kw * parts.c4).div_ceil(64);
+        let (gx, gy) = TILINGS[0].grid(m, n);
+        if self.splitk == PathMode::Off || kt < 16 || gx * gy >= 2 * self.sms {
+            return Vec::new();
+        }
+        let base = if self.wgmma == PathMode::Off {
+            [TILINGS[0], TILINGS[2]]
+        } else {
+            [WG_TILINGS[1], WG_TILINGS[2]]
+        };
+        base.iter()
+            .flat_map(|t| [t.split(2), t.split(4)])
+            .filter(|t| kt / t.splits >= 4 && partial_bytes(parts, t) <= 16 << 20)
+            .collect()
+    }
+
+    /// The fastest implicit-GEMM tiling for QConv `parts` and its measured milliseconds (each
+    /// tiling compiled on its own thread, as NVRTC takes most of the time, then loaded and
+    /// timed in turn; memoised per geometry, residual and tiling set, process-wide).
     fn igemm_best(&mut self, parts: &QConvParts, x: ValueId, y: ValueId) -> Result<(Tiling, f32)> {
         static CACHE: Memo<String, (Tiling, f32)> = OnceLock::new();
         let c = parts.geom;
+        let mut tilings: Vec<Tiling> = match self.wgmma {
+            PathMode::Off => TILINGS.to_vec(),
+            PathMode::Measured => TILINGS.iter().chain(&WG_TILINGS).copied().collect(),
+            PathMode::Force => WG_TILINGS.to_vec(),
+        };
+        let split = self.split_tilings(parts);
+        if self.splitk == PathMode::Force && !split.is_empty() {
+            tilings.clear();
+        }
+        tilings.extend(split);
         memoised(
             &CACHE,
-            format!("{c:?} {}", parts.residual.is_some()),
+            format!(
+                "{c:?} {} {:?} {:?}",
+                parts.residual.is_some(),
+                self.wgmma,
+                self.splitk
+            ),
             || {
-                let mut g = Gen::new(false);
-                let kernels: Vec<(Tiling, GenKernel)> = TILINGS
+                let ctx = self.ctx;
+                let gens: Vec<(Tiling, Gen, GenKernel)> = tilings
                     .iter()
-                    .map(|&t| (t, g.qigemm(x, y, parts, t)))
+                    .map(|&t| {
+                        let mut g = Gen::new(false);
+                        let k = g.qigemm(x, y, parts, t);
+                        (t, g, k)
+                    })
                     .collect();
-                let module = Module::compile(self.ctx, &g.src)?;
-                // Each kernel's tables are its own three extras (weights, bias, multiplier).
-                let tables = g
-                    .extras
-                    .iter()
-                    .map(|b| DeviceBuffer::upload(self.ctx, b))
-                    .collect::<Result<Vec<_>>>()?;
+                let ptx = compile_all(ctx, gens.iter().map(|(_, g, _)| g.src.as_str()))?;
                 let (xb, yb) = (
                     alit(c.n * c.h * c.w * c.cin),
                     alit(c.n * c.oh * c.ow * c.cout),
                 );
-                let buf = self.tmp(xb + yb + 2 * ALIGNMENT)?.div_ceil(256) * 256;
+                // After x: the output, or the split K's partial sums, then the int8 output of
+                // their requantization.
+                let pb = tilings.iter().map(|t| partial_bytes(parts, t)).max();
+                let pb = pb.unwrap_or(0).max(yb);
+                let buf = self.tmp(xb + pb + yb + 3 * ALIGNMENT)?.div_ceil(256) * 256;
                 let mut best: Option<(Tiling, f32)> = None;
-                for (i, (t, k)) in kernels.iter().enumerate() {
+                for ((t, g, k), ptx) in gens.into_iter().zip(ptx) {
+                    let module = Module::load(ctx, &ptx?)?;
                     let f = module.function(&k.name)?;
+                    // The kernel's tables are its three extras (weights, bias, multiplier).
+                    let tables = g
+                        .extras
+                        .iter()
+                        .map(|b| DeviceBuffer::upload(ctx, b))
+                        .collect::<Result<Vec<_>>>()?;
                     let mut args = vec![buf, buf + xb as u64];
-                    args.extend(tables[3 * i..3 * i + 3].iter().map(|b| b.ptr()));
-                    if parts.residual.is_some() {
+                    args.extend(tables.iter().map(|b| b.ptr()));
+                    if parts.residual.is_some() && t.splits == 1 {
                         args.push(buf + xb as u64);
                     }
-                    // SAFETY: the kernel takes (x, y, weights, bias, multiplier[, residual]): the
-                    // search buffer holds x's and y's bytes, the tables were uploaded.
-                    let ms = unsafe { self.function_ms(&f, k, &args) }?;
+                    // SAFETY: the kernel takes (x, y or partial sums, weights, bias,
+                    // multiplier[, residual]): the search buffer holds x's bytes and the
+                    // largest output, the tables were uploaded.
+                    let mut ms = unsafe { self.function_ms(&f, &k, &args) }?;
+                    if t.splits > 1 {
+                        let sums = (buf + xb as u64, t.splits);
+                        ms += self.requant_ms(parts, y, sums, buf + (xb + pb) as u64)?;
+                    }
                     if best.is_none_or(|(_, b)| ms < b) {
-                        best = Some((*t, ms));
+                        best = Some((t, ms));
                     }
                 }
                 best.ok_or_else(|| Error::Unsupported("no implicit-GEMM tiling".into()))
@@ -1090,14 +1205,21 @@ impl Builder<'_> {
     }
 
     /// Measured milliseconds of the requantization kernel of `parts` from int32 sums at `acc`
-    /// into int8 at `y` (compiled on its own; memoised per output shape and residual, process-wide).
-    fn requant_ms(&mut self, parts: &QConvParts, yv: ValueId, acc: u64, y: u64) -> Result<f32> {
-        static CACHE: Memo<(usize, usize, bool), f32> = OnceLock::new();
+    /// (`splits` partial buffers) into int8 at `y` (compiled on its own; memoised per output
+    /// shape, residual and split, process-wide).
+    fn requant_ms(
+        &mut self,
+        parts: &QConvParts,
+        yv: ValueId,
+        (acc, splits): (u64, usize),
+        y: u64,
+    ) -> Result<f32> {
+        static CACHE: Memo<(usize, usize, bool, usize), f32> = OnceLock::new();
         let m = parts.geom.n * parts.geom.oh * parts.geom.ow;
-        let key = (m, parts.geom.cout, parts.residual.is_some());
+        let key = (m, parts.geom.cout, parts.residual.is_some(), splits);
         memoised(&CACHE, key, || {
             let mut g = Gen::new(false);
-            let k = g.qrequant(yv, 0, parts);
+            let k = g.qrequant(yv, 0, parts, splits);
             let tables = g
                 .extras
                 .iter()
@@ -1143,7 +1265,8 @@ impl Builder<'_> {
     /// # Safety
     /// As for [`Self::kernel_ms`].
     unsafe fn function_ms(&self, f: &Function, k: &GenKernel, args: &[u64]) -> Result<f32> {
-        let (grid, block) = launch_dims(k);
+        let d = launch_dims(k);
+        allow_smem(f, &d)?;
         let s = self.stream;
         time_warm(s, || {
             let mut ptrs: Vec<*mut c_void> = args
@@ -1151,7 +1274,7 @@ impl Builder<'_> {
                 .map(|a| a as *const u64 as *mut c_void)
                 .collect();
             // SAFETY: the caller vouches for `args`; the grid covers the kernel's items.
-            unsafe { drv::launch_kernel(f.0, grid, (block, 1, 1), 0, s, &mut ptrs) }
+            unsafe { drv::launch_kernel(f.0, d.grid, (d.block, 1, 1), d.smem, s, &mut ptrs) }
                 .map_err(drv_err("kernel launch"))
         })
     }
@@ -1373,6 +1496,14 @@ impl CudaExecutable {
             im2col: std::env::var("VIGIL_CUDA_IM2COL").map_or(true, |v| v != "0"),
             qfuse,
             igemm: PathMode::from_var("VIGIL_CUDA_IGEMM"),
+            wgmma: match ctx.compute_capability() {
+                Ok((9, 0)) => PathMode::from_var("VIGIL_CUDA_WGMMA"),
+                _ => PathMode::Off,
+            },
+            splitk: PathMode::from_var("VIGIL_CUDA_SPLITK"),
+            sms: ctx
+                .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+                .map_or(1, |v| usize::try_from(v).unwrap_or(1)),
         };
         for (i, n) in g.nodes.iter().enumerate() {
             b.node(i, n)?;
@@ -1420,7 +1551,11 @@ impl CudaExecutable {
         let functions = b
             .kernels
             .iter()
-            .map(|k| module.function(&k.name))
+            .map(|k| {
+                let f = module.function(&k.name)?;
+                allow_smem(&f, &launch_dims(k))?;
+                Ok(f)
+            })
             .collect::<Result<Vec<_>>>()?;
         let extras = b
             .gen
@@ -1479,7 +1614,7 @@ impl Executable for CudaExecutable {
 enum Resolved {
     Launch {
         f: Function,
-        dims: ((u32, u32, u32), u32),
+        dims: LaunchDims,
         args: Vec<u64>,
     },
     Conv {
@@ -1744,7 +1879,7 @@ impl CudaRun {
             }
             match r {
                 Resolved::Launch { f, dims, args } => {
-                    let (grid, block) = *dims;
+                    let LaunchDims { grid, block, smem } = *dims;
                     if grid.0 == 0 || grid.1 == 0 {
                         continue;
                     }
@@ -1758,7 +1893,14 @@ impl CudaRun {
                     // SAFETY: the generated kernel takes exactly these pointer arguments, each
                     // into a live buffer sized by the plan.
                     unsafe {
-                        drv::launch_kernel(f.0, grid, (block, 1, 1), 0, s, &mut ptrs[..args.len()])
+                        drv::launch_kernel(
+                            f.0,
+                            grid,
+                            (block, 1, 1),
+                            smem,
+                            s,
+                            &mut ptrs[..args.len()],
+                        )
                     }
                     .map_err(drv_err("kernel launch"))?;
                 }

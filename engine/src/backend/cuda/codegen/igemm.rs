@@ -14,11 +14,13 @@
 use std::fmt::Write as _;
 
 use super::quant::{i32_bytes, requant_byte, requant_value, QConvParts};
-use super::{f32_bytes, Arg, Gen, GenKernel};
+use super::{f32_bytes, Arg, Gen, GenKernel, LaunchDims};
 use crate::ir::ValueId;
 
 /// A block's shape: `warps_m × warps_n` warps, each computing `wm` 16-row by `wn` 8-column
-/// mma tiles, over a `stages`-deep shared-memory ring.
+/// mma tiles, over a `stages`-deep shared-memory ring. `wgmma` tilings (Hopper) issue one
+/// `wgmma` per warpgroup of 4 warps along M (`warps_n = wm = 1`) reading both operands from
+/// shared memory; their accumulators land in the same rows and columns as the mma tiles'.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Tiling {
     pub warps_m: usize,
@@ -26,6 +28,10 @@ pub struct Tiling {
     pub wm: usize,
     pub wn: usize,
     pub stages: usize,
+    pub wgmma: bool,
+    /// K split across `splits` blocks (grid z), each writing its int32 sums to its own
+    /// partial buffer for [`Gen::qrequant`] to add up (1: the kernel requantizes itself).
+    pub splits: usize,
 }
 
 impl Tiling {
@@ -45,6 +51,60 @@ impl Tiling {
     pub fn grid(&self, m: usize, n: usize) -> (usize, usize) {
         (m.div_ceil(self.bm()), n.div_ceil(self.bn()))
     }
+    /// Bytes of one ring stage (A and B tiles, 64-byte rows).
+    fn stage_bytes(&self) -> usize {
+        (self.bm() + self.bn()) * 64
+    }
+    /// Dynamic shared-memory bytes: wgmma tilings keep their ring there, aligned in the kernel
+    /// to 1024 bytes (the swizzle is address-based); the others use a static array.
+    pub fn smem(&self) -> usize {
+        if self.wgmma {
+            self.stages * self.stage_bytes() + 1024
+        } else {
+            0
+        }
+    }
+    /// K tiles loaded ahead of the one being multiplied: a wgmma tiling keeps one group of
+    /// wgmmas in flight, so the slot it reads is refilled one iteration later.
+    fn ahead(&self) -> usize {
+        if self.wgmma {
+            self.stages - 2
+        } else {
+            self.stages - 1
+        }
+    }
+    /// A wgmma tiling: `groups` warpgroups along M, each `m64 × bn`, over `stages` stages.
+    const fn wg(groups: usize, bn: usize, stages: usize) -> Tiling {
+        Tiling {
+            warps_m: 4 * groups,
+            warps_n: 1,
+            wm: 1,
+            wn: bn / 8,
+            stages,
+            wgmma: true,
+            splits: 1,
+        }
+    }
+    /// This tiling with K split `s` ways.
+    pub fn split(self, s: usize) -> Tiling {
+        Tiling { splits: s, ..self }
+    }
+}
+
+impl std::fmt::Display for Tiling {
+    /// `BMxBN` (mma.sync) or `wgBMxBN/stages` (wgmma), plus any K split, as the profile's
+    /// notes show it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.wgmma {
+            write!(f, "wg{}x{}/{}", self.bm(), self.bn(), self.stages)?;
+        } else {
+            write!(f, "{}x{}", self.bm(), self.bn())?;
+        }
+        if self.splits > 1 {
+            write!(f, " split-k {}", self.splits)?;
+        }
+        Ok(())
+    }
 }
 
 /// The block shapes tried per convolution (the fastest measured one is kept): 128×128 for
@@ -57,6 +117,8 @@ pub const TILINGS: [Tiling; 4] = [
         wm: 4,
         wn: 4,
         stages: 3,
+        wgmma: false,
+        splits: 1,
     },
     Tiling {
         warps_m: 2,
@@ -64,6 +126,8 @@ pub const TILINGS: [Tiling; 4] = [
         wm: 2,
         wn: 4,
         stages: 4,
+        wgmma: false,
+        splits: 1,
     },
     Tiling {
         warps_m: 2,
@@ -71,6 +135,8 @@ pub const TILINGS: [Tiling; 4] = [
         wm: 2,
         wn: 4,
         stages: 4,
+        wgmma: false,
+        splits: 1,
     },
     Tiling {
         warps_m: 4,
@@ -78,7 +144,19 @@ pub const TILINGS: [Tiling; 4] = [
         wm: 2,
         wn: 4,
         stages: 4,
+        wgmma: false,
+        splits: 1,
     },
+];
+
+/// The Hopper (sm_90a) tilings, tried besides [`TILINGS`]: deeper rings in dynamic shared
+/// memory and tiles up to 128×256.
+pub const WG_TILINGS: [Tiling; 5] = [
+    Tiling::wg(2, 256, 5),
+    Tiling::wg(2, 128, 6),
+    Tiling::wg(2, 64, 6),
+    Tiling::wg(1, 128, 6),
+    Tiling::wg(1, 256, 5),
 ];
 
 /// Whether `p` fits the implicit GEMM: one group, output channels a multiple of 8, and every
@@ -101,6 +179,66 @@ fn gathers(p: &QConvParts) -> bool {
     p.flip || !p.geom.cin.is_multiple_of(16)
 }
 
+/// The wgmma kernels' ring: dynamic shared memory, its base rounded up to 1024 bytes so the
+/// hardware's address-based 64-byte swizzle matches the stored XOR pattern.
+fn wgmma_smem() -> String {
+    "  extern __shared__ __align__(16) u8 smem_raw[];\n  unsigned int sraw;\n  \
+     asm(\"{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }\" : \"=r\"(sraw) : \"l\"(smem_raw));\n  \
+     const unsigned int sbase = (sraw + 1023u) & ~1023u;\n  \
+     u8* smem = smem_raw + (sbase - sraw);"
+        .into()
+}
+
+/// The K loop of a wgmma tiling: each warpgroup multiplies its 64 rows of A by all of B with
+/// two `m64nBNk32` wgmmas per 64-byte K tile, from shared-memory descriptors (64-byte swizzle,
+/// 8-row groups 512 bytes apart). One tile's wgmmas stay in flight while the next are issued;
+/// the slot read two tiles back is refilled once the barrier shows every warpgroup done with it.
+fn wgmma_loop(t: Tiling, tile: usize) -> String {
+    let (bm, bn, st) = (t.bm(), t.bn(), t.stages);
+    let regs = bn / 2;
+    let acc = |i: usize| format!("\"+r\"(acc[0][{}][{}])", i / 4, i % 4);
+    let outs = (0..regs).map(acc).collect::<Vec<_>>().join(", ");
+    let list = (0..regs)
+        .map(|i| format!("%{i}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let fence = format!("asm volatile(\"\" : {outs} :: \"memory\");");
+    format!(
+        r#"  auto gdesc = [](unsigned int a) -> unsigned long long {{
+    return (unsigned long long)((a & 0x3FFFFu) >> 4) | (1ull << 16) | (32ull << 32) | (2ull << 62);
+  }};
+  const unsigned int wg_off = (warp >> 2) * 64 * 64;
+  for (int it = 0; it < kcnt; ++it) {{
+    asm volatile("cp.async.wait_group {wait};" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    __syncthreads();
+    if (it + {ahead} < kcnt) load((it + {ahead}) % {st}, kbeg + it + {ahead});
+    asm volatile("cp.async.commit_group;");
+    const unsigned int sa = sbase + (it % {st}) * {tile};
+    const unsigned int sb = sa + {bm} * 64;
+    {fence}
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks) {{
+      const unsigned long long da = gdesc(sa + wg_off + ks * 32), db = gdesc(sb + ks * 32);
+      asm volatile("{{ .reg .pred p; setp.ne.b32 p, %{p}, 0; wgmma.mma_async.sync.aligned.m64n{bn}k32.s32.s8.s8 {{{list}}}, %{da}, %{db}, p; }}"
+                   : {outs} : "l"(da), "l"(db), "r"(1) : "memory");
+    }}
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+    {fence}
+  }}
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+  {fence}
+"#,
+        ahead = t.ahead(),
+        wait = t.ahead() - 1,
+        p = regs + 2,
+        da = regs,
+        db = regs + 1,
+    )
+}
+
 impl Gen {
     /// The implicit-GEMM kernel of QConv `parts` from NHWC int8 `x` into `y` with block
     /// shape `t` (see the module docs); check [`igemm_fits`] first.
@@ -118,14 +256,20 @@ impl Gen {
         let wt = self.extra(padded);
         let bt = self.extra(i32_bytes(&p.bias));
         let mt = self.extra(f32_bytes(&p.mult));
+        // A split K writes int32 partial sums into the node's scratch instead of `y`.
+        let out = if t.splits > 1 {
+            Arg::ScratchAt(0)
+        } else {
+            Arg::Val(y)
+        };
         let mut params = vec![
             (Arg::Val(x), "const u8"),
-            (Arg::Val(y), "u8"),
+            (out, "u8"),
             (wt, "const u8"),
             (bt, "const u8"),
             (mt, "const u8"),
         ];
-        if let Some(r) = &p.residual {
+        if let Some(r) = p.residual.as_ref().filter(|_| t.splits == 1) {
             params.push((Arg::Val(r.z), "const u8"));
         }
         let name = self.next_name();
@@ -209,18 +353,146 @@ impl Gen {
                  if (m0 + r < {m} && n0 + c < {n}) *({vt}*)({dst}) = *(const {vt}*)({src}); }}"
             )
         };
+        let tile = t.stage_bytes();
+        let (smem_decl, mainloop) = if t.wgmma {
+            (wgmma_smem(), wgmma_loop(t, tile))
+        } else {
+            (
+                format!(
+                    "  __shared__ __align__(128) u8 smem[{st} * {tile}];\n  unsigned int sbase;\n  \
+                     asm(\"{{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }}\" : \"=r\"(sbase) : \"l\"(smem));"
+                ),
+                format!(
+                    r#"  for (int it = 0; it < kcnt; ++it) {{
+    asm volatile("cp.async.wait_group {wait};" ::: "memory");
+    __syncthreads();
+    if (it + {st} - 1 < kcnt) load((it + {st} - 1) % {st}, kbeg + it + {st} - 1);
+    asm volatile("cp.async.commit_group;");
+    const unsigned int sa = sbase + (it % {st}) * {tile};
+    const unsigned int sb = sa + {bm} * 64;
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks) {{
+      unsigned int af[{wm}][4], bf[{wn}][2];
+#pragma unroll
+      for (int i = 0; i < {wm}; ++i) {{
+        const int row = wmi * {wm16} + i * 16 + (lane & 15);
+        const int ch = ks * 2 + (lane >> 4);
+        const unsigned int a = sa + row * 64 + ((ch ^ ((row >> 1) & 3)) << 4);
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{%0, %1, %2, %3}}, [%4];"
+                     : "=r"(af[i][0]), "=r"(af[i][1]), "=r"(af[i][2]), "=r"(af[i][3]) : "r"(a));
+      }}
+#pragma unroll
+      for (int j = 0; j < {wn}; j += 2) {{
+        const int mat = lane >> 3;
+        const int row = wni * {wn8} + j * 8 + (mat >> 1) * 8 + (lane & 7);
+        const int ch = ks * 2 + (mat & 1);
+        const unsigned int a = sb + row * 64 + ((ch ^ ((row >> 1) & 3)) << 4);
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{%0, %1, %2, %3}}, [%4];"
+                     : "=r"(bf[j][0]), "=r"(bf[j][1]), "=r"(bf[j + 1][0]), "=r"(bf[j + 1][1]) : "r"(a));
+      }}
+#pragma unroll
+      for (int i = 0; i < {wm}; ++i)
+#pragma unroll
+        for (int j = 0; j < {wn}; ++j)
+          asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {{%0, %1, %2, %3}}, {{%4, %5, %6, %7}}, {{%8, %9}}, {{%0, %1, %2, %3}};"
+                       : "+r"(acc[i][j][0]), "+r"(acc[i][j][1]), "+r"(acc[i][j][2]), "+r"(acc[i][j][3])
+                       : "r"(af[i][0]), "r"(af[i][1]), "r"(af[i][2]), "r"(af[i][3]), "r"(bf[j][0]), "r"(bf[j][1]));
+    }}
+  }}
+"#,
+                    wait = st - 2,
+                    wm16 = wm * 16,
+                    wn8 = wn * 8,
+                ),
+            )
+        };
+        let epilogue = if t.splits > 1 {
+            format!(
+                r#"  // K is split: this block's int32 sums go to its own partial buffer (grid z).
+  int* part = (int*)p1 + (i64)blockIdx.z * {mn};
+#pragma unroll
+  for (int j = 0; j < {wn}; ++j) {{
+    const int cl = wni * {wn8} + j * 8 + (lane & 3) * 2;
+    if (n0 + cl >= {n}) continue;
+#pragma unroll
+    for (int i = 0; i < {wm}; ++i)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {{
+        const int r = m0 + wmi * {wm16} + i * 16 + (lane >> 2) + hh * 8;
+        if (r < {m}) *(int2*)(part + (i64)r * {n} + n0 + cl) = make_int2(acc[i][j][hh * 2], acc[i][j][hh * 2 + 1]);
+      }}
+  }}
+"#,
+                mn = m * n,
+                wn8 = wn * 8,
+                wm16 = wm * 16,
+            )
+        } else {
+            format!(
+                r#"  // The ring is free: the block's output tile goes through it ([BM][TS] bytes, rows padded
+  // by 16 so the 2-byte writes of eight rows hit different banks) and leaves in {v}-byte
+  // pieces; a residual comes in the same way.
+  u8* tile = smem;
+  {zload}
+  const int* bias2 = (const int*)p3;
+  const float* mult = (const float*)p4;
+#pragma unroll
+  for (int j = 0; j < {wn}; ++j) {{
+    const int cl = wni * {wn8} + j * 8 + (lane & 3) * 2;
+    if (n0 + cl >= {n}) continue;
+#pragma unroll
+    for (int i = 0; i < {wm}; ++i)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {{
+        const int rl = wmi * {wm16} + i * 16 + (lane >> 2) + hh * 8;
+        unsigned short* cell = (unsigned short*)(tile + rl * {ts} + cl);
+        {rz}
+        unsigned int out = 0u;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {{
+          const int co = n0 + cl + e;
+          int t = (int)((unsigned int)acc[i][j][hh * 2 + e] + (unsigned int)bias2[co]);
+          {value}
+          out |= (unsigned int){byte} << (8 * e);
+        }}
+        *cell = (unsigned short)out;
+      }}
+  }}
+  __syncthreads();
+  {ystore}
+"#,
+                wn8 = wn * 8,
+                rz = if p.residual.is_some() {
+                    "const unsigned int rz = *cell;"
+                } else {
+                    ""
+                },
+                zload = if p.residual.is_some() {
+                    format!("{} __syncthreads();", tile_copy(&shared, "p5 + g"))
+                } else {
+                    String::new()
+                },
+                ystore = tile_copy("p1 + g", &shared),
+                value = requant_value(
+                    &p.epi,
+                    p.residual
+                        .as_ref()
+                        .map(|r| (r, "(signed char)(rz >> (8 * e))"))
+                ),
+                byte = requant_byte(&p.epi),
+                wm16 = wm * 16,
+            )
+        };
         let mut s = String::new();
         let _ = write!(
             s,
             r#"
 extern "C" __global__ void __launch_bounds__({th}) {name}({plist}) {{
-  __shared__ __align__(128) u8 smem[{st} * {tile}];
+{smem_decl}
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wmi = warp % {warps_m}, wni = warp / {warps_m};
   const int m0 = blockIdx.x * {bm}, n0 = blockIdx.y * {bn};
   const int col = tid & 3;
-  unsigned int sbase;
-  asm("{{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }}" : "=r"(sbase) : "l"(smem));
   int a_pix[{al}], a_iy[{al}], a_ix[{al}];
 #pragma unroll
   for (int r = 0; r < {al}; ++r) {{
@@ -253,107 +525,26 @@ extern "C" __global__ void __launch_bounds__({th}) {name}({plist}) {{
     for (int j = 0; j < {wn}; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[i][j][e] = 0;
+  {krange}
 #pragma unroll
-  for (int s = 0; s < {st} - 1; ++s) {{
-    if (s < {kt}) load(s, s);
+  for (int s = 0; s < {ahead}; ++s) {{
+    if (s < kcnt) load(s, kbeg + s);
     asm volatile("cp.async.commit_group;");
   }}
-  for (int kt = 0; kt < {kt}; ++kt) {{
-    asm volatile("cp.async.wait_group {wait};" ::: "memory");
-    __syncthreads();
-    if (kt + {st} - 1 < {kt}) load((kt + {st} - 1) % {st}, kt + {st} - 1);
-    asm volatile("cp.async.commit_group;");
-    const unsigned int sa = sbase + (kt % {st}) * {tile};
-    const unsigned int sb = sa + {bm} * 64;
-#pragma unroll
-    for (int ks = 0; ks < 2; ++ks) {{
-      unsigned int af[{wm}][4], bf[{wn}][2];
-#pragma unroll
-      for (int i = 0; i < {wm}; ++i) {{
-        const int row = wmi * {wm16} + i * 16 + (lane & 15);
-        const int ch = ks * 2 + (lane >> 4);
-        const unsigned int a = sa + row * 64 + ((ch ^ ((row >> 1) & 3)) << 4);
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{%0, %1, %2, %3}}, [%4];"
-                     : "=r"(af[i][0]), "=r"(af[i][1]), "=r"(af[i][2]), "=r"(af[i][3]) : "r"(a));
-      }}
-#pragma unroll
-      for (int j = 0; j < {wn}; j += 2) {{
-        const int mat = lane >> 3;
-        const int row = wni * {wn8} + j * 8 + (mat >> 1) * 8 + (lane & 7);
-        const int ch = ks * 2 + (mat & 1);
-        const unsigned int a = sb + row * 64 + ((ch ^ ((row >> 1) & 3)) << 4);
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{%0, %1, %2, %3}}, [%4];"
-                     : "=r"(bf[j][0]), "=r"(bf[j][1]), "=r"(bf[j + 1][0]), "=r"(bf[j + 1][1]) : "r"(a));
-      }}
-#pragma unroll
-      for (int i = 0; i < {wm}; ++i)
-#pragma unroll
-        for (int j = 0; j < {wn}; ++j)
-          asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {{%0, %1, %2, %3}}, {{%4, %5, %6, %7}}, {{%8, %9}}, {{%0, %1, %2, %3}};"
-                       : "+r"(acc[i][j][0]), "+r"(acc[i][j][1]), "+r"(acc[i][j][2]), "+r"(acc[i][j][3])
-                       : "r"(af[i][0]), "r"(af[i][1]), "r"(af[i][2]), "r"(af[i][3]), "r"(bf[j][0]), "r"(bf[j][1]));
-    }}
-  }}
-  asm volatile("cp.async.wait_group 0;" ::: "memory");
+{mainloop}  asm volatile("cp.async.wait_group 0;" ::: "memory");
   __syncthreads();
-  // The ring is free: the block's output tile goes through it ([BM][TS] bytes, rows padded
-  // by 16 so the 2-byte writes of eight rows hit different banks) and leaves in {v}-byte
-  // pieces; a residual comes in the same way.
-  u8* tile = smem;
-  {zload}
-  const int* bias2 = (const int*)p3;
-  const float* mult = (const float*)p4;
-#pragma unroll
-  for (int j = 0; j < {wn}; ++j) {{
-    const int cl = wni * {wn8} + j * 8 + (lane & 3) * 2;
-    if (n0 + cl >= {n}) continue;
-#pragma unroll
-    for (int i = 0; i < {wm}; ++i)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {{
-        const int rl = wmi * {wm16} + i * 16 + (lane >> 2) + hh * 8;
-        unsigned short* cell = (unsigned short*)(tile + rl * {ts} + cl);
-        {rz}
-        unsigned int out = 0u;
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {{
-          const int co = n0 + cl + e;
-          int t = (int)((unsigned int)acc[i][j][hh * 2 + e] + (unsigned int)bias2[co]);
-          {value}
-          out |= (unsigned int){byte} << (8 * e);
-        }}
-        *cell = (unsigned short)out;
-      }}
-  }}
-  __syncthreads();
-  {ystore}
-}}
+{epilogue}}}
 "#,
-            tile = (bm + bn) * 64,
             th4 = th / 4,
             ohw = oh * ow,
             hw = h * w,
-            wait = st - 2,
-            wm16 = wm * 16,
-            wn8 = wn * 8,
-            rz = if p.residual.is_some() {
-                "const unsigned int rz = *cell;"
+            ahead = t.ahead(),
+            krange = if t.splits > 1 {
+                let kts = kt.div_ceil(t.splits);
+                format!("const int kbeg = blockIdx.z * {kts}, kcnt = min({kt} - kbeg, {kts});")
             } else {
-                ""
+                format!("const int kbeg = 0, kcnt = {kt};")
             },
-            zload = if p.residual.is_some() {
-                format!("{} __syncthreads();", tile_copy(&shared, "p5 + g"))
-            } else {
-                String::new()
-            },
-            ystore = tile_copy("p1 + g", &shared),
-            value = requant_value(
-                &p.epi,
-                p.residual
-                    .as_ref()
-                    .map(|r| (r, "(signed char)(rz >> (8 * e))"))
-            ),
-            byte = requant_byte(&p.epi),
         );
         self.src.push_str(&s);
         let (gx, gy) = t.grid(m, n);
@@ -361,7 +552,11 @@ extern "C" __global__ void __launch_bounds__({th}) {name}({plist}) {{
             name,
             threads: m * n,
             args: params.iter().map(|(a, _)| *a).collect(),
-            launch: Some(((gx as u32, gy as u32, 1), th as u32)),
+            launch: Some(LaunchDims {
+                grid: (gx as u32, gy as u32, t.splits as u32),
+                block: th as u32,
+                smem: t.smem() as u32,
+            }),
         }
     }
 }
@@ -434,8 +629,55 @@ mod tests {
             assert!(row[36..].iter().all(|&b| b == 0));
         }
         // 16 x 126 outputs in 128 x 128 tiles: a 1 x 1 grid of 256 threads.
-        assert_eq!(k.launch, Some(((1, 1, 1), 256)));
+        let dims = LaunchDims {
+            grid: (1, 1, 1),
+            block: 256,
+            smem: 0,
+        };
+        assert_eq!(k.launch, Some(dims));
         assert!(g.src.contains(&k.name));
+    }
+
+    #[test]
+    fn split_k_writes_int32_partials_to_scratch() {
+        let mut p = parts(32, 32, 16, false);
+        p.residual = Some(super::super::quant::Residual {
+            z: 7,
+            beta: 0.5,
+            zero_point: 0,
+        });
+        let mut g = Gen::new(false);
+        let whole = g.qigemm(0, 1, &p, TILINGS[0]);
+        let split = g.qigemm(0, 1, &p, TILINGS[0].split(3));
+        // Unsplit: writes y and reads the residual; split: partial sums into scratch, no
+        // residual (the requantization adds it), one grid layer per part.
+        assert_eq!(whole.args[1], Arg::Val(1));
+        assert!(whole.args.contains(&Arg::Val(7)));
+        assert_eq!(split.args[1], Arg::ScratchAt(0));
+        assert!(!split.args.contains(&Arg::Val(7)));
+        assert_eq!(split.launch.map(|d| d.grid.2), Some(3));
+        // K = 9 x 32 = 288 bytes: 5 tiles of 64, 2 per part.
+        assert!(g
+            .src
+            .contains("kbeg = blockIdx.z * 2, kcnt = min(5 - kbeg, 2)"));
+        assert_eq!(TILINGS[0].split(3).to_string(), "128x128 split-k 3");
+    }
+
+    #[test]
+    fn wgmma_tilings_keep_their_ring_in_dynamic_shared_memory() {
+        let p = parts(32, 32, 64, false);
+        for t in WG_TILINGS {
+            let mut g = Gen::new(false);
+            let k = g.qigemm(0, 1, &p, t);
+            let d = k.launch.expect("tiled launch");
+            assert_eq!(d.smem as usize, t.stages * (t.bm() + t.bn()) * 64 + 1024);
+            assert_eq!(d.block as usize, 128 * t.bm() / 64);
+            assert!(g.src.contains(&format!("m64n{}k32.s32.s8.s8", t.bn())));
+            // The output tile fits the ring it reuses.
+            assert!(t.bm() * (t.bn() + 16) <= t.stages * (t.bm() + t.bn()) * 64);
+        }
+        assert_eq!(TILINGS[0].smem(), 0);
+        assert_eq!(WG_TILINGS[0].to_string(), "wg128x256/5");
     }
 
     #[test]

@@ -431,10 +431,31 @@ impl Gen {
         )
     }
 
-    /// Requantizes the int32 GEMM result at scratch byte `acc_at` (`[M, cout]`) into `y`.
-    pub fn qrequant(&mut self, y: ValueId, acc_at: usize, p: &QConvParts) -> GenKernel {
+    /// Requantizes the int32 GEMM result at scratch byte `acc_at` (`[M, cout]`, or the sum of
+    /// `splits` such buffers one after another: a split K) into `y`.
+    pub fn qrequant(
+        &mut self,
+        y: ValueId,
+        acc_at: usize,
+        p: &QConvParts,
+        splits: usize,
+    ) -> GenKernel {
         let n = p.geom.cout;
         let m = p.geom.n * p.geom.oh * p.geom.ow;
+        // Wrapping adds: the partial sums add up to exactly the unsplit int32 sum.
+        let sum4: String = (1..splits)
+            .map(|s| {
+                format!(
+                    " {{ int4 b = ((const int4*)p0)[i + {}]; a.x = (int)((unsigned int)a.x + (unsigned int)b.x); \
+                     a.y = (int)((unsigned int)a.y + (unsigned int)b.y); a.z = (int)((unsigned int)a.z + (unsigned int)b.z); \
+                     a.w = (int)((unsigned int)a.w + (unsigned int)b.w); }}",
+                    s * m * n / 4
+                )
+            })
+            .collect();
+        let sum1: String = (1..splits)
+            .map(|s| format!(" + (unsigned int)((const int*)p0)[i + {}LL]", s * m * n))
+            .collect();
         let bt = self.extra(i32_bytes(&p.bias));
         let mt = self.extra(f32_bytes(&p.mult));
         let mut params = vec![
@@ -450,7 +471,7 @@ impl Gen {
             // Four outputs per thread: one 16-byte load of sums, one 4-byte store.
             let mut body = format!(
                 "const int* bias2 = (const int*)p2; const float* mult = (const float*)p3; \
-                 int4 a = ((const int4*)p0)[i]; unsigned int co0 = ((unsigned int)i * 4u) % {n}u; \
+                 int4 a = ((const int4*)p0)[i];{sum4} unsigned int co0 = ((unsigned int)i * 4u) % {n}u; \
                  unsigned int out = 0u;"
             );
             if p.residual.is_some() {
@@ -477,7 +498,7 @@ impl Gen {
         );
         let body = format!(
             "const int* bias2 = (const int*)p2; const float* mult = (const float*)p3; i64 co = i % {n}LL; \
-             int t = (int)((unsigned int)((const int*)p0)[i] + (unsigned int)bias2[co]); {value} p1[i] = {};",
+             int t = (int)((unsigned int)((const int*)p0)[i]{sum1} + (unsigned int)bias2[co]); {value} p1[i] = {};",
             requant_byte(&p.epi)
         );
         self.kernel(&params, m * n, &body)
