@@ -237,8 +237,9 @@ fn partial_bytes(parts: &QConvParts, t: &Tiling) -> usize {
     }
 }
 
-/// The PTX of each source, compiled with NVRTC on its own thread (large stacks for the
-/// compiler; `VIGIL_CUDA_COMPILE_THREADS=1` compiles them one after another).
+/// The PTX of each source, compiled with NVRTC on its own thread with a large stack; the
+/// caller loads them (on the H200 host, compiling and loading on default 2 MiB threads
+/// crashed). `VIGIL_CUDA_COMPILE_THREADS=1` compiles them one after another.
 fn compile_all<'s>(
     ctx: &Arc<CudaContext>,
     srcs: impl Iterator<Item = &'s str>,
@@ -362,9 +363,10 @@ struct Builder<'a> {
 }
 
 /// An optional kernel path's switch, from an environment variable (`VIGIL_CUDA_LT` for the
-/// cuBLASLt convolutions, `VIGIL_CUDA_IGEMM` for the int8 implicit GEMM): `0` turns it off,
-/// `force` takes it whenever it applies (A/B measurements and tests); otherwise it is taken
-/// when it measures faster than the alternatives.
+/// cuBLASLt convolutions, `VIGIL_CUDA_IGEMM` for the int8 implicit GEMM, `VIGIL_CUDA_WGMMA` and
+/// `VIGIL_CUDA_SPLITK` for its Hopper and split-K tilings): `0` turns it off, `force` takes it
+/// whenever it applies (A/B measurements and tests); otherwise it is taken when it measures
+/// faster than the alternatives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum PathMode {
     Off,

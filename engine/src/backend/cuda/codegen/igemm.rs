@@ -10,6 +10,10 @@
 //! `(row >> 1) & 3`, so the `ldmatrix` reads of eight rows hit eight different bank groups.
 //! Each 16-byte chunk of A lies inside one tap (channels are a multiple of 16); taps that fall
 //! in the padding are the input zero point's byte, as in the unfold.
+//!
+//! On Hopper the same ring feeds `wgmma` instead (that XOR pattern is the hardware's 64-byte
+//! swizzle, so shared-memory descriptors address the tiles as stored), and any tiling may split
+//! K across blocks that write int32 partial sums for [`Gen::qrequant`] to add up.
 
 use std::fmt::Write as _;
 
