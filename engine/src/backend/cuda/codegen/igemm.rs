@@ -243,6 +243,30 @@ fn wgmma_loop(t: Tiling, tile: usize) -> String {
     )
 }
 
+/// The loops over a thread's accumulator fragments (the mma and wgmma layouts agree): `body`
+/// sees the fragment pair's tile column `cl` (columns past `n` skipped) and tile row `rl`, and
+/// reads `acc[i][j][hh * 2 + e]` for `e` in 0..2.
+fn fragment_loops(t: Tiling, n: usize, body: &str) -> String {
+    format!(
+        r#"#pragma unroll
+  for (int j = 0; j < {wn}; ++j) {{
+    const int cl = wni * {wn8} + j * 8 + (lane & 3) * 2;
+    if (n0 + cl >= {n}) continue;
+#pragma unroll
+    for (int i = 0; i < {wm}; ++i)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {{
+        const int rl = wmi * {wm16} + i * 16 + (lane >> 2) + hh * 8;
+{body}
+      }}
+  }}"#,
+        wn = t.wn,
+        wm = t.wm,
+        wn8 = t.wn * 8,
+        wm16 = t.wm * 16,
+    )
+}
+
 impl Gen {
     /// The implicit-GEMM kernel of QConv `parts` from NHWC int8 `x` into `y` with block
     /// shape `t` (see the module docs); check [`igemm_fits`] first.
@@ -411,25 +435,15 @@ impl Gen {
             )
         };
         let epilogue = if t.splits > 1 {
+            let store = format!(
+                "        if (m0 + rl < {m}) *(int2*)(part + (i64)(m0 + rl) * {n} + n0 + cl) = \
+                 make_int2(acc[i][j][hh * 2], acc[i][j][hh * 2 + 1]);"
+            );
             format!(
-                r#"  // K is split: this block's int32 sums go to its own partial buffer (grid z).
-  int* part = (int*)p1 + (i64)blockIdx.z * {mn};
-#pragma unroll
-  for (int j = 0; j < {wn}; ++j) {{
-    const int cl = wni * {wn8} + j * 8 + (lane & 3) * 2;
-    if (n0 + cl >= {n}) continue;
-#pragma unroll
-    for (int i = 0; i < {wm}; ++i)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {{
-        const int r = m0 + wmi * {wm16} + i * 16 + (lane >> 2) + hh * 8;
-        if (r < {m}) *(int2*)(part + (i64)r * {n} + n0 + cl) = make_int2(acc[i][j][hh * 2], acc[i][j][hh * 2 + 1]);
-      }}
-  }}
-"#,
-                mn = m * n,
-                wn8 = wn * 8,
-                wm16 = wm * 16,
+                "  // K is split: this block's int32 sums go to its own partial buffer (grid z).\n  \
+                 int* part = (int*)p1 + (i64)blockIdx.z * {};\n{}\n",
+                m * n,
+                fragment_loops(t, n, &store)
             )
         } else {
             format!(
@@ -440,16 +454,15 @@ impl Gen {
   {zload}
   const int* bias2 = (const int*)p3;
   const float* mult = (const float*)p4;
-#pragma unroll
-  for (int j = 0; j < {wn}; ++j) {{
-    const int cl = wni * {wn8} + j * 8 + (lane & 3) * 2;
-    if (n0 + cl >= {n}) continue;
-#pragma unroll
-    for (int i = 0; i < {wm}; ++i)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {{
-        const int rl = wmi * {wm16} + i * 16 + (lane >> 2) + hh * 8;
-        unsigned short* cell = (unsigned short*)(tile + rl * {ts} + cl);
+{requant}
+  __syncthreads();
+  {ystore}
+"#,
+                requant = fragment_loops(
+                    t,
+                    n,
+                    &format!(
+                        r#"        unsigned short* cell = (unsigned short*)(tile + rl * {ts} + cl);
         {rz}
         unsigned int out = 0u;
 #pragma unroll
@@ -459,32 +472,27 @@ impl Gen {
           {value}
           out |= (unsigned int){byte} << (8 * e);
         }}
-        *cell = (unsigned short)out;
-      }}
-  }}
-  __syncthreads();
-  {ystore}
-"#,
-                wn8 = wn * 8,
-                rz = if p.residual.is_some() {
-                    "const unsigned int rz = *cell;"
-                } else {
-                    ""
-                },
+        *cell = (unsigned short)out;"#,
+                        rz = if p.residual.is_some() {
+                            "const unsigned int rz = *cell;"
+                        } else {
+                            ""
+                        },
+                        value = requant_value(
+                            &p.epi,
+                            p.residual
+                                .as_ref()
+                                .map(|r| (r, "(signed char)(rz >> (8 * e))"))
+                        ),
+                        byte = requant_byte(&p.epi),
+                    )
+                ),
                 zload = if p.residual.is_some() {
                     format!("{} __syncthreads();", tile_copy(&shared, "p5 + g"))
                 } else {
                     String::new()
                 },
                 ystore = tile_copy("p1 + g", &shared),
-                value = requant_value(
-                    &p.epi,
-                    p.residual
-                        .as_ref()
-                        .map(|r| (r, "(signed char)(rz >> (8 * e))"))
-                ),
-                byte = requant_byte(&p.epi),
-                wm16 = wm * 16,
             )
         };
         let mut s = String::new();
