@@ -165,9 +165,15 @@ fn every_offset_aligned() {
             if let Ok(b) = pool.alloc(size, S0) {
                 assert_eq!(b.offset() % align, 0);
                 assert_eq!(b.addr() % align, 0);
-                assert!(b.size() >= size.max(1) && b.size() % align == 0);
+                assert_eq!(b.size(), size.max(1).div_ceil(align) * align);
                 assert_eq!(b.requested(), size);
                 live.push(b);
+            }
+            // The rounding's edges: nothing, one byte, and either side of one unit.
+            if i < 4 {
+                let edge = [0, 1, align - 1, align + 1][i];
+                let b = pool.alloc(edge, S0).unwrap();
+                assert_eq!(b.size(), if edge > align { 2 * align } else { align });
             }
             if i % 3 == 0 && !live.is_empty() {
                 let k = (x >> 20) as usize % live.len();
