@@ -77,6 +77,18 @@ impl Tiling {
             self.stages - 1
         }
     }
+    /// An `mma.sync` tiling: `warps_m × warps_n` warps of `wm × wn` mma tiles each.
+    const fn mma(warps_m: usize, warps_n: usize, wm: usize, wn: usize, stages: usize) -> Tiling {
+        Tiling {
+            warps_m,
+            warps_n,
+            wm,
+            wn,
+            stages,
+            wgmma: false,
+            splits: 1,
+        }
+    }
     /// A wgmma tiling: `groups` warpgroups along M, each `m64 × bn`, over `stages` stages.
     const fn wg(groups: usize, bn: usize, stages: usize) -> Tiling {
         Tiling {
@@ -115,42 +127,10 @@ impl std::fmt::Display for Tiling {
 /// large GEMMs, 128×64 for 64-channel outputs, 64×128 and 64×64 for GEMMs whose larger
 /// grids would leave SMs idle.
 pub const TILINGS: [Tiling; 4] = [
-    Tiling {
-        warps_m: 2,
-        warps_n: 4,
-        wm: 4,
-        wn: 4,
-        stages: 3,
-        wgmma: false,
-        splits: 1,
-    },
-    Tiling {
-        warps_m: 2,
-        warps_n: 4,
-        wm: 2,
-        wn: 4,
-        stages: 4,
-        wgmma: false,
-        splits: 1,
-    },
-    Tiling {
-        warps_m: 2,
-        warps_n: 2,
-        wm: 2,
-        wn: 4,
-        stages: 4,
-        wgmma: false,
-        splits: 1,
-    },
-    Tiling {
-        warps_m: 4,
-        warps_n: 2,
-        wm: 2,
-        wn: 4,
-        stages: 4,
-        wgmma: false,
-        splits: 1,
-    },
+    Tiling::mma(2, 4, 4, 4, 3),
+    Tiling::mma(2, 4, 2, 4, 4),
+    Tiling::mma(2, 2, 2, 4, 4),
+    Tiling::mma(4, 2, 2, 4, 4),
 ];
 
 /// The Hopper (sm_90a) tilings, tried besides [`TILINGS`]: deeper rings in dynamic shared
