@@ -247,6 +247,33 @@ impl Drop for PinnedBuffer {
     }
 }
 
+/// NVRTC's virtual architecture for compute capability `cc`; `None` (NVRTC's default, which
+/// the driver JIT-compiles anywhere) for devices this build does not know.
+pub fn nvrtc_arch(cc: (i32, i32)) -> Option<&'static str> {
+    match cc {
+        // 90a: Hopper's own instructions (wgmma) for the int8 implicit GEMM.
+        (9, 0) => Some("compute_90a"),
+        (8, 9) => Some("compute_89"),
+        // Jetson Orin.
+        (8, 7) => Some("compute_87"),
+        (8, 6) => Some("compute_86"),
+        (8, 0) => Some("compute_80"),
+        (7, 5) => Some("compute_75"),
+        // Jetson Xavier.
+        (7, 2) => Some("compute_72"),
+        (10, 0) => Some("compute_100"),
+        (12, 0) => Some("compute_120"),
+        _ => None,
+    }
+}
+
+/// Whether the int8 implicit GEMM's instructions (`cp.async`, `mma.sync` on bytes, sm_80) can
+/// be compiled for compute capability `cc`: Ampere or later, with a known architecture (the
+/// NVRTC default is older).
+pub fn igemm_capable(cc: (i32, i32)) -> bool {
+    cc >= (8, 0) && nvrtc_arch(cc).is_some()
+}
+
 /// A loaded module of NVRTC-compiled kernels (unloaded on drop).
 pub struct Module {
     ctx: Arc<CudaContext>,
@@ -278,17 +305,7 @@ impl Module {
         let (major, minor) = ctx
             .compute_capability()
             .map_err(drv_err("compute capability query"))?;
-        let arch: Option<&'static str> = match (major, minor) {
-            // 90a: Hopper's own instructions (wgmma) for the int8 implicit GEMM.
-            (9, 0) => Some("compute_90a"),
-            (8, 9) => Some("compute_89"),
-            (8, 6) => Some("compute_86"),
-            (8, 0) => Some("compute_80"),
-            (7, 5) => Some("compute_75"),
-            (10, 0) => Some("compute_100"),
-            (12, 0) => Some("compute_120"),
-            _ => None,
-        };
+        let arch = nvrtc_arch((major, minor));
         let opts = cudarc::nvrtc::CompileOptions {
             arch,
             options: vec!["--std=c++17".into()],
@@ -330,5 +347,22 @@ impl Drop for Module {
             // SAFETY: loaded by load_data and not unloaded before.
             let _ = unsafe { drv::module::unload(self.module) };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jetson_and_hopper_get_their_own_architectures() {
+        assert_eq!(nvrtc_arch((8, 7)), Some("compute_87"));
+        assert_eq!(nvrtc_arch((7, 2)), Some("compute_72"));
+        assert_eq!(nvrtc_arch((9, 0)), Some("compute_90a"));
+        assert_eq!(nvrtc_arch((13, 0)), None);
+        // Orin and the H200 run the implicit GEMM; Xavier (sm_72, no cp.async) and unknown
+        // devices (compiled for NVRTC's default) do not.
+        assert!(igemm_capable((8, 7)) && igemm_capable((9, 0)));
+        assert!(!igemm_capable((7, 2)) && !igemm_capable((7, 5)) && !igemm_capable((13, 0)));
     }
 }

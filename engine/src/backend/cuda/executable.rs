@@ -13,7 +13,9 @@ use cudarc::driver::{result as drv, sys, CudaContext, CudaEvent, CudaGraph, Cuda
 use super::codegen::{
     igemm_fits, Arg, Gen, GenKernel, Im2col, LaunchDims, QConvParts, Tiling, TILINGS, WG_TILINGS,
 };
-use super::device::{alloc_arena, drv_err, Arena, DeviceBuffer, Function, Module, PinnedBuffer};
+use super::device::{
+    alloc_arena, drv_err, igemm_capable, Arena, DeviceBuffer, Function, Module, PinnedBuffer,
+};
 use super::dnn::{
     blas_err, choose_algo, dnn_err, time_warm, AlgoChoice, BlasHandle, ConvDescs, ConvGeom,
     DnnHandle,
@@ -1497,7 +1499,10 @@ impl CudaExecutable {
             lt_mode,
             im2col: std::env::var("VIGIL_CUDA_IM2COL").map_or(true, |v| v != "0"),
             qfuse,
-            igemm: PathMode::from_var("VIGIL_CUDA_IGEMM"),
+            igemm: match ctx.compute_capability() {
+                Ok(cc) if igemm_capable(cc) => PathMode::from_var("VIGIL_CUDA_IGEMM"),
+                _ => PathMode::Off,
+            },
             wgmma: match ctx.compute_capability() {
                 Ok((9, 0)) => PathMode::from_var("VIGIL_CUDA_WGMMA"),
                 _ => PathMode::Off,
