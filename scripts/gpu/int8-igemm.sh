@@ -8,8 +8,6 @@
 set -o pipefail
 D=${D:-.gpu/s9}
 . "$(dirname "$0")/int8-setup.sh"
-T=/tmp/cuda_backend
-CMP="/tmp/onnx/resnet50.qdq.onnx:2,/tmp/onnx/resnet50.qdq.s8.onnx:2"
 echo "=== forced igemm, QFUSE=0 (exact) ($SECONDS s)"
 VIGIL_CUDA_IGEMM=force VIGIL_CUDA_QFUSE=0 VIGIL_CUDA_COMPARE="$CMP" timeout 200 $T int8_qdq_models_match_cpu_int8 listed_models_match_cpu --test-threads=1 --nocapture > $OUT/forced-exact.txt 2>&1; echo "rc $?"
 grep -E "^test |test result|worst logits|panicked" $OUT/forced-exact.txt | cut -c1-220 | head; grep -c "rel diff 0.00e0" $OUT/forced-exact.txt; grep "rel diff" $OUT/forced-exact.txt | grep -vc "rel diff 0.00e0"

@@ -2,7 +2,8 @@
 # cuda_backend test binary, qdq.txz with the shared models' QDQ versions, torch_bench.py,
 # torch_timing.py, qdq_resnet50.py): unpacks them, exports torchvision ResNet-50 and quantizes
 # it with ONNX Runtime twice, uint8 activations (/tmp/onnx/resnet50.qdq.onnx) and int8
-# symmetric ones (/tmp/onnx/resnet50.qdq.s8.onnx).
+# symmetric ones (/tmp/onnx/resnet50.qdq.s8.onnx). Leaves T (the test binary) and CMP (both
+# QDQ ResNet-50s at batch 2, for VIGIL_CUDA_COMPARE) set for the scripts that source it.
 . "$(dirname "${BASH_SOURCE[0]}")/device-env.sh"
 export VIGIL_CUDA_POOL_MB=3072 VIGIL_MODELS=$PWD/models VIGIL_EVAL_IMAGES=$PWD/.gpu/cuda3/eval VIGIL_QDQ_MODELS=$PWD/$D/qdq
 mkdir -p $D/qdq && xz -dc $D/qdq.txz | tar xf - -C $D
@@ -11,3 +12,5 @@ PY=/opt/torch/.venv/bin/python; mkdir -p /tmp/onnx
 cd $D && VIGIL_EXPORT_ONLY=1 timeout 120 $PY torch_bench.py /tmp/onnx > $OUT/export.txt 2>&1; cd - >/dev/null; grep -c EXPORTED $OUT/export.txt
 timeout 100 $PY $D/qdq_resnet50.py /tmp/onnx/resnet50.onnx /tmp/onnx/resnet50.qdq.onnx > $OUT/qdq.txt 2>&1; tail -1 $OUT/qdq.txt
 timeout 100 $PY $D/qdq_resnet50.py /tmp/onnx/resnet50.onnx /tmp/onnx/resnet50.qdq.s8.onnx s8 > $OUT/qdq8.txt 2>&1; tail -1 $OUT/qdq8.txt
+T=/tmp/cuda_backend
+CMP="/tmp/onnx/resnet50.qdq.onnx:2,/tmp/onnx/resnet50.qdq.s8.onnx:2"

@@ -7,8 +7,6 @@
 set -o pipefail
 D=${D:-.gpu/s10}
 . "$(dirname "$0")/int8-setup.sh"
-T=/tmp/cuda_backend
-CMP="/tmp/onnx/resnet50.qdq.onnx:2,/tmp/onnx/resnet50.qdq.s8.onnx:2"
 echo "=== bench ($SECONDS s)"
 B="/tmp/onnx/resnet50.qdq.s8.onnx:1,/tmp/onnx/resnet50.qdq.s8.onnx:32,/tmp/onnx/resnet50.qdq.onnx:32,$PWD/$D/qdq/efficientnet-lite0.qdq-s8.onnx:1,$PWD/$D/qdq/nanodet-m-416.qdq-s8.onnx:1"
 VIGIL_CUDA_PRECISIONS=int8 VIGIL_CUDA_BENCH="$B" timeout 240 $T bench_listed_models --nocapture 2>&1 | tee "$OUT/bench-int8.txt" | grep -E "BENCH|panicked|error"

@@ -1477,6 +1477,8 @@ impl CudaExecutable {
             }
         }
         let lt = LtHandle::new()?;
+        // The device's compute capability decides which int8 kernel paths exist (None: unknown).
+        let cc = ctx.compute_capability().ok();
         let mut b = Builder {
             ctx: &ctx,
             g,
@@ -1499,12 +1501,12 @@ impl CudaExecutable {
             lt_mode,
             im2col: std::env::var("VIGIL_CUDA_IM2COL").map_or(true, |v| v != "0"),
             qfuse,
-            igemm: match ctx.compute_capability() {
-                Ok(cc) if igemm_capable(cc) => PathMode::from_var("VIGIL_CUDA_IGEMM"),
+            igemm: match cc {
+                Some(cc) if igemm_capable(cc) => PathMode::from_var("VIGIL_CUDA_IGEMM"),
                 _ => PathMode::Off,
             },
-            wgmma: match ctx.compute_capability() {
-                Ok((9, 0)) => PathMode::from_var("VIGIL_CUDA_WGMMA"),
+            wgmma: match cc {
+                Some((9, 0)) => PathMode::from_var("VIGIL_CUDA_WGMMA"),
                 _ => PathMode::Off,
             },
             splitk: PathMode::from_var("VIGIL_CUDA_SPLITK"),
