@@ -14,8 +14,10 @@ use crate::backend::resize_taps::{taps, Tap};
 
 mod igemm;
 mod quant;
+mod space_to_depth;
 pub use igemm::{igemm_fits, Tiling, TILINGS, WG_TILINGS};
 pub use quant::QConvParts;
+pub use space_to_depth::space_to_depth_bytes;
 
 /// Where a kernel argument points.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -11,7 +11,8 @@ use cudarc::cudnn::{result as dnn, sys as dnn_sys};
 use cudarc::driver::{result as drv, sys, CudaContext, CudaEvent, CudaGraph, CudaStream};
 
 use super::codegen::{
-    igemm_fits, Arg, Gen, GenKernel, Im2col, LaunchDims, QConvParts, Tiling, TILINGS, WG_TILINGS,
+    igemm_fits, space_to_depth_bytes, Arg, Gen, GenKernel, Im2col, LaunchDims, QConvParts, Tiling,
+    TILINGS, WG_TILINGS,
 };
 use super::device::{
     alloc_arena, drv_err, igemm_capable, Arena, DeviceBuffer, Function, Module, PinnedBuffer,
@@ -362,6 +363,8 @@ struct Builder<'a> {
     splitk: PathMode,
     /// The device's multiprocessor count (how many blocks fill it).
     sms: usize,
+    /// Whether stride-2 stems may run over a space-to-depth copy (`VIGIL_CUDA_S2D=0`: never).
+    s2d: bool,
 }
 
 /// An optional kernel path's switch, from an environment variable (`VIGIL_CUDA_LT` for the
@@ -891,10 +894,20 @@ impl Builder<'_> {
         let c = parts.geom;
         let x = node.input(0).ok_or_else(|| unsupported(node, "no input"))?;
         let y = node.outputs[0];
+        // Stride-2 stems run over their space-to-depth copy: 16-byte copies, not byte gathers.
+        let s2d = parts.space_to_depth().filter(|_| self.s2d);
+        let ip = s2d.as_ref().unwrap_or(parts);
         let ig = match self.igemm {
             PathMode::Off => None,
-            _ if !igemm_fits(parts) => None,
-            _ => Some(self.igemm_best(parts, x, y)?),
+            _ if !igemm_fits(ip) => None,
+            _ => {
+                let (t, ms) = self.igemm_best(ip, x, y)?;
+                let copy = match &s2d {
+                    Some(sp) => self.space_to_depth_ms(parts, sp)?,
+                    None => 0.0,
+                };
+                Some((t, ms + copy))
+            }
         };
         if let Some((t, ms)) =
             ig.filter(|_| self.igemm == PathMode::Force || self.lt_mode == PathMode::Off)
@@ -904,7 +917,7 @@ impl Builder<'_> {
             } else {
                 "cuBLASLt off"
             };
-            self.push_igemm(idx, parts, (x, y), t, ms, why.into());
+            self.push_igemm(idx, (parts, s2d.as_ref()), (x, y), t, ms, why.into());
             return Ok(true);
         }
         if self.lt_mode == PathMode::Off {
@@ -994,7 +1007,7 @@ impl Builder<'_> {
             let lt = fused.as_ref().map_or(split_ms, |(mm, _)| mm.time_ms) + unfold;
             if ms < lt {
                 let why = format!("cublasLt {lt:.4} ms");
-                self.push_igemm(idx, parts, (x, y), t, ms, why);
+                self.push_igemm(idx, (parts, s2d.as_ref()), (x, y), t, ms, why);
                 return Ok(true);
             }
         }
@@ -1066,11 +1079,12 @@ impl Builder<'_> {
         })));
     }
 
-    /// Emits the implicit-GEMM kernel (tiling `t`, measured `ms`) for QConv `parts`.
+    /// Emits the implicit-GEMM kernel (tiling `t`, measured `ms`) for QConv `parts`, over the
+    /// space-to-depth copy of its input when `s2d` (its stride-1 form) is given.
     fn push_igemm(
         &mut self,
         idx: usize,
-        parts: &QConvParts,
+        (parts, s2d): (&QConvParts, Option<&QConvParts>),
         (x, y): (ValueId, ValueId),
         t: Tiling,
         ms: f32,
@@ -1078,17 +1092,28 @@ impl Builder<'_> {
     ) {
         let c = parts.geom;
         self.note = format!(
-            " igemm {t} {ms:.4} ms ({against}) m{} n{} k{}",
+            " igemm {t}{} {ms:.4} ms ({against}) m{} n{} k{}",
+            if s2d.is_some() { " space-to-depth" } else { "" },
             c.n * c.oh * c.ow,
             c.cout,
             c.kh * c.kw * c.cin
         );
-        let k = self.gen.qigemm(x, y, parts, t);
+        let kp = s2d.unwrap_or(parts);
+        // Scratch: the split K's partial sums, then the space-to-depth copy.
+        let partials = partial_bytes(kp, &t);
+        let xa = match s2d {
+            Some(sp) => {
+                let k = self.gen.space_to_depth_into_scratch(x, parts, sp, partials);
+                self.launch(idx, k);
+                Arg::ScratchAt(partials)
+            }
+            None => Arg::Val(x),
+        };
+        let k = self.gen.qigemm(xa, y, kp, t);
         self.launch(idx, k);
+        self.scratch[idx] = partials + s2d.map_or(0, |sp| alit(space_to_depth_bytes(sp)));
         if t.splits > 1 {
-            // The partial sums in scratch, added up by the requantization.
-            self.scratch[idx] = partial_bytes(parts, &t);
-            let kr = self.gen.qrequant(y, 0, parts, t.splits);
+            let kr = self.gen.qrequant(y, 0, kp, t.splits);
             self.launch(idx, kr);
         }
     }
@@ -1144,7 +1169,7 @@ impl Builder<'_> {
                     .iter()
                     .map(|&t| {
                         let mut g = Gen::new(false);
-                        let k = g.qigemm(x, y, parts, t);
+                        let k = g.qigemm(Arg::Val(x), y, parts, t);
                         (t, g, k)
                     })
                     .collect();
@@ -1188,6 +1213,22 @@ impl Builder<'_> {
                 best.ok_or_else(|| Error::Unsupported("no implicit-GEMM tiling".into()))
             },
         )
+    }
+
+    /// Measured milliseconds of the space-to-depth copy of QConv `parts`' input for `s2d`
+    /// (memoised per geometry, process-wide).
+    fn space_to_depth_ms(&mut self, parts: &QConvParts, s2d: &QConvParts) -> Result<f32> {
+        static CACHE: Memo<String, f32> = OnceLock::new();
+        let c = parts.geom;
+        memoised(&CACHE, format!("{c:?} {}", parts.flip), || {
+            let mut g = Gen::new(false);
+            let k = g.space_to_depth_into_scratch(0, parts, s2d, 0);
+            let xb = alit(c.n * c.h * c.w * c.cin);
+            let sb = alit(space_to_depth_bytes(s2d));
+            let buf = self.tmp(xb + sb + 2 * ALIGNMENT)?.div_ceil(256) * 256;
+            // SAFETY: the kernel takes (x, its copy): the search buffer holds both.
+            unsafe { self.kernel_ms(&g, &k, &[buf, buf + xb as u64]) }
+        })
     }
 
     /// Measured milliseconds of the int8 unfold of `parts` into a `col_bytes` patch matrix
@@ -1513,6 +1554,7 @@ impl CudaExecutable {
             sms: ctx
                 .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
                 .map_or(1, |v| usize::try_from(v).unwrap_or(1)),
+            s2d: std::env::var("VIGIL_CUDA_S2D").map_or(true, |v| v != "0"),
         };
         for (i, n) in g.nodes.iter().enumerate() {
             b.node(i, n)?;

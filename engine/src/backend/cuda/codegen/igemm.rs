@@ -248,9 +248,10 @@ fn fragment_loops(t: Tiling, n: usize, body: &str) -> String {
 }
 
 impl Gen {
-    /// The implicit-GEMM kernel of QConv `parts` from NHWC int8 `x` into `y` with block
-    /// shape `t` (see the module docs); check [`igemm_fits`] first.
-    pub fn qigemm(&mut self, x: ValueId, y: ValueId, p: &QConvParts, t: Tiling) -> GenKernel {
+    /// The implicit-GEMM kernel of QConv `parts` from NHWC int8 `x` (a value, or the
+    /// space-to-depth copy in scratch) into `y` with block shape `t` (see the module docs);
+    /// check [`igemm_fits`] first.
+    pub fn qigemm(&mut self, x: Arg, y: ValueId, p: &QConvParts, t: Tiling) -> GenKernel {
         let c = &p.geom;
         let (m, n, k) = (c.n * c.oh * c.ow, c.cout, c.kh * c.kw * p.c4);
         let (bm, bn, th, st) = (t.bm(), t.bn(), t.threads(), t.stages);
@@ -271,7 +272,7 @@ impl Gen {
             Arg::Val(y)
         };
         let mut params = vec![
-            (Arg::Val(x), "const u8"),
+            (x, "const u8"),
             (out, "u8"),
             (wt, "const u8"),
             (bt, "const u8"),
@@ -613,7 +614,7 @@ mod tests {
         // K = 9 taps x 4 bytes = 36 -> rows of 64 with zeros after byte 36.
         let p = parts(3, 4, 16, true);
         let mut g = Gen::new(false);
-        let k = g.qigemm(0, 1, &p, TILINGS[0]);
+        let k = g.qigemm(Arg::Val(0), 1, &p, TILINGS[0]);
         let w = &g.extras[0];
         assert_eq!(w.len(), 16 * 64);
         for (row, src) in w.chunks_exact(64).zip(p.packed.chunks_exact(36)) {
@@ -639,8 +640,8 @@ mod tests {
             zero_point: 0,
         });
         let mut g = Gen::new(false);
-        let whole = g.qigemm(0, 1, &p, TILINGS[0]);
-        let split = g.qigemm(0, 1, &p, TILINGS[0].split(3));
+        let whole = g.qigemm(Arg::Val(0), 1, &p, TILINGS[0]);
+        let split = g.qigemm(Arg::Val(0), 1, &p, TILINGS[0].split(3));
         // Unsplit: writes y and reads the residual; split: partial sums into scratch, no
         // residual (the requantization adds it), one grid layer per part.
         assert_eq!(whole.args[1], Arg::Val(1));
@@ -660,7 +661,7 @@ mod tests {
         let p = parts(32, 32, 64, false);
         for t in WG_TILINGS {
             let mut g = Gen::new(false);
-            let k = g.qigemm(0, 1, &p, t);
+            let k = g.qigemm(Arg::Val(0), 1, &p, t);
             let d = k.launch.expect("tiled launch");
             assert_eq!(d.smem as usize, t.stages * (t.bm() + t.bn()) * 64 + 1024);
             assert_eq!(d.block as usize, 128 * t.bm() / 64);
