@@ -59,13 +59,18 @@ impl Tiling {
     fn stage_bytes(&self) -> usize {
         (self.bm() + self.bn()) * 64
     }
-    /// Dynamic shared-memory bytes: wgmma tilings keep their ring there, aligned in the kernel
-    /// to 1024 bytes (the swizzle is address-based); the others use a static array.
+    /// Dynamic shared-memory bytes of the ring, aligned in the kernel to 1024 bytes (the
+    /// wgmma swizzle is address-based).
     pub fn smem(&self) -> usize {
-        if self.wgmma {
-            self.stages * self.stage_bytes() + 1024
-        } else {
-            0
+        self.stages * self.stage_bytes() + 1024
+    }
+    /// This tiling with its ring cut to what `kcnt` K tiles per block can fill (a 1x1
+    /// convolution over 64 channels has one): less shared memory, more blocks per SM.
+    fn for_k_tiles(self, kcnt: usize) -> Tiling {
+        let (gap, least) = if self.wgmma { (2, 3) } else { (1, 2) };
+        Tiling {
+            stages: self.stages.min(kcnt + gap).max(least),
+            ..self
         }
     }
     /// K tiles loaded ahead of the one being multiplied: a wgmma tiling keeps one group of
@@ -143,6 +148,9 @@ pub const WG_TILINGS: [Tiling; 5] = [
     Tiling::wg(1, 256, 5),
 ];
 
+/// Convolutions with at most this many K tiles fetch their residual with the first one.
+const PREFETCH_K_TILES: usize = 4;
+
 /// Whether `p` fits the implicit GEMM: one group, output channels a multiple of 8, and every
 /// index within 31 bits. Signed inputs with channels a multiple of 16 are copied into shared
 /// memory 16 bytes at a time; others (RGB stems, u8 inputs) are gathered a byte at a time.
@@ -163,9 +171,9 @@ fn gathers(p: &QConvParts) -> bool {
     p.flip || !p.geom.cin.is_multiple_of(16)
 }
 
-/// The wgmma kernels' ring: dynamic shared memory, its base rounded up to 1024 bytes so the
+/// The kernels' shared memory: dynamic, its base rounded up to 1024 bytes so the wgmma
 /// hardware's address-based 64-byte swizzle matches the stored XOR pattern.
-fn wgmma_smem() -> String {
+fn ring_smem() -> String {
     "  extern __shared__ __align__(16) u8 smem_raw[];\n  unsigned int sraw;\n  \
      asm(\"{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }\" : \"=r\"(sraw) : \"l\"(smem_raw));\n  \
      const unsigned int sbase = (sraw + 1023u) & ~1023u;\n  \
@@ -254,6 +262,11 @@ impl Gen {
     pub fn qigemm(&mut self, x: Arg, y: ValueId, p: &QConvParts, t: Tiling) -> GenKernel {
         let c = &p.geom;
         let (m, n, k) = (c.n * c.oh * c.ow, c.cout, c.kh * c.kw * p.c4);
+        let kt = k.div_ceil(64);
+        let t = t.for_k_tiles(kt.div_ceil(t.splits));
+        // With a short K the residual tile is fetched with the first K tile, into its own
+        // shared memory after the ring, instead of after the main loop.
+        let prefetch = p.residual.is_some() && t.splits == 1 && kt <= PREFETCH_K_TILES;
         let (bm, bn, th, st) = (t.bm(), t.bn(), t.threads(), t.stages);
         let (wm, wn, warps_m) = (t.wm, t.wn, t.warps_m);
         // Weight rows padded with zeros to whole 64-byte K tiles (aligned 16-byte copies).
@@ -286,7 +299,6 @@ impl Gen {
         let pad_word = u32::from(p.pad_s as i8 as u8) * 0x0101_0101;
         let (h, w, cin, c4, oh, ow) = (c.h, c.w, c.cin, p.c4, c.oh, c.ow);
         let (kw, sh, sw, pt, pl, dh, dw) = (c.kw, c.sh, c.sw, c.pt, c.pl, c.dh, c.dw);
-        let kt = k.div_ceil(64);
         // Output rows leave in 16-byte pieces (8 when the channel count is not a multiple of 16).
         let (v, vt) = if n.is_multiple_of(16) {
             (16, "uint4")
@@ -363,16 +375,17 @@ impl Gen {
             )
         };
         let tile = t.stage_bytes();
-        let (smem_decl, mainloop) = if t.wgmma {
-            (wgmma_smem(), wgmma_loop(t, tile))
+        let ring = st * tile;
+        let (zsm, smem) = if prefetch {
+            (ring, t.smem() + bm * ts)
         } else {
-            (
-                format!(
-                    "  __shared__ __align__(128) u8 smem[{st} * {tile}];\n  unsigned int sbase;\n  \
-                     asm(\"{{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }}\" : \"=r\"(sbase) : \"l\"(smem));"
-                ),
-                format!(
-                    r#"  for (int it = 0; it < kcnt; ++it) {{
+            (0, t.smem())
+        };
+        let mainloop = if t.wgmma {
+            wgmma_loop(t, tile)
+        } else {
+            format!(
+                r#"  for (int it = 0; it < kcnt; ++it) {{
     asm volatile("cp.async.wait_group {wait};" ::: "memory");
     __syncthreads();
     if (it + {st} - 1 < kcnt) load((it + {st} - 1) % {st}, kbeg + it + {st} - 1);
@@ -409,10 +422,9 @@ impl Gen {
     }}
   }}
 "#,
-                    wait = st - 2,
-                    wm16 = wm * 16,
-                    wn8 = wn * 8,
-                ),
+                wait = st - 2,
+                wm16 = wm * 16,
+                wn8 = wn * 8,
             )
         };
         let epilogue = if t.splits > 1 {
@@ -428,10 +440,10 @@ impl Gen {
             )
         } else {
             format!(
-                r#"  // The ring is free: the block's output tile goes through it ([BM][TS] bytes, rows padded
-  // by 16 so the 2-byte writes of eight rows hit different banks) and leaves in {v}-byte
-  // pieces; a residual comes in the same way.
-  u8* tile = smem;
+                r#"  // The block's output tile goes through shared memory ([BM][TS] bytes, rows padded by 16
+  // so the 2-byte writes of eight rows hit different banks: the free ring, or the prefetched
+  // residual's own tile) and leaves in {v}-byte pieces; a late residual comes in the same way.
+  u8* tile = smem + {zsm};
   {zload}
   const int* bias2 = (const int*)p3;
   const float* mult = (const float*)p4;
@@ -468,7 +480,7 @@ impl Gen {
                         byte = requant_byte(&p.epi),
                     )
                 ),
-                zload = if p.residual.is_some() {
+                zload = if p.residual.is_some() && !prefetch {
                     format!("{} __syncthreads();", tile_copy(&shared, "p5 + g"))
                 } else {
                     String::new()
@@ -519,7 +531,7 @@ extern "C" __global__ void __launch_bounds__({th}) {name}({plist}) {{
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[i][j][e] = 0;
   {krange}
-#pragma unroll
+{zfetch}#pragma unroll
   for (int s = 0; s < {ahead}; ++s) {{
     if (s < kcnt) load(s, kbeg + s);
     asm volatile("cp.async.commit_group;");
@@ -532,6 +544,20 @@ extern "C" __global__ void __launch_bounds__({th}) {name}({plist}) {{
             ohw = oh * ow,
             hw = h * w,
             ahead = t.ahead(),
+            smem_decl = ring_smem(),
+            zfetch = if prefetch {
+                let op = if v == 16 { "cg" } else { "ca" };
+                format!(
+                    r#"  for (int q = tid; q < {bm} * {bnv}; q += {th}) {{
+    const int r = q / {bnv}, c = (q - r * {bnv}) * {v};
+    if (m0 + r < {m} && n0 + c < {n})
+      asm volatile("cp.async.{op}.shared.global [%0], [%1], {v};" :: "r"(sbase + {zsm} + r * {ts} + c), "l"(p5 + (i64)(m0 + r) * {n} + n0 + c));
+  }}
+"#
+                )
+            } else {
+                String::new()
+            },
             krange = if t.splits > 1 {
                 let kts = kt.div_ceil(t.splits);
                 format!("const int kbeg = blockIdx.z * {kts}, kcnt = min({kt} - kbeg, {kts});")
@@ -548,7 +574,7 @@ extern "C" __global__ void __launch_bounds__({th}) {name}({plist}) {{
             launch: Some(LaunchDims {
                 grid: (gx as u32, gy as u32, t.splits as u32),
                 block: th as u32,
-                smem: t.smem() as u32,
+                smem: smem as u32,
             }),
         }
     }
@@ -621,11 +647,12 @@ mod tests {
             assert_eq!(&row[..36], src);
             assert!(row[36..].iter().all(|&b| b == 0));
         }
-        // 16 x 126 outputs in 128 x 128 tiles: a 1 x 1 grid of 256 threads.
+        // 16 x 126 outputs in 128 x 128 tiles: a 1 x 1 grid of 256 threads; one K tile, so
+        // a ring of two stages (16 KiB each) plus the 1024 bytes of alignment.
         let dims = LaunchDims {
             grid: (1, 1, 1),
             block: 256,
-            smem: 0,
+            smem: 2 * 16384 + 1024,
         };
         assert_eq!(k.launch, Some(dims));
         assert!(g.src.contains(&k.name));
@@ -669,8 +696,38 @@ mod tests {
             // The output tile fits the ring it reuses.
             assert!(t.bm() * (t.bn() + 16) <= t.stages * (t.bm() + t.bn()) * 64);
         }
-        assert_eq!(TILINGS[0].smem(), 0);
         assert_eq!(WG_TILINGS[0].to_string(), "wg128x256/5");
+    }
+
+    #[test]
+    fn short_k_trims_the_ring_and_prefetches_the_residual() {
+        let residual = Some(super::super::quant::Residual {
+            z: 7,
+            beta: 0.5,
+            zero_point: 0,
+        });
+        let smem = |p: &QConvParts, t: Tiling| {
+            let mut g = Gen::new(false);
+            let k = g.qigemm(Arg::Val(0), 1, p, t);
+            let fetch = g
+                .src
+                .contains("cp.async.cg.shared.global [%0], [%1], 16;\" :: \"r\"(sbase + ");
+            (k.launch.expect("tiled launch").smem as usize, fetch)
+        };
+        // A 1x1 conv over 64 channels: one K tile, rings of 2 (mma) and 3 (wgmma) stages,
+        // and with a residual its [BM][BN + 16] tile after the ring.
+        let mut p = parts(64, 64, 128, false);
+        (p.geom.kh, p.geom.kw, p.geom.pt, p.geom.pl) = (1, 1, 0, 0);
+        let (t, w) = (TILINGS[0], WG_TILINGS[1]);
+        assert_eq!(smem(&p, t), (2 * t.stage_bytes() + 1024, false));
+        assert_eq!(smem(&p, w), (3 * w.stage_bytes() + 1024, false));
+        p.residual = residual;
+        assert_eq!(smem(&p, t), (2 * t.stage_bytes() + 1024 + 128 * 144, true));
+        // Nine K tiles (3x3 over 64 channels): full rings, the residual after the loop.
+        let mut p = parts(64, 64, 128, false);
+        assert_eq!(smem(&p, t), (t.smem(), false));
+        p.residual = residual;
+        assert_eq!(smem(&p, t), (t.smem(), false));
     }
 
     #[test]
