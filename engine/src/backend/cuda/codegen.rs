@@ -868,6 +868,54 @@ impl Gen {
         } else {
             (p(0), p(1), p(2), p(3))
         };
+        let codes = matches!(g.values[x].dtype, DataType::U8 | DataType::I8);
+        if codes && is_max && nhwc && c.is_multiple_of(4) {
+            // NHWC 8-bit codes: 4 or 16 channels a thread, a byte-wise max per word (a window
+            // with no valid tap keeps the lowest code, as the CPU kernel gives).
+            let signed = g.values[x].dtype == DataType::I8;
+            let (v, vt, lanes) = if c.is_multiple_of(16) {
+                (16, "uint4", ["x", "y", "z", "w"].as_slice())
+            } else {
+                (4, "unsigned int", [""].as_slice())
+            };
+            let (max, lo) = if signed {
+                ("__vmaxs4", "0x80808080u")
+            } else {
+                ("__vmaxu4", "0u")
+            };
+            let field = |l: &str| {
+                if l.is_empty() {
+                    String::new()
+                } else {
+                    format!(".{l}")
+                }
+            };
+            let init: Vec<String> = lanes
+                .iter()
+                .map(|l| format!("a{} = {lo};", field(l)))
+                .collect();
+            let comb: Vec<String> = lanes
+                .iter()
+                .map(|l| format!("a{f} = {max}(a{f}, t{f});", f = field(l)))
+                .collect();
+            let cv = c / v;
+            let mut body = decompose(&[ys[0], ys[1], ys[2], cv], "q");
+            let _ = write!(
+                body,
+                " {vt} a; {init}
+  for (int ky = 0; ky < {kh}; ++ky) {{ i64 iy = q1*{sh}LL - {pt}LL + ky*{dh}LL; if (iy < 0 || iy >= {h}LL) continue;
+    for (int kx = 0; kx < {kw}; ++kx) {{ i64 ix = q2*{sw}LL - {pl}LL + kx*{dw}LL; if (ix < 0 || ix >= {w}LL) continue;
+      {vt} t = ((const {vt}*)p0)[((q0*{h}LL + iy)*{w}LL + ix)*{cv}LL + q3]; {comb} }} }}
+  (({vt}*)p1)[i] = a;",
+                init = init.join(" "),
+                comb = comb.join(" "),
+            );
+            return Ok(self.kernel(
+                &[(Arg::Val(x), "const u8".into()), (Arg::Val(y), "u8".into())],
+                ys[0] * ys[1] * ys[2] * cv,
+                &body,
+            ));
+        }
         let (cn, cc, cy, cx) = if nhwc { (0, 3, 1, 2) } else { (0, 1, 2, 3) };
         let idx = if nhwc {
             format!("((q{cn}*{h}LL + iy)*{w}LL + ix)*{c}LL + q{cc}")
@@ -890,7 +938,6 @@ impl Gen {
                 "acc += v;"
             }
         );
-        let codes = matches!(g.values[x].dtype, DataType::U8 | DataType::I8);
         if codes && !is_max {
             return Err(unsupported(node, "AveragePool on 8-bit codes"));
         }
