@@ -365,6 +365,9 @@ struct Builder<'a> {
     sms: usize,
     /// Whether stride-2 stems may run over a space-to-depth copy (`VIGIL_CUDA_S2D=0`: never).
     s2d: bool,
+    /// Whether short-K implicit GEMMs may run as persistent blocks (`VIGIL_CUDA_PERSIST`: `0`
+    /// never, `force` only those where they apply).
+    persist: PathMode,
 }
 
 /// An optional kernel path's switch, from an environment variable (`VIGIL_CUDA_LT` for the
@@ -1139,6 +1142,30 @@ impl Builder<'_> {
             .collect()
     }
 
+    /// Persistent versions of the implicit GEMM worth timing for `parts`: short K (at most 8
+    /// tiles of 64, the 1x1 convolutions whose time goes to moving activations), as many
+    /// blocks as the SMs hold at once (estimated from shared memory, threads and registers).
+    fn persistent_tilings(&self, parts: &QConvParts) -> Vec<Tiling> {
+        let c = parts.geom;
+        let kt = (c.kh * c.kw * parts.c4).div_ceil(64);
+        if self.persist == PathMode::Off || kt > 8 {
+            return Vec::new();
+        }
+        let base: &[Tiling] = if self.wgmma == PathMode::Off {
+            &[TILINGS[1], TILINGS[3]]
+        } else {
+            &[TILINGS[1], TILINGS[3], WG_TILINGS[1], WG_TILINGS[2]]
+        };
+        base.iter()
+            .map(|t| {
+                let by_smem = (228 << 10) / (t.persistent_smem(kt) + 1024);
+                let by_regs = if t.threads() > 128 { 2 } else { 4 };
+                let per_sm = by_smem.min(2048 / t.threads()).min(by_regs).max(1);
+                t.persistent(self.sms * per_sm)
+            })
+            .collect()
+    }
+
     /// The fastest implicit-GEMM tiling for QConv `parts` and its measured milliseconds (each
     /// tiling compiled on its own thread, as NVRTC takes most of the time, then loaded and
     /// timed in turn; memoised per geometry, residual and tiling set, process-wide).
@@ -1155,13 +1182,19 @@ impl Builder<'_> {
             tilings.clear();
         }
         tilings.extend(split);
+        let persistent = self.persistent_tilings(parts);
+        if self.persist == PathMode::Force && !persistent.is_empty() {
+            tilings.clear();
+        }
+        tilings.extend(persistent);
         memoised(
             &CACHE,
             format!(
-                "{c:?} {} {:?} {:?}",
+                "{c:?} {} {:?} {:?} {:?}",
                 parts.residual.is_some(),
                 self.wgmma,
-                self.splitk
+                self.splitk,
+                self.persist
             ),
             || {
                 let ctx = self.ctx;
@@ -1555,6 +1588,7 @@ impl CudaExecutable {
                 .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
                 .map_or(1, |v| usize::try_from(v).unwrap_or(1)),
             s2d: std::env::var("VIGIL_CUDA_S2D").map_or(true, |v| v != "0"),
+            persist: PathMode::from_var("VIGIL_CUDA_PERSIST"),
         };
         for (i, n) in g.nodes.iter().enumerate() {
             b.node(i, n)?;

@@ -36,6 +36,9 @@ pub struct Tiling {
     /// K split across `splits` blocks (grid z), each writing its int32 sums to its own
     /// partial buffer for [`Gen::qrequant`] to add up (1: the kernel requantizes itself).
     pub splits: usize,
+    /// Persistent blocks: `ctas` blocks loop over the output tiles, loading the next tile (and
+    /// its residual) while the current one is requantized and stored (0: a block per tile).
+    pub ctas: usize,
 }
 
 impl Tiling {
@@ -92,6 +95,7 @@ impl Tiling {
             stages,
             wgmma: false,
             splits: 1,
+            ctas: 0,
         }
     }
     /// A wgmma tiling: `groups` warpgroups along M, each `m64 × bn`, over `stages` stages.
@@ -104,11 +108,25 @@ impl Tiling {
             stages,
             wgmma: true,
             splits: 1,
+            ctas: 0,
         }
     }
     /// This tiling with K split `s` ways.
     pub fn split(self, s: usize) -> Tiling {
         Tiling { splits: s, ..self }
+    }
+    /// This tiling as `ctas` persistent blocks (see [`Tiling::ctas`]).
+    pub fn persistent(self, ctas: usize) -> Tiling {
+        Tiling { ctas, ..self }
+    }
+    /// The output tile's shared bytes: `BM` rows of `BN + 16` (padded against bank conflicts).
+    fn out_tile_bytes(&self) -> usize {
+        self.bm() * (self.bn() + 16)
+    }
+    /// Dynamic shared-memory bytes of a persistent kernel of this tiling with `kt` K tiles:
+    /// the ring and two output tiles (the current one's and the next one's residual).
+    pub fn persistent_smem(&self, kt: usize) -> usize {
+        self.for_k_tiles(kt).smem() + 2 * self.out_tile_bytes()
     }
 }
 
@@ -123,6 +141,9 @@ impl std::fmt::Display for Tiling {
         }
         if self.splits > 1 {
             write!(f, " split-k {}", self.splits)?;
+        }
+        if self.ctas > 0 {
+            write!(f, " persistent {}", self.ctas)?;
         }
         Ok(())
     }
@@ -266,7 +287,8 @@ impl Gen {
         let t = t.for_k_tiles(kt.div_ceil(t.splits));
         // With a short K the residual tile is fetched with the first K tile, into its own
         // shared memory after the ring, instead of after the main loop.
-        let prefetch = p.residual.is_some() && t.splits == 1 && kt <= PREFETCH_K_TILES;
+        let persist = t.ctas > 0 && t.splits == 1;
+        let prefetch = p.residual.is_some() && t.splits == 1 && (persist || kt <= PREFETCH_K_TILES);
         let (bm, bn, th, st) = (t.bm(), t.bn(), t.threads(), t.stages);
         let (wm, wn, warps_m) = (t.wm, t.wn, t.warps_m);
         // Weight rows padded with zeros to whole 64-byte K tiles (aligned 16-byte copies).
@@ -376,8 +398,11 @@ impl Gen {
         };
         let tile = t.stage_bytes();
         let ring = st * tile;
-        let (zsm, smem) = if prefetch {
-            (ring, t.smem() + bm * ts)
+        let zbytes = t.out_tile_bytes();
+        let (zsm, smem) = if persist {
+            (ring, t.smem() + 2 * zbytes)
+        } else if prefetch {
+            (ring, t.smem() + zbytes)
         } else {
             (0, t.smem())
         };
@@ -443,7 +468,7 @@ impl Gen {
                 r#"  // The block's output tile goes through shared memory ([BM][TS] bytes, rows padded by 16
   // so the 2-byte writes of eight rows hit different banks: the free ring, or the prefetched
   // residual's own tile) and leaves in {v}-byte pieces; a late residual comes in the same way.
-  u8* tile = smem + {zsm};
+  u8* tile = smem + {zsm}{zpar};
   {zload}
   const int* bias2 = (const int*)p3;
   const float* mult = (const float*)p4;
@@ -480,12 +505,98 @@ impl Gen {
                         byte = requant_byte(&p.epi),
                     )
                 ),
+                zpar = if persist {
+                    format!(" + par * {zbytes}")
+                } else {
+                    String::new()
+                },
                 zload = if p.residual.is_some() && !prefetch {
                     format!("{} __syncthreads();", tile_copy(&shared, "p5 + g"))
                 } else {
                     String::new()
                 },
                 ystore = tile_copy("p1 + g", &shared),
+            )
+        };
+        let (gx, gy) = t.grid(m, n);
+        let tiles = gx * gy;
+        let zfetch = if prefetch {
+            let op = if v == 16 { "cg" } else { "ca" };
+            format!(
+                r#"  auto fetch_z = [&](unsigned int zs) {{
+    for (int q = tid; q < {bm} * {bnv}; q += {th}) {{
+      const int r = q / {bnv}, c = (q - r * {bnv}) * {v};
+      if (lm0 + r < {m} && ln0 + c < {n})
+        asm volatile("cp.async.{op}.shared.global [%0], [%1], {v};" :: "r"(zs + r * {ts} + c), "l"(p5 + (i64)(lm0 + r) * {n} + ln0 + c));
+    }}
+  }};
+"#
+            )
+        } else {
+            String::new()
+        };
+        let fetch = |at: &str| {
+            if prefetch {
+                format!("fetch_z(sbase + {zsm}{at});")
+            } else {
+                String::new()
+            }
+        };
+        let prologue = format!(
+            r#"#pragma unroll
+  for (int s = 0; s < {ahead}; ++s) {{
+    if (s < kcnt) load(s, kbeg + s);
+    asm volatile("cp.async.commit_group;");
+  }}
+"#,
+            ahead = t.ahead()
+        );
+        let tile_body = format!(
+            r#"  int acc[{wm}][{wn}][4];
+#pragma unroll
+  for (int i = 0; i < {wm}; ++i)
+#pragma unroll
+    for (int j = 0; j < {wn}; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0;
+{mainloop}  asm volatile("cp.async.wait_group 0;" ::: "memory");
+  __syncthreads();
+"#
+        );
+        let body = if persist {
+            // Tiles in M-major order with N fastest, so blocks running together share A rows.
+            format!(
+                r#"  const int kbeg = 0, kcnt = {kt};
+  int tt = blockIdx.x, par = 0;
+  setup((tt / {gy}) * {bm}, (tt % {gy}) * {bn});
+  {fetch0}
+{prologue}  for (; tt < {tiles}; tt += gridDim.x, par ^= 1) {{
+  const int m0 = lm0, n0 = ln0;
+{tile_body}  // The ring is free: the next tile's first K tiles and residual load during this epilogue.
+  const int next = tt + gridDim.x;
+  if (next < {tiles}) {{
+    setup((next / {gy}) * {bm}, (next % {gy}) * {bn});
+    {fetch1}
+{prologue}  }}
+{epilogue}  }}
+"#,
+                fetch0 = fetch(""),
+                fetch1 = fetch(&format!(" + (par ^ 1) * {zbytes}")),
+            )
+        } else {
+            format!(
+                r#"  setup(blockIdx.x * {bm}, blockIdx.y * {bn});
+  {krange}
+  {fetch0}
+{prologue}  const int m0 = lm0, n0 = ln0;
+{tile_body}{epilogue}"#,
+                fetch0 = fetch(""),
+                krange = if t.splits > 1 {
+                    let kts = kt.div_ceil(t.splits);
+                    format!("const int kbeg = blockIdx.z * {kts}, kcnt = min({kt} - kbeg, {kts});")
+                } else {
+                    format!("const int kbeg = 0, kcnt = {kt};")
+                },
             )
         };
         let mut s = String::new();
@@ -496,18 +607,23 @@ extern "C" __global__ void __launch_bounds__({th}) {name}({plist}) {{
 {smem_decl}
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wmi = warp % {warps_m}, wni = warp / {warps_m};
-  const int m0 = blockIdx.x * {bm}, n0 = blockIdx.y * {bn};
   const int col = tid & 3;
   int a_pix[{al}], a_iy[{al}], a_ix[{al}];
+  int lm0 = 0, ln0 = 0;
+  // The tile at output pixel tm, channel tn becomes the one the loaders read.
+  auto setup = [&](int tm, int tn) {{
+    lm0 = tm;
+    ln0 = tn;
 #pragma unroll
-  for (int r = 0; r < {al}; ++r) {{
-    int m = m0 + (tid >> 2) + r * {th4};
-    int img = m / {ohw}, rem = m - img * {ohw}, oy = rem / {ow}, ox = rem - oy * {ow};
-    bool live = m < {m};
-    a_pix[r] = img * {hw};
-    a_iy[r] = live ? oy * {sh} - {pt} : -(1 << 28);
-    a_ix[r] = ox * {sw} - {pl};
-  }}
+    for (int r = 0; r < {al}; ++r) {{
+      int m = tm + (tid >> 2) + r * {th4};
+      int img = m / {ohw}, rem = m - img * {ohw}, oy = rem / {ow}, ox = rem - oy * {ow};
+      bool live = m < {m};
+      a_pix[r] = img * {hw};
+      a_iy[r] = live ? oy * {sh} - {pt} : -(1 << 28);
+      a_ix[r] = ox * {sw} - {pl};
+    }}
+  }};
   auto load = [&](int stage, int kt) {{
     const unsigned int sa = sbase + stage * {tile};
     const unsigned int sb = sa + {bm} * 64;
@@ -517,62 +633,31 @@ extern "C" __global__ void __launch_bounds__({th}) {name}({plist}) {{
       const int row = (tid >> 2) + r * {th4};
       if (row < {bn}) {{
         const unsigned int dst = sb + row * 64 + ((col ^ ((row >> 1) & 3)) << 4);
-        const bool ok = n0 + row < {n};
-        const u8* src = ok ? p2 + (i64)(n0 + row) * {kp} + k : p2;
+        const bool ok = ln0 + row < {n};
+        const u8* src = ok ? p2 + (i64)(ln0 + row) * {kp} + k : p2;
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(ok ? 16 : 0));
       }}
     }}
   }};
-  int acc[{wm}][{wn}][4];
-#pragma unroll
-  for (int i = 0; i < {wm}; ++i)
-#pragma unroll
-    for (int j = 0; j < {wn}; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0;
-  {krange}
-{zfetch}#pragma unroll
-  for (int s = 0; s < {ahead}; ++s) {{
-    if (s < kcnt) load(s, kbeg + s);
-    asm volatile("cp.async.commit_group;");
-  }}
-{mainloop}  asm volatile("cp.async.wait_group 0;" ::: "memory");
-  __syncthreads();
-{epilogue}}}
+{zfetch}{body}}}
 "#,
             th4 = th / 4,
             ohw = oh * ow,
             hw = h * w,
-            ahead = t.ahead(),
             smem_decl = ring_smem(),
-            zfetch = if prefetch {
-                let op = if v == 16 { "cg" } else { "ca" };
-                format!(
-                    r#"  for (int q = tid; q < {bm} * {bnv}; q += {th}) {{
-    const int r = q / {bnv}, c = (q - r * {bnv}) * {v};
-    if (m0 + r < {m} && n0 + c < {n})
-      asm volatile("cp.async.{op}.shared.global [%0], [%1], {v};" :: "r"(sbase + {zsm} + r * {ts} + c), "l"(p5 + (i64)(m0 + r) * {n} + n0 + c));
-  }}
-"#
-                )
-            } else {
-                String::new()
-            },
-            krange = if t.splits > 1 {
-                let kts = kt.div_ceil(t.splits);
-                format!("const int kbeg = blockIdx.z * {kts}, kcnt = min({kt} - kbeg, {kts});")
-            } else {
-                format!("const int kbeg = 0, kcnt = {kt};")
-            },
         );
         self.src.push_str(&s);
-        let (gx, gy) = t.grid(m, n);
+        let grid = if persist {
+            (t.ctas.min(tiles) as u32, 1, 1)
+        } else {
+            (gx as u32, gy as u32, t.splits as u32)
+        };
         GenKernel {
             name,
             threads: m * n,
             args: params.iter().map(|(a, _)| *a).collect(),
             launch: Some(LaunchDims {
-                grid: (gx as u32, gy as u32, t.splits as u32),
+                grid,
                 block: th as u32,
                 smem: smem as u32,
             }),
@@ -709,9 +794,7 @@ mod tests {
         let smem = |p: &QConvParts, t: Tiling| {
             let mut g = Gen::new(false);
             let k = g.qigemm(Arg::Val(0), 1, p, t);
-            let fetch = g
-                .src
-                .contains("cp.async.cg.shared.global [%0], [%1], 16;\" :: \"r\"(sbase + ");
+            let fetch = g.src.contains("fetch_z(sbase + ");
             (k.launch.expect("tiled launch").smem as usize, fetch)
         };
         // A 1x1 conv over 64 channels: one K tile, rings of 2 (mma) and 3 (wgmma) stages,
@@ -728,6 +811,35 @@ mod tests {
         assert_eq!(smem(&p, t), (t.smem(), false));
         p.residual = residual;
         assert_eq!(smem(&p, t), (t.smem(), false));
+    }
+
+    #[test]
+    fn persistent_blocks_loop_over_tiles_with_two_output_tiles() {
+        let mut p = parts(64, 64, 256, false);
+        (p.geom.kh, p.geom.kw, p.geom.pt, p.geom.pl) = (1, 1, 0, 0);
+        p.residual = Some(super::super::quant::Residual {
+            z: 7,
+            beta: 0.5,
+            zero_point: 0,
+        });
+        // 2 x 63 = 126 pixels, 256 channels: 64x128 tiles make a 2 x 2 grid of 4 tiles.
+        let t = TILINGS[1];
+        for (ctas, blocks) in [(3, 3), (264, 4)] {
+            let mut g = Gen::new(false);
+            let k = g.qigemm(Arg::Val(0), 1, &p, t.persistent(ctas));
+            let d = k.launch.expect("tiled launch");
+            assert_eq!(d.grid, (blocks, 1, 1));
+            assert_eq!(d.smem as usize, t.persistent_smem(1));
+            assert_eq!(
+                t.persistent_smem(1),
+                2 * t.stage_bytes() + 1024 + 2 * 64 * 144
+            );
+            // Each block walks the tiles; the next one's residual goes to the other tile.
+            assert!(g.src.contains("tt < 4; tt += gridDim.x, par ^= 1"));
+            assert!(g.src.contains("fetch_z(sbase + 24576 + (par ^ 1) * 9216);"));
+            assert!(g.src.contains("u8* tile = smem + 24576 + par * 9216;"));
+        }
+        assert_eq!(t.persistent(264).to_string(), "64x128 persistent 264");
     }
 
     #[test]
