@@ -1258,6 +1258,24 @@ impl Gen {
         if perm.len() != xs.len() || perm.iter().any(|&p| p >= xs.len()) {
             return Err(unsupported(node, "bad permutation"));
         }
+        let t = ctype(g.values[x].dtype);
+        if perm == [0, 2, 3, 1] && xs[1] <= 4 && matches!(t, "u8" | "signed char") {
+            // Bytes NCHW -> NHWC over a few channels (a quantized image): a thread per pixel
+            // reads its channels from their planes and writes them side by side.
+            let (c, hw) = (xs[1], xs[2] * xs[3]);
+            let body = format!(
+                "{} for (int c = 0; c < {c}; ++c) p1[(q0*{hw}LL + q1)*{c}LL + c] = p0[(q0*{c}LL + c)*{hw}LL + q1];",
+                decompose(&[xs[0], hw], "q")
+            );
+            return Ok(self.kernel(
+                &[
+                    (Arg::Val(x), format!("const {t}")),
+                    (Arg::Val(y), t.to_string()),
+                ],
+                xs[0] * hw,
+                &body,
+            ));
+        }
         let st = strides(&xs);
         let off: Vec<String> = perm
             .iter()
@@ -1265,7 +1283,6 @@ impl Gen {
             .map(|(k, &p)| format!("c{k}*{}LL", st[p]))
             .chain(std::iter::once("0".into()))
             .collect();
-        let t = ctype(g.values[x].dtype);
         let body = format!("{} p1[i] = p0[{}];", decompose(&ys, "c"), off.join("+"));
         Ok(self.kernel(
             &[
@@ -1477,8 +1494,16 @@ impl Gen {
             }
             None => params.push((Arg::Val(sv), "const F".into())),
         }
+        // Four elements a thread (one channel, 16-byte float and 4-byte code accesses) when
+        // the float side is stored as f32 and channels come in runs of four.
+        let total: usize = xs.iter().product();
+        let quad = !self.fp16
+            && xt != DataType::I32
+            && total.is_multiple_of(4)
+            && (!per_axis || inner.is_multiple_of(4));
+        let e = if quad { "(i * 4)" } else { "i" };
         let ch = if per_axis {
-            format!("(i / {inner}LL) % {channels}LL")
+            format!("({e} / {inner}LL) % {channels}LL")
         } else {
             "0".into()
         };
@@ -1497,15 +1522,53 @@ impl Gen {
             } else {
                 (-128, 127)
             };
+            let one = |x: &str| {
+                format!(
+                    "{{ float v = {x} / s; if (v != v) v = 0.f; v = fminf(fmaxf(v, (float)({lo}LL - z)), (float)({hi}LL - z)); q = ({})((i64)rintf(v) + z); }}",
+                    ctype(yt)
+                )
+            };
+            if quad {
+                let parts: Vec<String> = ["x", "y", "z", "w"]
+                    .iter()
+                    .enumerate()
+                    .map(|(b, l)| {
+                        format!(
+                            " {{ {} q; {} w |= (unsigned int)(u8)q << {}; }}",
+                            ctype(yt),
+                            one(&format!("f.{l}")),
+                            8 * b
+                        )
+                    })
+                    .collect();
+                let _ = write!(
+                    body,
+                    " float4 f = ((const float4*)p0)[i]; unsigned int w = 0u;{} ((unsigned int*)p1)[i] = w;",
+                    parts.concat()
+                );
+            } else {
+                let _ = write!(body, " {} q; {} p1[i] = q;", ctype(yt), one("(float)p0[i]"));
+            }
+        } else if quad {
             let _ = write!(
                 body,
-                " float v = (float)p0[i] / s; if (v != v) v = 0.f; v = fminf(fmaxf(v, (float)({lo}LL - z)), (float)({hi}LL - z)); p1[i] = ({})((i64)rintf(v) + z);",
-                ctype(yt)
+                " unsigned int w = ((const unsigned int*)p0)[i]; float4 f; {}",
+                ["x", "y", "z", "w"]
+                    .iter()
+                    .enumerate()
+                    .map(|(b, l)| format!(
+                        "f.{l} = (float)((i64)({})(w >> {}) - z) * s; ",
+                        ctype(xt),
+                        8 * b
+                    ))
+                    .collect::<String>()
             );
+            body.push_str("((float4*)p1)[i] = f;");
         } else {
             body.push_str(" p1[i] = (float)((i64)p0[i] - z) * s;");
         }
-        Ok(self.kernel(&params, xs.iter().product(), &body))
+        let threads = if quad { total / 4 } else { total };
+        Ok(self.kernel(&params, threads, &body))
     }
 
     /// A folded `DQ → unary → Q` chain: each 8-bit input byte maps through a 256-entry table.
@@ -1703,5 +1766,82 @@ impl Gen {
         }
         body.push_str(" p2[i] = acc;");
         Ok(self.kernel(&params, yshape.iter().product(), &body))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::Tensor;
+
+    /// A one-node graph: `op` from an input of `dtype` and `shape` (plus `scales` f32 scales
+    /// for Q/DQ) into an output of `out` and `out_shape`.
+    fn one_node(
+        op: Op,
+        (dtype, shape): (DataType, &[usize]),
+        (out, out_shape): (DataType, &[usize]),
+        scales: usize,
+    ) -> Graph {
+        let mut g = Graph::default();
+        let x = g.add_value("x", dtype);
+        g.values[x].shape = Some(shape.to_vec());
+        let mut inputs = vec![Some(x)];
+        if scales > 0 {
+            let t = Tensor::from_f32(vec![scales], vec![0.5; scales]).expect("scales");
+            inputs.push(Some(g.add_constant("s", t)));
+        }
+        let y = g.add_value("y", out);
+        g.values[y].shape = Some(out_shape.to_vec());
+        g.nodes.push(Node {
+            name: "n".into(),
+            op,
+            inputs,
+            outputs: vec![y],
+        });
+        g
+    }
+
+    fn threads(g: &Graph, fp16: bool) -> usize {
+        let ks = Gen::new(fp16).node(g, &g.nodes[0]).expect("kernel");
+        ks[0].threads
+    }
+
+    #[test]
+    fn quantize_and_dequantize_take_four_elements_a_thread_where_they_can() {
+        let q = |axis| Op::QuantizeLinear { axis, dtype: None };
+        let f32_to = |s: &[usize], n| one_node(q(1), (DataType::F32, s), (DataType::I8, s), n);
+        // Per tensor, 48 elements: 12 threads; fp16 storage keeps one a thread.
+        assert_eq!(threads(&f32_to(&[1, 3, 4, 4], 1), false), 12);
+        assert_eq!(threads(&f32_to(&[1, 3, 4, 4], 1), true), 48);
+        // Per channel: runs of 16 a channel split into fours, runs of 3 do not.
+        assert_eq!(threads(&f32_to(&[1, 3, 4, 4], 3), false), 12);
+        assert_eq!(threads(&f32_to(&[2, 3, 3], 3), false), 18);
+        let dq = |s: &[usize], dt| {
+            one_node(
+                Op::DequantizeLinear { axis: 1 },
+                (dt, s),
+                (DataType::F32, s),
+                1,
+            )
+        };
+        assert_eq!(threads(&dq(&[2, 8], DataType::U8), false), 4);
+        assert_eq!(threads(&dq(&[2, 8], DataType::I32), false), 16);
+    }
+
+    #[test]
+    fn byte_images_transpose_to_nhwc_a_pixel_a_thread() {
+        let t = || Op::Transpose {
+            perm: vec![0, 2, 3, 1],
+        };
+        let image = |dt| one_node(t(), (dt, &[2, 3, 5, 5]), (dt, &[2, 5, 5, 3]), 0);
+        assert_eq!(threads(&image(DataType::U8), false), 50);
+        assert_eq!(threads(&image(DataType::F32), false), 150);
+        let wide = one_node(
+            t(),
+            (DataType::U8, &[1, 8, 2, 2]),
+            (DataType::U8, &[1, 2, 2, 8]),
+            0,
+        );
+        assert_eq!(threads(&wide, false), 32);
     }
 }

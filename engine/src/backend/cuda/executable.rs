@@ -365,8 +365,9 @@ struct Builder<'a> {
     sms: usize,
     /// Whether stride-2 stems may run over a space-to-depth copy (`VIGIL_CUDA_S2D=0`: never).
     s2d: bool,
-    /// Whether short-K implicit GEMMs may run as persistent blocks (`VIGIL_CUDA_PERSIST`: `0`
-    /// never, `force` only those where they apply).
+    /// Whether short-K implicit GEMMs may run as persistent blocks (`VIGIL_CUDA_PERSIST`: off
+    /// by default, as no ResNet-50 convolution took them on the H200; `1` times them too,
+    /// `force` only those where they apply).
     persist: PathMode,
 }
 
@@ -388,6 +389,15 @@ impl PathMode {
             Ok("0") => PathMode::Off,
             Ok("force") => PathMode::Force,
             _ => PathMode::Measured,
+        }
+    }
+
+    /// A path that is off unless asked for: `1` measures it, `force` takes it.
+    fn opt_in(name: &str) -> Self {
+        match std::env::var(name).as_deref() {
+            Ok("1") => PathMode::Measured,
+            Ok("force") => PathMode::Force,
+            _ => PathMode::Off,
         }
     }
 }
@@ -1588,7 +1598,7 @@ impl CudaExecutable {
                 .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
                 .map_or(1, |v| usize::try_from(v).unwrap_or(1)),
             s2d: std::env::var("VIGIL_CUDA_S2D").map_or(true, |v| v != "0"),
-            persist: PathMode::from_var("VIGIL_CUDA_PERSIST"),
+            persist: PathMode::opt_in("VIGIL_CUDA_PERSIST"),
         };
         for (i, n) in g.nodes.iter().enumerate() {
             b.node(i, n)?;
