@@ -4,7 +4,8 @@
 # Checks the implicit GEMM forced wherever it fits (mma tilings, then wgmma ones; exact against
 # the CPU with VIGIL_CUDA_QFUSE=0), benches INT8 against FP16 in the same call (and ResNet-50 s8
 # batch 32 with VIGIL_CUDA_S2D=0), profiles ResNet-50 s8 at batch 32; SUITE=1 then runs the
-# whole cuda_backend suite as shipped.
+# whole cuda_backend suite as shipped (SUITE_ONLY=1: only it, ending by SUITE_END seconds;
+# BENCH_AFTER: INT8 models to bench after it).
 # run(command="bash scripts/gpu/int8-stem.sh", carry=[".gpu/s11", ".gpu/cuda/node", ".gpu/cuda3/eval"])
 set -o pipefail
 D=${D:-.gpu/s11}
@@ -27,7 +28,11 @@ grep -E "^PROFILE" $OUT/prof.txt; grep -E "^PKIND" $OUT/prof.txt | head -4; grep
 fi
 if [ -n "$SUITE" ] || [ -n "$SUITE_ONLY" ]; then
 echo "=== cuda_backend as shipped ($SECONDS s)"
-VIGIL_ONNX_NODE_TESTS=$PWD/.gpu/cuda/node VIGIL_CUDA_COMPARE="$CMP,$PWD/models/nanodet-m-416.onnx:2" timeout $((590 - SECONDS)) $T --test-threads=1 --nocapture > "$OUT/tests.txt" 2>&1; echo "rc $?"
+VIGIL_ONNX_NODE_TESTS=$PWD/.gpu/cuda/node VIGIL_CUDA_COMPARE="$CMP,$PWD/models/nanodet-m-416.onnx:2" timeout $((${SUITE_END:-590} - SECONDS)) $T --test-threads=1 --nocapture > "$OUT/tests.txt" 2>&1; echo "rc $?"
 grep -E "^test |test result|conformance:|allocs" "$OUT/tests.txt" | cut -c1-200 | tail -16; grep -A3 panicked "$OUT/tests.txt" | head -12
+fi
+if [ -n "$BENCH_AFTER" ]; then
+echo "=== bench after the suite ($SECONDS s)"
+VIGIL_CUDA_PRECISIONS=int8 VIGIL_CUDA_BENCH="$BENCH_AFTER" timeout $((590 - SECONDS)) $T bench_listed_models --nocapture 2>&1 | tee "$OUT/bench-after.txt" | grep -E "BENCH|panicked|error"
 fi
 echo "done ($SECONDS s)"
