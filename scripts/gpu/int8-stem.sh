@@ -33,6 +33,7 @@ grep -E "^test |test result|conformance:|allocs" "$OUT/tests.txt" | cut -c1-200 
 fi
 if [ -n "$BENCH_AFTER" ]; then
 echo "=== bench after the suite ($SECONDS s)"
-VIGIL_CUDA_PRECISIONS=int8 VIGIL_CUDA_BENCH="$BENCH_AFTER" timeout $((590 - SECONDS)) $T bench_listed_models --nocapture 2>&1 | tee "$OUT/bench-after.txt" | grep -E "BENCH|panicked|error"
+VIGIL_CUDA_PRECISIONS=int8 VIGIL_CUDA_BENCH="$BENCH_AFTER" timeout $((540 - SECONDS)) $T bench_listed_models --nocapture 2>&1 | tee "$OUT/bench-after.txt" | grep -E "BENCH|panicked|error"
+VIGIL_CUDA_PRECISIONS=fp16 VIGIL_CUDA_BENCH="/tmp/onnx/resnet50.onnx:32" timeout $((590 - SECONDS)) $T bench_listed_models --nocapture 2>&1 | tee "$OUT/bench-after-fp16.txt" | grep -E "BENCH|panicked|error"
 fi
 echo "done ($SECONDS s)"
