@@ -22,6 +22,7 @@ use super::dnn::{
     DnnHandle,
 };
 use super::lt::{Epilogue, LtHandle, LtMatmul, PointwiseShape, SearchBuffers};
+use super::timing_cache;
 use crate::backend::cpu::kernels::QEpilogue;
 use crate::backend::{BackendContext, DeviceOutput, Executable};
 use crate::error::{Error, Result};
@@ -365,6 +366,8 @@ struct Builder<'a> {
     sms: usize,
     /// Whether stride-2 stems may run over a space-to-depth copy (`VIGIL_CUDA_S2D=0`: never).
     s2d: bool,
+    /// The device as the timing cache names it (model, compute capability, SM count).
+    device_id: String,
     /// Whether short-K implicit GEMMs may run as persistent blocks (`VIGIL_CUDA_PERSIST`: off
     /// by default, as no ResNet-50 convolution took them on the H200; `1` times them too,
     /// `force` only those where they apply).
@@ -1197,65 +1200,77 @@ impl Builder<'_> {
             tilings.clear();
         }
         tilings.extend(persistent);
-        memoised(
-            &CACHE,
-            format!(
-                "{c:?} {} {:?} {:?} {:?}",
-                parts.residual.is_some(),
-                self.wgmma,
-                self.splitk,
-                self.persist
-            ),
-            || {
-                let ctx = self.ctx;
-                let gens: Vec<(Tiling, Gen, GenKernel)> = tilings
+        let key = format!(
+            "{c:?} {} {:?} {:?} {:?}",
+            parts.residual.is_some(),
+            self.wgmma,
+            self.splitk,
+            self.persist
+        );
+        memoised(&CACHE, key.clone(), || {
+            // The disk cache's choice, where it is one of this convolution's candidates.
+            let disk = timing_cache::process_cache();
+            let cached = disk
+                .and_then(|c| c.lock().ok()?.get(&self.device_id, &key))
+                .filter(|(t, _)| tilings.contains(t));
+            if let Some(hit) = cached {
+                return Ok(hit);
+            }
+            let ctx = self.ctx;
+            let gens: Vec<(Tiling, Gen, GenKernel)> = tilings
+                .iter()
+                .map(|&t| {
+                    let mut g = Gen::new(false);
+                    let k = g.qigemm(Arg::Val(x), y, parts, t);
+                    (t, g, k)
+                })
+                .collect();
+            let ptx = compile_all(ctx, gens.iter().map(|(_, g, _)| g.src.as_str()))?;
+            let (xb, yb) = (
+                alit(c.n * c.h * c.w * c.cin),
+                alit(c.n * c.oh * c.ow * c.cout),
+            );
+            // After x: the output, or the split K's partial sums, then the int8 output of
+            // their requantization.
+            let pb = tilings.iter().map(|t| partial_bytes(parts, t)).max();
+            let pb = pb.unwrap_or(0).max(yb);
+            let buf = self.tmp(xb + pb + yb + 3 * ALIGNMENT)?.div_ceil(256) * 256;
+            let mut best: Option<(Tiling, f32)> = None;
+            for ((t, g, k), ptx) in gens.into_iter().zip(ptx) {
+                let module = Module::load(ctx, &ptx?)?;
+                let f = module.function(&k.name)?;
+                // The kernel's tables are its three extras (weights, bias, multiplier).
+                let tables = g
+                    .extras
                     .iter()
-                    .map(|&t| {
-                        let mut g = Gen::new(false);
-                        let k = g.qigemm(Arg::Val(x), y, parts, t);
-                        (t, g, k)
-                    })
-                    .collect();
-                let ptx = compile_all(ctx, gens.iter().map(|(_, g, _)| g.src.as_str()))?;
-                let (xb, yb) = (
-                    alit(c.n * c.h * c.w * c.cin),
-                    alit(c.n * c.oh * c.ow * c.cout),
-                );
-                // After x: the output, or the split K's partial sums, then the int8 output of
-                // their requantization.
-                let pb = tilings.iter().map(|t| partial_bytes(parts, t)).max();
-                let pb = pb.unwrap_or(0).max(yb);
-                let buf = self.tmp(xb + pb + yb + 3 * ALIGNMENT)?.div_ceil(256) * 256;
-                let mut best: Option<(Tiling, f32)> = None;
-                for ((t, g, k), ptx) in gens.into_iter().zip(ptx) {
-                    let module = Module::load(ctx, &ptx?)?;
-                    let f = module.function(&k.name)?;
-                    // The kernel's tables are its three extras (weights, bias, multiplier).
-                    let tables = g
-                        .extras
-                        .iter()
-                        .map(|b| DeviceBuffer::upload(ctx, b))
-                        .collect::<Result<Vec<_>>>()?;
-                    let mut args = vec![buf, buf + xb as u64];
-                    args.extend(tables.iter().map(|b| b.ptr()));
-                    if parts.residual.is_some() && t.splits == 1 {
-                        args.push(buf + xb as u64);
-                    }
-                    // SAFETY: the kernel takes (x, y or partial sums, weights, bias,
-                    // multiplier[, residual]): the search buffer holds x's bytes and the
-                    // largest output, the tables were uploaded.
-                    let mut ms = unsafe { self.function_ms(&f, &k, &args) }?;
-                    if t.splits > 1 {
-                        let sums = (buf + xb as u64, t.splits);
-                        ms += self.requant_ms(parts, y, sums, buf + (xb + pb) as u64)?;
-                    }
-                    if best.is_none_or(|(_, b)| ms < b) {
-                        best = Some((t, ms));
-                    }
+                    .map(|b| DeviceBuffer::upload(ctx, b))
+                    .collect::<Result<Vec<_>>>()?;
+                let mut args = vec![buf, buf + xb as u64];
+                args.extend(tables.iter().map(|b| b.ptr()));
+                if parts.residual.is_some() && t.splits == 1 {
+                    args.push(buf + xb as u64);
                 }
-                best.ok_or_else(|| Error::Unsupported("no implicit-GEMM tiling".into()))
-            },
-        )
+                // SAFETY: the kernel takes (x, y or partial sums, weights, bias,
+                // multiplier[, residual]): the search buffer holds x's bytes and the
+                // largest output, the tables were uploaded.
+                let mut ms = unsafe { self.function_ms(&f, &k, &args) }?;
+                if t.splits > 1 {
+                    let sums = (buf + xb as u64, t.splits);
+                    ms += self.requant_ms(parts, y, sums, buf + (xb + pb) as u64)?;
+                }
+                if best.is_none_or(|(_, b)| ms < b) {
+                    best = Some((t, ms));
+                }
+            }
+            let best = best.ok_or_else(|| Error::Unsupported("no implicit-GEMM tiling".into()))?;
+            if let Some(Err(e)) = disk
+                .and_then(|c| c.lock().ok())
+                .map(|mut c| c.record(&self.device_id, &key, best))
+            {
+                tracing::warn!("CUDA timing cache not written: {e}");
+            }
+            Ok(best)
+        })
     }
 
     /// Measured milliseconds of the space-to-depth copy of QConv `parts`' input for `s2d`
@@ -1599,7 +1614,14 @@ impl CudaExecutable {
                 .map_or(1, |v| usize::try_from(v).unwrap_or(1)),
             s2d: std::env::var("VIGIL_CUDA_S2D").map_or(true, |v| v != "0"),
             persist: PathMode::opt_in("VIGIL_CUDA_PERSIST"),
+            device_id: String::new(),
         };
+        b.device_id = format!(
+            "{} cc{} sms{}",
+            ctx.name().unwrap_or_default(),
+            cc.map_or("?".into(), |(major, minor)| format!("{major}.{minor}")),
+            b.sms
+        );
         for (i, n) in g.nodes.iter().enumerate() {
             b.node(i, n)?;
         }

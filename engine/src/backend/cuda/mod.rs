@@ -9,6 +9,7 @@ mod device;
 mod dnn;
 mod executable;
 mod lt;
+mod timing_cache;
 pub mod vision;
 
 pub use device::alloc_counts;

@@ -1,0 +1,206 @@
+//! The timing cache on disk (TensorRT keeps one too). For each convolution geometry it stores
+//! the implicit-GEMM tiling measured fastest on a device, so later builds skip compiling and
+//! timing the candidates (about a minute for ResNet-50 on an H200). It is opt-in:
+//! `VIGIL_CUDA_TIMING_CACHE=<file>`.
+//!
+//! The file is text. A header line names the format and Vigil's version; a file with any other
+//! header is ignored and started afresh. Then comes one line per measurement:
+//! `<device>\t<key>\t<tiling fields>\t<ms>`. Lines for other devices are kept but not used,
+//! and lines that do not parse are skipped. A cached tiling is used only if it is one of the
+//! convolution's current candidates, so a stale or edited file can cost speed, never
+//! correctness.
+
+use std::collections::HashMap;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+
+use super::codegen::Tiling;
+
+/// The first line of a cache file this build reads and writes.
+fn header() -> String {
+    format!(
+        "vigil-cuda-timing-cache 1 vigil-engine {}",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+/// A timing cache file's entries, keyed by (device, geometry key).
+pub struct TimingCache {
+    path: PathBuf,
+    entries: HashMap<(String, String), (Tiling, f32)>,
+    /// Whether the file already starts with this build's header (else the first record
+    /// rewrites it).
+    current: bool,
+}
+
+/// The tiling as the cache stores it: eight space-separated integers.
+fn tiling_fields(t: &Tiling) -> String {
+    format!(
+        "{} {} {} {} {} {} {} {}",
+        t.warps_m,
+        t.warps_n,
+        t.wm,
+        t.wn,
+        t.stages,
+        u8::from(t.wgmma),
+        t.splits,
+        t.ctas
+    )
+}
+
+/// Parses [`tiling_fields`]' form (None for anything else).
+fn parse_tiling(s: &str) -> Option<Tiling> {
+    let v: Vec<usize> = s
+        .split(' ')
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .ok()?;
+    let [warps_m, warps_n, wm, wn, stages, wgmma, splits, ctas] = v[..] else {
+        return None;
+    };
+    Some(Tiling {
+        warps_m,
+        warps_n,
+        wm,
+        wn,
+        stages,
+        wgmma: match wgmma {
+            0 => false,
+            1 => true,
+            _ => return None,
+        },
+        splits,
+        ctas,
+    })
+}
+
+/// Device and key must not break the line format.
+fn field(s: &str) -> String {
+    s.replace(['\t', '\n', '\r'], " ")
+}
+
+impl TimingCache {
+    /// Reads the cache at `path`; a missing, unreadable or other-version file gives an empty
+    /// cache (written afresh on the first record).
+    pub fn open(path: &Path) -> TimingCache {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let mut lines = text.lines();
+        let current = lines.next() == Some(header().as_str());
+        let mut entries = HashMap::new();
+        if current {
+            for line in lines {
+                let parts: Vec<&str> = line.split('\t').collect();
+                let [device, key, tiling, ms] = parts[..] else {
+                    continue;
+                };
+                let (Some(t), Ok(ms)) = (parse_tiling(tiling), ms.parse::<f32>()) else {
+                    continue;
+                };
+                entries.insert((device.to_string(), key.to_string()), (t, ms));
+            }
+        }
+        TimingCache {
+            path: path.to_path_buf(),
+            entries,
+            current,
+        }
+    }
+
+    /// The tiling measured fastest for `key` on `device`, and its milliseconds.
+    pub fn get(&self, device: &str, key: &str) -> Option<(Tiling, f32)> {
+        self.entries.get(&(field(device), field(key))).copied()
+    }
+
+    /// Stores a measurement and appends it to the file (writing the header first when the
+    /// file is new or from another version).
+    pub fn record(
+        &mut self,
+        device: &str,
+        key: &str,
+        (t, ms): (Tiling, f32),
+    ) -> std::io::Result<()> {
+        let (device, key) = (field(device), field(key));
+        let line = format!("{device}\t{key}\t{}\t{ms}\n", tiling_fields(&t));
+        self.entries.insert((device, key), (t, ms));
+        let mut f = if self.current {
+            std::fs::OpenOptions::new().append(true).open(&self.path)?
+        } else {
+            let mut f = std::fs::File::create(&self.path)?;
+            f.write_all(format!("{}\n", header()).as_bytes())?;
+            self.current = true;
+            f
+        };
+        f.write_all(line.as_bytes())
+    }
+}
+
+/// The process's cache from `VIGIL_CUDA_TIMING_CACHE`, opened on first use (None when unset).
+pub fn process_cache() -> Option<&'static Mutex<TimingCache>> {
+    static CACHE: OnceLock<Option<Mutex<TimingCache>>> = OnceLock::new();
+    CACHE
+        .get_or_init(|| {
+            let path = std::env::var_os("VIGIL_CUDA_TIMING_CACHE")?;
+            Some(Mutex::new(TimingCache::open(Path::new(&path))))
+        })
+        .as_ref()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cuda::codegen::{TILINGS, WG_TILINGS};
+
+    fn temp(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("vigil-timing-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_file(&dir);
+        dir
+    }
+
+    #[test]
+    fn measurements_survive_a_reopen_per_device() {
+        let path = temp("reopen");
+        let mut c = TimingCache::open(&path);
+        assert!(c.get("H200 cc9.0", "conv a").is_none());
+        let split = WG_TILINGS[1].split(4);
+        c.record("H200 cc9.0", "conv a", (split, 0.0102))
+            .expect("write");
+        c.record("H200 cc9.0", "conv\tb", (TILINGS[2], 0.5))
+            .expect("write");
+        c.record("Orin cc8.7", "conv a", (TILINGS[0].persistent(32), 1.25))
+            .expect("write");
+        let again = TimingCache::open(&path);
+        assert_eq!(again.get("H200 cc9.0", "conv a"), Some((split, 0.0102)));
+        assert_eq!(again.get("H200 cc9.0", "conv\tb"), Some((TILINGS[2], 0.5)));
+        assert_eq!(
+            again.get("Orin cc8.7", "conv a"),
+            Some((TILINGS[0].persistent(32), 1.25))
+        );
+        assert!(again.get("A100 cc8.0", "conv a").is_none());
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn other_versions_and_broken_lines_are_ignored() {
+        let path = temp("broken");
+        let good = format!("dev\tk\t{}\t0.25", tiling_fields(&TILINGS[1]));
+        let body = format!(
+            "dev\tshort\t1 2 3\t0.1\ndev\tbad\t{}\tfast\n{good}\n",
+            tiling_fields(&TILINGS[1])
+        );
+        std::fs::write(&path, format!("{}\n{body}", header())).expect("write");
+        let c = TimingCache::open(&path);
+        assert_eq!(c.get("dev", "k"), Some((TILINGS[1], 0.25)));
+        assert!(c.get("dev", "short").is_none());
+        assert!(c.get("dev", "bad").is_none());
+        // Another version's file: nothing is read, and the first record starts it afresh.
+        std::fs::write(&path, format!("vigil-cuda-timing-cache 0 old\n{good}\n")).expect("write");
+        let mut c = TimingCache::open(&path);
+        assert!(c.get("dev", "k").is_none());
+        c.record("dev", "k2", (TILINGS[3], 2.0)).expect("write");
+        let text = std::fs::read_to_string(&path).expect("read");
+        assert_eq!(text.lines().next(), Some(header().as_str()));
+        assert_eq!(text.lines().count(), 2);
+        let _ = std::fs::remove_file(&path);
+    }
+}
