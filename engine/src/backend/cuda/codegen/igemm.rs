@@ -668,8 +668,7 @@ extern "C" __global__ void __launch_bounds__({th}) {name}({plist}) {{
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cpu::kernels::{ConvGeometry, QEpilogue};
-    use crate::ir::{DataType, QParams};
+    use crate::backend::cpu::kernels::ConvGeometry;
 
     /// A QConv's parts with `cin` channels (padded to `c4`), `cout` outputs and a 3x3 kernel.
     fn parts(cin: usize, c4: usize, cout: usize, flip: bool) -> QConvParts {
@@ -693,31 +692,9 @@ mod tests {
             cin_g: cin,
             cout_g: cout,
         };
-        let xq = QParams {
-            scale: 0.1,
-            zero_point: 0,
-            dtype: DataType::I8,
-        };
-        let epi = QEpilogue::new(
-            xq,
-            &vec![0.01; cout],
-            xq,
-            &vec![0; cout],
-            &vec![0; cout],
-            None,
-        );
         let k = 9 * c4;
-        QConvParts {
-            geom,
-            packed: (0..cout * k).map(|i| (i % 251) as u8).collect(),
-            c4,
-            bias: vec![0; cout],
-            mult: vec![0.1; cout],
-            epi,
-            pad_s: 0,
-            flip,
-            residual: None,
-        }
+        let packed = (0..cout * k).map(|i| (i % 251) as u8).collect();
+        QConvParts::for_test(geom, packed, c4, 0, flip)
     }
 
     #[test]

@@ -184,6 +184,38 @@ impl QConvParts {
     }
 }
 
+#[cfg(test)]
+impl QConvParts {
+    /// Parts for codegen tests: `geom` with `packed` weights (`c4` bytes a tap), zero biases,
+    /// multiplier 0.1, an int8 requantization, padding byte `pad_s`, no residual.
+    pub(crate) fn for_test(
+        geom: ConvGeometry,
+        packed: Vec<u8>,
+        c4: usize,
+        pad_s: i32,
+        flip: bool,
+    ) -> QConvParts {
+        let xq = crate::ir::QParams {
+            scale: 0.1,
+            zero_point: 0,
+            dtype: DataType::I8,
+        };
+        let cout = geom.cout;
+        let zeros = vec![0; cout];
+        QConvParts {
+            geom,
+            packed,
+            c4,
+            bias: zeros.clone(),
+            mult: vec![0.1; cout],
+            epi: QEpilogue::new(xq, &vec![0.01; cout], xq, &zeros, &zeros, None),
+            pad_s,
+            flip,
+            residual: None,
+        }
+    }
+}
+
 impl QConvParts {
     /// Validates and packs a QGemm node as the 1x1 convolution it is (`[M, K]` rows as M
     /// pixels of K channels; B as `[N][K padded to 4]`).

@@ -116,8 +116,6 @@ impl Gen {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cpu::kernels::QEpilogue;
-    use crate::ir::{DataType, QParams};
 
     /// A stem-like QConv: `cin` channels (4 bytes a tap), `k`×`k` kernel, stride 2, padding
     /// `pad` (top/left), over an `h`×`w` image; weights and zero point from `seed`.
@@ -144,12 +142,6 @@ mod tests {
             cin_g: cin,
             cout_g: cout,
         };
-        let xq = QParams {
-            scale: 0.1,
-            zero_point: 0,
-            dtype: DataType::I8,
-        };
-        let epi = QEpilogue::new(xq, &[0.01; 8], xq, &[0; 8], &[0; 8], None);
         let mut r = seed;
         let mut next = move || {
             r = r.wrapping_mul(1_103_515_245).wrapping_add(12_345);
@@ -161,17 +153,8 @@ mod tests {
                 *b = next();
             }
         }
-        QConvParts {
-            geom,
-            packed,
-            c4: 4,
-            bias: vec![0; cout],
-            mult: vec![0.1; cout],
-            epi,
-            pad_s: i32::from(next() as i8),
-            flip: seed.is_multiple_of(2),
-            residual: None,
-        }
+        let pad_s = i32::from(next() as i8);
+        QConvParts::for_test(geom, packed, 4, pad_s, seed.is_multiple_of(2))
     }
 
     /// The signed sums `[pixel][cout]` of `p` over the NHWC bytes `x`, as the implicit GEMM
