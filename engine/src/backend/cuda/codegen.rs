@@ -19,6 +19,9 @@ pub use igemm::{igemm_fits, Tiling, TILINGS, WG_TILINGS};
 pub use quant::QConvParts;
 pub use space_to_depth::space_to_depth_bytes;
 
+/// The fields of a CUDA 4-vector (`uint4`, `float4`), as member accesses.
+const VECTOR_LANES: [&str; 4] = [".x", ".y", ".z", ".w"];
+
 /// Where a kernel argument points.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arg {
@@ -874,7 +877,7 @@ impl Gen {
             // with no valid tap keeps the lowest code, as the CPU kernel gives).
             let signed = g.values[x].dtype == DataType::I8;
             let (v, vt, lanes) = if c.is_multiple_of(16) {
-                (16, "uint4", ["x", "y", "z", "w"].as_slice())
+                (16, "uint4", VECTOR_LANES.as_slice())
             } else {
                 (4, "unsigned int", [""].as_slice())
             };
@@ -883,20 +886,10 @@ impl Gen {
             } else {
                 ("__vmaxu4", "0u")
             };
-            let field = |l: &str| {
-                if l.is_empty() {
-                    String::new()
-                } else {
-                    format!(".{l}")
-                }
-            };
-            let init: Vec<String> = lanes
-                .iter()
-                .map(|l| format!("a{} = {lo};", field(l)))
-                .collect();
+            let init: Vec<String> = lanes.iter().map(|l| format!("a{l} = {lo};")).collect();
             let comb: Vec<String> = lanes
                 .iter()
-                .map(|l| format!("a{f} = {max}(a{f}, t{f});", f = field(l)))
+                .map(|l| format!("a{l} = {max}(a{l}, t{l});"))
                 .collect();
             let cv = c / v;
             let mut body = decompose(&[ys[0], ys[1], ys[2], cv], "q");
@@ -1529,14 +1522,14 @@ impl Gen {
                 )
             };
             if quad {
-                let parts: Vec<String> = ["x", "y", "z", "w"]
+                let parts: Vec<String> = VECTOR_LANES
                     .iter()
                     .enumerate()
                     .map(|(b, l)| {
                         format!(
                             " {{ {} q; {} w |= (unsigned int)(u8)q << {}; }}",
                             ctype(yt),
-                            one(&format!("f.{l}")),
+                            one(&format!("f{l}")),
                             8 * b
                         )
                     })
@@ -1553,11 +1546,11 @@ impl Gen {
             let _ = write!(
                 body,
                 " unsigned int w = ((const unsigned int*)p0)[i]; float4 f; {}",
-                ["x", "y", "z", "w"]
+                VECTOR_LANES
                     .iter()
                     .enumerate()
                     .map(|(b, l)| format!(
-                        "f.{l} = (float)((i64)({})(w >> {}) - z) * s; ",
+                        "f{l} = (float)((i64)({})(w >> {}) - z) * s; ",
                         ctype(xt),
                         8 * b
                     ))

@@ -364,6 +364,8 @@ struct Builder<'a> {
     splitk: PathMode,
     /// The device's multiprocessor count (how many blocks fill it).
     sms: usize,
+    /// Shared memory per multiprocessor in bytes (how many persistent blocks fit on one).
+    smem_per_sm: usize,
     /// Whether stride-2 stems may run over a space-to-depth copy (`VIGIL_CUDA_S2D=0`: never).
     s2d: bool,
     /// The device as the timing cache names it (model, compute capability, SM count).
@@ -1171,7 +1173,8 @@ impl Builder<'_> {
         };
         base.iter()
             .map(|t| {
-                let by_smem = (228 << 10) / (t.persistent_smem(kt) + 1024);
+                // Each block also costs 1 KiB of shared memory the system reserves.
+                let by_smem = self.smem_per_sm / (t.persistent_smem(kt) + 1024);
                 let by_regs = if t.threads() > 128 { 2 } else { 4 };
                 let per_sm = by_smem.min(2048 / t.threads()).min(by_regs).max(1);
                 t.persistent(self.sms * per_sm)
@@ -1578,6 +1581,11 @@ impl CudaExecutable {
         let lt = LtHandle::new()?;
         // The device's compute capability decides which int8 kernel paths exist (None: unknown).
         let cc = ctx.compute_capability().ok();
+        let attr = |a| {
+            ctx.attribute(a)
+                .map_or(0, |v| usize::try_from(v).unwrap_or(0))
+        };
+        let sms = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).max(1);
         let mut b = Builder {
             ctx: &ctx,
             g,
@@ -1609,19 +1617,18 @@ impl CudaExecutable {
                 _ => PathMode::Off,
             },
             splitk: PathMode::from_var("VIGIL_CUDA_SPLITK"),
-            sms: ctx
-                .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-                .map_or(1, |v| usize::try_from(v).unwrap_or(1)),
+            sms,
+            smem_per_sm: attr(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+            ),
             s2d: std::env::var("VIGIL_CUDA_S2D").map_or(true, |v| v != "0"),
             persist: PathMode::opt_in("VIGIL_CUDA_PERSIST"),
-            device_id: String::new(),
+            device_id: format!(
+                "{} cc{} sms{sms}",
+                ctx.name().unwrap_or_default(),
+                cc.map_or("?".into(), |(major, minor)| format!("{major}.{minor}")),
+            ),
         };
-        b.device_id = format!(
-            "{} cc{} sms{}",
-            ctx.name().unwrap_or_default(),
-            cc.map_or("?".into(), |(major, minor)| format!("{major}.{minor}")),
-            b.sms
-        );
         for (i, n) in g.nodes.iter().enumerate() {
             b.node(i, n)?;
         }

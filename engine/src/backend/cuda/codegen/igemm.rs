@@ -385,15 +385,23 @@ impl Gen {
                 th4 = th / 4,
             )
         };
-        // Copies the block's output tile between global memory (`g`: its byte offset there)
-        // and the shared tile, `v` bytes per thread and step.
-        let shared = format!("tile + r * {ts} + c");
-        let tile_copy = |dst: &str, src: &str| {
+        // Walks the tile at (`m0`, `n0`) `v` bytes per thread and step: `body` sees its row
+        // `r`, column `c` and global byte offset `g` (out-of-range pieces skipped).
+        let tile_loop = |m0: &str, n0: &str, body: &str| {
             format!(
                 "for (int q = tid; q < {bm} * {bnv}; q += {th}) {{ \
                  const int r = q / {bnv}, c = (q - r * {bnv}) * {v}; \
-                 const i64 g = (i64)(m0 + r) * {n} + n0 + c; \
-                 if (m0 + r < {m} && n0 + c < {n}) *({vt}*)({dst}) = *(const {vt}*)({src}); }}"
+                 const i64 g = (i64)({m0} + r) * {n} + {n0} + c; \
+                 if ({m0} + r < {m} && {n0} + c < {n}) {body} }}"
+            )
+        };
+        // Copies the block's output tile between global memory and the shared tile.
+        let shared = format!("tile + r * {ts} + c");
+        let tile_copy = |dst: &str, src: &str| {
+            tile_loop(
+                "m0",
+                "n0",
+                &format!("*({vt}*)({dst}) = *(const {vt}*)({src});"),
             )
         };
         let tile = t.stage_bytes();
@@ -522,15 +530,15 @@ impl Gen {
         let tiles = gx * gy;
         let zfetch = if prefetch {
             let op = if v == 16 { "cg" } else { "ca" };
+            let copy = format!(
+                r#"asm volatile("cp.async.{op}.shared.global [%0], [%1], {v};" :: "r"(zs + r * {ts} + c), "l"(p5 + g));"#
+            );
             format!(
-                r#"  auto fetch_z = [&](unsigned int zs) {{
-    for (int q = tid; q < {bm} * {bnv}; q += {th}) {{
-      const int r = q / {bnv}, c = (q - r * {bnv}) * {v};
-      if (lm0 + r < {m} && ln0 + c < {n})
-        asm volatile("cp.async.{op}.shared.global [%0], [%1], {v};" :: "r"(zs + r * {ts} + c), "l"(p5 + (i64)(lm0 + r) * {n} + ln0 + c));
-    }}
+                "  auto fetch_z = [&](unsigned int zs) {{
+    {}
   }};
-"#
+",
+                tile_loop("lm0", "ln0", &copy)
             )
         } else {
             String::new()
