@@ -104,6 +104,14 @@ struct alignas(2) half_t {
   __device__ operator float() const { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x)); return f; }
 };
 __device__ __forceinline__ float v_sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
+// Every kernel calls this before touching activations. Launched as a programmatic dependent
+// (sm_90+) it waits until the previous kernel's writes are visible, then lets the next kernel
+// launch; launched plainly both instructions return at once.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define GRID_SYNC() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define GRID_SYNC()
+#endif
 "#;
 
 /// The CUDA C storage type of a data type (`F` is float or half, per the module's precision).
@@ -327,7 +335,7 @@ impl Gen {
         let name = self.next_name();
         let _ = write!(
             self.src,
-            "\nextern \"C\" __global__ void {name}({}) {{\n  i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;\n  if (i >= {n}LL) return;\n  {body}\n}}\n",
+            "\nextern \"C\" __global__ void {name}({}) {{\n  GRID_SYNC();\n  i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;\n  if (i >= {n}LL) return;\n  {body}\n}}\n",
             Self::param_list(params)
         );
         GenKernel {
@@ -1766,6 +1774,21 @@ impl Gen {
 mod tests {
     use super::*;
     use crate::ir::Tensor;
+
+    #[test]
+    fn every_kernel_waits_for_its_predecessor_before_touching_memory() {
+        // Programmatic dependent launch lets a kernel start while the previous one finishes:
+        // its first statement must be the wait (a no-op below sm_90 and for plain launches).
+        let mut g = Gen::new(false);
+        let k = g.convert(Arg::Val(0), Arg::Val(1), 10, true);
+        let body = &g.src[g.src.find(&k.name).expect("kernel")..];
+        let open = body.find('{').expect("body");
+        assert!(body[open + 1..].trim_start().starts_with("GRID_SYNC();"));
+        assert!(g.src.contains("griddepcontrol.wait;"));
+        assert!(g
+            .src
+            .contains("#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900"));
+    }
 
     /// A one-node graph: `op` from an input of `dtype` and `shape` (plus `scales` f32 scales
     /// for Q/DQ) into an output of `out` and `out_shape`.

@@ -293,6 +293,45 @@ unsafe impl Send for Function {}
 // SAFETY: as above.
 unsafe impl Sync for Function {}
 
+impl Function {
+    /// Launches this kernel on `stream`. With `overlap` (programmatic dependent launch, sm_90+)
+    /// it may start while the stream's previous kernel finishes: the generated kernels'
+    /// `GRID_SYNC()` then waits for that kernel's writes before touching activations.
+    ///
+    /// # Safety
+    /// `params` must point at exactly the kernel's arguments, each valid for the launch.
+    pub unsafe fn launch(
+        &self,
+        (grid, block, smem): ((u32, u32, u32), u32, u32),
+        stream: sys::CUstream,
+        params: &mut [*mut std::ffi::c_void],
+        overlap: bool,
+    ) -> Result<()> {
+        // SAFETY: the attribute value is plain data, zeroed then set through its own field.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: smem,
+            hStream: stream,
+            attrs: &mut attr,
+            numAttrs: u32::from(overlap),
+        };
+        // SAFETY: the caller guarantees the arguments; the config and attribute outlive the call.
+        unsafe {
+            sys::cuLaunchKernelEx(&config, self.0, params.as_mut_ptr(), std::ptr::null_mut())
+                .result()
+        }
+        .map_err(drv_err("kernel launch"))
+    }
+}
+
 impl Module {
     /// Compiles CUDA C source with NVRTC for the device's architecture and loads it.
     pub fn compile(ctx: &Arc<CudaContext>, src: &str) -> Result<Self> {

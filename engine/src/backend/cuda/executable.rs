@@ -231,10 +231,11 @@ fn memoised<K: Eq + std::hash::Hash, V: Copy>(
     Ok(v)
 }
 
-/// Bytes of the int32 partial sums a split-K tiling `t` of `parts` writes (0 unsplit).
+/// Bytes of the int32 partial sums a split-K tiling `t` of `parts` writes (0 unsplit, or
+/// split within a cluster).
 fn partial_bytes(parts: &QConvParts, t: &Tiling) -> usize {
     let c = parts.geom;
-    if t.splits > 1 {
+    if t.partials() {
         alit(t.splits * c.n * c.oh * c.ow * c.cout * 4)
     } else {
         0
@@ -362,6 +363,10 @@ struct Builder<'a> {
     /// Whether the implicit GEMM may split K across blocks (`VIGIL_CUDA_SPLITK`: `0` never,
     /// `force` only split tilings where they apply).
     splitk: PathMode,
+    /// Whether a K split may stay inside a thread-block cluster (Hopper; `VIGIL_CUDA_CLUSTER`:
+    /// off unless `1` measures them or `force` takes only those where they apply; on
+    /// ResNet-50 they beat the partial-sum split but never cuBLASLt, so they stay opt-in).
+    cluster: PathMode,
     /// The device's multiprocessor count (how many blocks fill it).
     sms: usize,
     /// Shared memory per multiprocessor in bytes (how many persistent blocks fit on one).
@@ -1130,7 +1135,7 @@ impl Builder<'_> {
         let k = self.gen.qigemm(xa, y, kp, t);
         self.launch(idx, k);
         self.scratch[idx] = partials + s2d.map_or(0, |sp| alit(space_to_depth_bytes(sp)));
-        if t.splits > 1 {
+        if t.partials() {
             let kr = self.gen.qrequant(y, 0, kp, t.splits);
             self.launch(idx, kr);
         }
@@ -1151,10 +1156,25 @@ impl Builder<'_> {
         } else {
             [WG_TILINGS[1], WG_TILINGS[2]]
         };
-        base.iter()
+        let mut split: Vec<Tiling> = base
+            .iter()
             .flat_map(|t| [t.split(2), t.split(4)])
             .filter(|t| kt / t.splits >= 4 && partial_bytes(parts, t) <= 16 << 20)
-            .collect()
+            .collect();
+        // On Hopper the split can also stay inside a cluster (no partial buffers, no
+        // requantization pass): the 128×128 and 64×128 wgmma tilings over 2 or 4 blocks.
+        if self.wgmma != PathMode::Off && self.cluster != PathMode::Off {
+            if self.cluster == PathMode::Force {
+                split.clear();
+            }
+            split.extend(
+                [WG_TILINGS[1], WG_TILINGS[3]]
+                    .iter()
+                    .flat_map(|t| [t.split_in_cluster(2), t.split_in_cluster(4)])
+                    .filter(|t| kt / t.splits >= 4),
+            );
+        }
+        split
     }
 
     /// Persistent versions of the implicit GEMM worth timing for `parts`: short K (at most 8
@@ -1204,11 +1224,12 @@ impl Builder<'_> {
         }
         tilings.extend(persistent);
         let key = format!(
-            "{c:?} {} {:?} {:?} {:?}",
+            "{c:?} {} {:?} {:?} {:?} {:?}",
             parts.residual.is_some(),
             self.wgmma,
             self.splitk,
-            self.persist
+            self.persist,
+            self.cluster
         );
         memoised(&CACHE, key.clone(), || {
             // The disk cache's choice, where it is one of this convolution's candidates.
@@ -1250,14 +1271,14 @@ impl Builder<'_> {
                     .collect::<Result<Vec<_>>>()?;
                 let mut args = vec![buf, buf + xb as u64];
                 args.extend(tables.iter().map(|b| b.ptr()));
-                if parts.residual.is_some() && t.splits == 1 {
+                if parts.residual.is_some() && !t.partials() {
                     args.push(buf + xb as u64);
                 }
                 // SAFETY: the kernel takes (x, y or partial sums, weights, bias,
                 // multiplier[, residual]): the search buffer holds x's bytes and the
                 // largest output, the tables were uploaded.
                 let mut ms = unsafe { self.function_ms(&f, &k, &args) }?;
-                if t.splits > 1 {
+                if t.partials() {
                     let sums = (buf + xb as u64, t.splits);
                     ms += self.requant_ms(parts, y, sums, buf + (xb + pb) as u64)?;
                 }
@@ -1617,6 +1638,7 @@ impl CudaExecutable {
                 _ => PathMode::Off,
             },
             splitk: PathMode::from_var("VIGIL_CUDA_SPLITK"),
+            cluster: PathMode::opt_in("VIGIL_CUDA_CLUSTER"),
             sms,
             smem_per_sm: attr(
                 sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
@@ -1826,6 +1848,10 @@ struct CudaRun {
     events: (CudaEvent, CudaEvent),
     /// `VIGIL_CUDA_PROFILE`: an event before every step (inside the captured graph too).
     prof: Option<Prof>,
+    /// Generated kernels that follow one another overlap the next one's launch with the
+    /// previous one's tail (programmatic dependent launch: sm_90+, not while profiling,
+    /// `VIGIL_CUDA_PDL=0` turns it off).
+    overlap: bool,
 }
 
 /// Per-step device times accumulated over replays (`VIGIL_CUDA_PROFILE=1`).
@@ -1951,6 +1977,8 @@ impl CudaRun {
             });
         }
         let use_graph = std::env::var("VIGIL_CUDA_GRAPH").map_or(true, |v| v != "0");
+        let overlap = ctx.compute_capability().is_ok_and(|cc| cc.0 >= 9)
+            && std::env::var("VIGIL_CUDA_PDL").map_or(true, |v| v != "0");
         let ev = || {
             ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
                 .map_err(drv_err("event creation"))
@@ -1982,6 +2010,7 @@ impl CudaRun {
             runs: 0,
             use_graph,
             events,
+            overlap: prof.is_none() && overlap,
             prof,
         })
     }
@@ -1997,6 +2026,9 @@ impl CudaRun {
                 .map_err(drv_err("input copy"))?;
         }
         record(&self.events.0, s, capturing)?;
+        // Whether the stream's last operation is one of the generated kernels (which a
+        // programmatic launch may overlap; it must not overlap a copy or a library call).
+        let mut after_kernel = false;
         for (k, r) in self.resolved.iter().enumerate() {
             if let Some(p) = &self.prof {
                 record(&p.events[k], s, capturing)?;
@@ -2017,16 +2049,15 @@ impl CudaRun {
                     // SAFETY: the generated kernel takes exactly these pointer arguments, each
                     // into a live buffer sized by the plan.
                     unsafe {
-                        drv::launch_kernel(
-                            f.0,
-                            grid,
-                            (block, 1, 1),
-                            smem,
+                        f.launch(
+                            (grid, block, smem),
                             s,
                             &mut ptrs[..args.len()],
+                            self.overlap && after_kernel,
                         )
-                    }
-                    .map_err(drv_err("kernel launch"))?;
+                    }?;
+                    after_kernel = true;
+                    continue;
                 }
                 Resolved::Conv {
                     step,
@@ -2171,6 +2202,7 @@ impl CudaRun {
                     }
                 }
             }
+            after_kernel = false;
         }
         if let Some(p) = &self.prof {
             record(&p.events[self.resolved.len()], s, capturing)?;

@@ -20,7 +20,7 @@ use super::codegen::Tiling;
 /// The first line of a cache file this build reads and writes.
 fn header() -> String {
     format!(
-        "vigil-cuda-timing-cache 1 vigil-engine {}",
+        "vigil-cuda-timing-cache 2 vigil-engine {}",
         env!("CARGO_PKG_VERSION")
     )
 }
@@ -34,10 +34,10 @@ pub struct TimingCache {
     current: bool,
 }
 
-/// The tiling as the cache stores it: eight space-separated integers.
+/// The tiling as the cache stores it: nine space-separated integers.
 fn tiling_fields(t: &Tiling) -> String {
     format!(
-        "{} {} {} {} {} {} {} {}",
+        "{} {} {} {} {} {} {} {} {}",
         t.warps_m,
         t.warps_n,
         t.wm,
@@ -45,7 +45,8 @@ fn tiling_fields(t: &Tiling) -> String {
         t.stages,
         u8::from(t.wgmma),
         t.splits,
-        t.ctas
+        t.ctas,
+        u8::from(t.cluster)
     )
 }
 
@@ -56,7 +57,7 @@ fn parse_tiling(s: &str) -> Option<Tiling> {
         .map(str::parse)
         .collect::<Result<_, _>>()
         .ok()?;
-    let [warps_m, warps_n, wm, wn, stages, wgmma, splits, ctas] = v[..] else {
+    let [warps_m, warps_n, wm, wn, stages, wgmma, splits, ctas, cluster] = v[..] else {
         return None;
     };
     Some(Tiling {
@@ -72,6 +73,11 @@ fn parse_tiling(s: &str) -> Option<Tiling> {
         },
         splits,
         ctas,
+        cluster: match cluster {
+            0 => false,
+            1 => true,
+            _ => return None,
+        },
     })
 }
 
@@ -167,11 +173,16 @@ mod tests {
             .expect("write");
         c.record("H200 cc9.0", "conv\tb", (TILINGS[2], 0.5))
             .expect("write");
+        let cluster = WG_TILINGS[3].split_in_cluster(2);
+        c.record("H200 cc9.0", "conv c", (cluster, 0.02))
+            .expect("write");
         c.record("Orin cc8.7", "conv a", (TILINGS[0].persistent(32), 1.25))
             .expect("write");
         let again = TimingCache::open(&path);
         assert_eq!(again.get("H200 cc9.0", "conv a"), Some((split, 0.0102)));
         assert_eq!(again.get("H200 cc9.0", "conv\tb"), Some((TILINGS[2], 0.5)));
+        assert_eq!(again.get("H200 cc9.0", "conv c"), Some((cluster, 0.02)));
+        assert_ne!(cluster, WG_TILINGS[3].split(2));
         assert_eq!(
             again.get("Orin cc8.7", "conv a"),
             Some((TILINGS[0].persistent(32), 1.25))

@@ -36,6 +36,9 @@ pub struct Tiling {
     /// K split across `splits` blocks (grid z), each writing its int32 sums to its own
     /// partial buffer for [`Gen::qrequant`] to add up (1: the kernel requantizes itself).
     pub splits: usize,
+    /// The K split's blocks form one thread-block cluster (sm_90) per output tile instead:
+    /// block 0 adds the others' sums from their shared memory and requantizes itself.
+    pub cluster: bool,
     /// Persistent blocks: `ctas` blocks loop over the output tiles, loading the next tile (and
     /// its residual) while the current one is requantized and stored (0: a block per tile).
     pub ctas: usize,
@@ -95,6 +98,7 @@ impl Tiling {
             stages,
             wgmma: false,
             splits: 1,
+            cluster: false,
             ctas: 0,
         }
     }
@@ -108,12 +112,25 @@ impl Tiling {
             stages,
             wgmma: true,
             splits: 1,
+            cluster: false,
             ctas: 0,
         }
     }
     /// This tiling with K split `s` ways.
     pub fn split(self, s: usize) -> Tiling {
         Tiling { splits: s, ..self }
+    }
+    /// This tiling with K split `s` ways over a cluster of `s` blocks (see [`Tiling::cluster`]).
+    pub fn split_in_cluster(self, s: usize) -> Tiling {
+        Tiling {
+            splits: s,
+            cluster: true,
+            ..self
+        }
+    }
+    /// Whether the blocks write int32 partial sums for a separate requantization.
+    pub fn partials(&self) -> bool {
+        self.splits > 1 && !self.cluster
     }
     /// This tiling as `ctas` persistent blocks (see [`Tiling::ctas`]).
     pub fn persistent(self, ctas: usize) -> Tiling {
@@ -141,6 +158,9 @@ impl std::fmt::Display for Tiling {
         }
         if self.splits > 1 {
             write!(f, " split-k {}", self.splits)?;
+        }
+        if self.cluster {
+            write!(f, " cluster")?;
         }
         if self.ctas > 0 {
             write!(f, " persistent {}", self.ctas)?;
@@ -252,6 +272,54 @@ fn wgmma_loop(t: Tiling, tile: usize) -> String {
     )
 }
 
+/// Shared bytes a block of a cluster K split leaves its int32 sums in (a thread's sums are
+/// `BM·BN / threads` integers).
+fn cluster_sum_bytes(t: Tiling) -> usize {
+    t.bm() * t.bn() * 4
+}
+
+/// A cluster K split's reduction, after the K loop (the ring is free): blocks 1.. store their
+/// sums in their own shared memory, block 0 adds them to its accumulators through distributed
+/// shared memory, then the others exit; the barriers order the stores before the reads and
+/// keep each block's shared memory alive until block 0 is done with it.
+fn cluster_sum(t: Tiling) -> String {
+    format!(
+        r#"  {{
+    unsigned int rank;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+    if (rank != 0) {{
+#pragma unroll
+      for (int i = 0; i < {wm}; ++i)
+#pragma unroll
+        for (int j = 0; j < {wn}; ++j)
+          *(int4*)(smem + ((i * {wn} + j) * {th} + tid) * 16) = make_int4(acc[i][j][0], acc[i][j][1], acc[i][j][2], acc[i][j][3]);
+    }}
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+    if (rank == 0) {{
+      for (unsigned int r = 1; r < {splits}; ++r) {{
+        unsigned int remote;
+        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(sbase), "r"(r));
+#pragma unroll
+        for (int i = 0; i < {wm}; ++i)
+#pragma unroll
+          for (int j = 0; j < {wn}; ++j) {{
+            int v0, v1, v2, v3;
+            asm volatile("ld.shared::cluster.v4.s32 {{%0, %1, %2, %3}}, [%4];" : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3) : "r"(remote + (unsigned int)(((i * {wn} + j) * {th} + tid) * 16)));
+            acc[i][j][0] += v0; acc[i][j][1] += v1; acc[i][j][2] += v2; acc[i][j][3] += v3;
+          }}
+      }}
+    }}
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+    if (rank != 0) return;
+  }}
+"#,
+        wm = t.wm,
+        wn = t.wn,
+        th = t.threads(),
+        splits = t.splits,
+    )
+}
+
 /// The loops over a thread's accumulator fragments (the mma and wgmma layouts agree): `body`
 /// sees the fragment pair's tile column `cl` (columns past `n` skipped) and tile row `rl`, and
 /// reads `acc[i][j][hh * 2 + e]` for `e` in 0..2.
@@ -288,6 +356,7 @@ impl Gen {
         // With a short K the residual tile is fetched with the first K tile, into its own
         // shared memory after the ring, instead of after the main loop.
         let persist = t.ctas > 0 && t.splits == 1;
+        let partials = t.partials();
         let prefetch = p.residual.is_some() && t.splits == 1 && (persist || kt <= PREFETCH_K_TILES);
         let (bm, bn, th, st) = (t.bm(), t.bn(), t.threads(), t.stages);
         let (wm, wn, warps_m) = (t.wm, t.wn, t.warps_m);
@@ -301,7 +370,7 @@ impl Gen {
         let bt = self.extra(i32_bytes(&p.bias));
         let mt = self.extra(f32_bytes(&p.mult));
         // A split K writes int32 partial sums into the node's scratch instead of `y`.
-        let out = if t.splits > 1 {
+        let out = if partials {
             Arg::ScratchAt(0)
         } else {
             Arg::Val(y)
@@ -313,7 +382,7 @@ impl Gen {
             (bt, "const u8"),
             (mt, "const u8"),
         ];
-        if let Some(r) = p.residual.as_ref().filter(|_| t.splits == 1) {
+        if let Some(r) = p.residual.as_ref().filter(|_| !partials) {
             params.push((Arg::Val(r.z), "const u8"));
         }
         let name = self.next_name();
@@ -411,6 +480,8 @@ impl Gen {
             (ring, t.smem() + 2 * zbytes)
         } else if prefetch {
             (ring, t.smem() + zbytes)
+        } else if t.cluster {
+            (0, t.smem().max(cluster_sum_bytes(t) + 1024))
         } else {
             (0, t.smem())
         };
@@ -460,7 +531,7 @@ impl Gen {
                 wn8 = wn * 8,
             )
         };
-        let epilogue = if t.splits > 1 {
+        let epilogue = if partials {
             let store = format!(
                 "        if (m0 + rl < {m}) *(int2*)(part + (i64)(m0 + rl) * {n} + n0 + cl) = \
                  make_int2(acc[i][j][hh * 2], acc[i][j][hh * 2 + 1]);"
@@ -577,6 +648,7 @@ impl Gen {
                 r#"  const int kbeg = 0, kcnt = {kt};
   int tt = blockIdx.x, par = 0;
   setup((tt / {gy}) * {bm}, (tt % {gy}) * {bn});
+  GRID_SYNC();
   {fetch0}
 {prologue}  for (; tt < {tiles}; tt += gridDim.x, par ^= 1) {{
   const int m0 = lm0, n0 = ln0;
@@ -595,10 +667,16 @@ impl Gen {
             format!(
                 r#"  setup(blockIdx.x * {bm}, blockIdx.y * {bn});
   {krange}
+  GRID_SYNC();
   {fetch0}
 {prologue}  const int m0 = lm0, n0 = ln0;
-{tile_body}{epilogue}"#,
+{tile_body}{reduce}{epilogue}"#,
                 fetch0 = fetch(""),
+                reduce = if t.cluster {
+                    cluster_sum(t)
+                } else {
+                    String::new()
+                },
                 krange = if t.splits > 1 {
                     let kts = kt.div_ceil(t.splits);
                     format!("const int kbeg = blockIdx.z * {kts}, kcnt = min({kt} - kbeg, {kts});")
@@ -611,7 +689,7 @@ impl Gen {
         let _ = write!(
             s,
             r#"
-extern "C" __global__ void __launch_bounds__({th}) {name}({plist}) {{
+extern "C" __global__ void __launch_bounds__({th}){cluster_dims} {name}({plist}) {{
 {smem_decl}
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wmi = warp % {warps_m}, wni = warp / {warps_m};
@@ -650,6 +728,11 @@ extern "C" __global__ void __launch_bounds__({th}) {name}({plist}) {{
 {zfetch}{body}}}
 "#,
             th4 = th / 4,
+            cluster_dims = if t.cluster {
+                format!(" __cluster_dims__(1, 1, {})", t.splits)
+            } else {
+                String::new()
+            },
             ohw = oh * ow,
             hw = h * w,
             smem_decl = ring_smem(),
@@ -751,6 +834,63 @@ mod tests {
             .src
             .contains("kbeg = blockIdx.z * 2, kcnt = min(5 - kbeg, 2)"));
         assert_eq!(TILINGS[0].split(3).to_string(), "128x128 split-k 3");
+    }
+
+    #[test]
+    fn the_implicit_gemm_waits_for_its_predecessor_before_its_first_load() {
+        let mut p = parts(64, 64, 128, false);
+        p.residual = Some(super::super::quant::Residual {
+            z: 7,
+            beta: 0.5,
+            zero_point: 0,
+        });
+        (p.geom.kh, p.geom.kw, p.geom.pt, p.geom.pl) = (1, 1, 0, 0);
+        for t in [TILINGS[0], WG_TILINGS[1], TILINGS[1].persistent(8)] {
+            let mut g = Gen::new(false);
+            g.qigemm(Arg::Val(0), 1, &p, t);
+            // The lambdas are defined first; the first call of any of them (the residual's
+            // fetch, then the ring's prologue) comes after the wait.
+            let wait = g.src.find("GRID_SYNC();").expect("wait");
+            let fetch = g.src.find("fetch_z(sbase").expect("residual fetch");
+            let first = g.src.find("load(s, kbeg + s)").expect("prologue");
+            assert!(wait < fetch && fetch < first, "{t}");
+        }
+    }
+
+    #[test]
+    fn cluster_split_k_adds_up_in_block_zero_and_requantizes_there() {
+        let mut p = parts(64, 64, 128, false);
+        p.residual = Some(super::super::quant::Residual {
+            z: 7,
+            beta: 0.5,
+            zero_point: 0,
+        });
+        let t = WG_TILINGS[1].split_in_cluster(2);
+        let mut g = Gen::new(false);
+        let k = g.qigemm(Arg::Val(0), 1, &p, t);
+        // Like an unsplit kernel it writes y and reads the residual itself (no partial
+        // buffers), one grid layer per part, in clusters of the parts.
+        assert!(!t.partials() && WG_TILINGS[1].split(2).partials());
+        assert_eq!(k.args[1], Arg::Val(1));
+        assert!(k.args.contains(&Arg::Val(7)));
+        let d = k.launch.expect("tiled launch");
+        assert_eq!(d.grid, (1, 1, 2));
+        assert!(g.src.contains("__cluster_dims__(1, 1, 2)"));
+        // K = 9 x 64 = 576 bytes: 9 tiles, 5 per part; the other block's 128 x 128 sums
+        // (64 KiB) come through distributed shared memory, within the ring's 99 KiB.
+        assert!(g
+            .src
+            .contains("kbeg = blockIdx.z * 5, kcnt = min(9 - kbeg, 5)"));
+        assert!(g.src.contains("mapa.shared::cluster.u32"));
+        assert_eq!(d.smem as usize, t.smem());
+        assert!(t.smem() > cluster_sum_bytes(t) + 1024);
+        // A ring smaller than the sums grows to hold them.
+        let small = TILINGS[0].split_in_cluster(2);
+        let k = g.qigemm(Arg::Val(0), 1, &p, small);
+        let smem = k.launch.expect("tiled launch").smem as usize;
+        assert_eq!(smem, 128 * 128 * 4 + 1024);
+        assert!(smem > small.smem());
+        assert_eq!(t.to_string(), "wg128x128/6 split-k 2 cluster");
     }
 
     #[test]
