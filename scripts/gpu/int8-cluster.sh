@@ -8,12 +8,6 @@ set -o pipefail
 D=${D:-.gpu/s12}
 . "$(dirname "$0")/int8-setup.sh"
 export VIGIL_CUDA_TIMING_CACHE=$OUT/timing-cache.txt
-S8=/tmp/onnx/resnet50.qdq.s8.onnx; U8=/tmp/onnx/resnet50.qdq.onnx
-bench() { # bench LABEL PRECISION LIST [ENV...]
-  local label=$1 prec=$2 list=$3; shift 3
-  env "$@" VIGIL_CUDA_PRECISIONS=$prec VIGIL_CUDA_BENCH="$list" timeout 200 $T bench_listed_models --nocapture 2>&1 \
-    | tee -a "$OUT/bench.txt" | grep -E "BENCH|panicked|error" | sed "s/^/$label /"
-}
 echo "=== cluster split forced, QFUSE=0 (exact) ($SECONDS s)"
 (unset VIGIL_CUDA_TIMING_CACHE; VIGIL_CUDA_IGEMM=force VIGIL_CUDA_SPLITK=force VIGIL_CUDA_CLUSTER=force VIGIL_CUDA_QFUSE=0 VIGIL_CUDA_PROFILE=1 VIGIL_CUDA_COMPARE="$CMP" \
   timeout ${FORCED_S:-170} $T listed_models_match_cpu int8_qdq_models_match_cpu_int8 --test-threads=1 --nocapture > $OUT/forced.txt 2>&1)

@@ -10,12 +10,6 @@ set -o pipefail
 D=${D:-.gpu/s12}
 . "$(dirname "$0")/int8-setup.sh"
 export VIGIL_CUDA_TIMING_CACHE=$OUT/timing-cache.txt
-S8=/tmp/onnx/resnet50.qdq.s8.onnx; U8=/tmp/onnx/resnet50.qdq.onnx
-bench() { # bench LABEL PRECISION LIST [ENV...]
-  local label=$1 prec=$2 list=$3; shift 3
-  env "$@" VIGIL_CUDA_PRECISIONS=$prec VIGIL_CUDA_BENCH="$list" timeout 200 $T bench_listed_models --nocapture 2>&1 \
-    | tee -a "$OUT/bench.txt" | grep -E "BENCH|panicked|error" | sed "s/^/$label /"
-}
 if [ -z "$SUITE_ONLY" ]; then
 echo "=== bench ($SECONDS s)"
 bench pdl int8 "$S8:32,$U8:32,$S8:1,$PWD/$D/qdq/efficientnet-lite0.qdq-s8.onnx:1,$PWD/$D/qdq/nanodet-m-416.qdq-s8.onnx:1"

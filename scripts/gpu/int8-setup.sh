@@ -3,7 +3,9 @@
 # torch_timing.py, qdq_resnet50.py): unpacks them, exports torchvision ResNet-50 and quantizes
 # it with ONNX Runtime twice, uint8 activations (/tmp/onnx/resnet50.qdq.onnx) and int8
 # symmetric ones (/tmp/onnx/resnet50.qdq.s8.onnx). Leaves T (the test binary) and CMP (both
-# QDQ ResNet-50s at batch 2, for VIGIL_CUDA_COMPARE) set for the scripts that source it.
+# QDQ ResNet-50s at batch 2, for VIGIL_CUDA_COMPARE), S8 and U8 (the two QDQ ResNet-50s) and
+# `bench LABEL PRECISION LIST [ENV...]` (bench_listed_models, output appended to $OUT/bench.txt)
+# set for the scripts that source it.
 . "$(dirname "${BASH_SOURCE[0]}")/device-env.sh"
 export VIGIL_CUDA_POOL_MB=3072 VIGIL_MODELS=$PWD/models VIGIL_EVAL_IMAGES=$PWD/.gpu/cuda3/eval VIGIL_QDQ_MODELS=$PWD/$D/qdq
 mkdir -p $D/qdq && xz -dc $D/qdq.txz | tar xf - -C $D
@@ -14,3 +16,9 @@ timeout 100 $PY $D/qdq_resnet50.py /tmp/onnx/resnet50.onnx /tmp/onnx/resnet50.qd
 timeout 100 $PY $D/qdq_resnet50.py /tmp/onnx/resnet50.onnx /tmp/onnx/resnet50.qdq.s8.onnx s8 > $OUT/qdq8.txt 2>&1; tail -1 $OUT/qdq8.txt
 T=/tmp/cuda_backend
 CMP="/tmp/onnx/resnet50.qdq.onnx:2,/tmp/onnx/resnet50.qdq.s8.onnx:2"
+S8=/tmp/onnx/resnet50.qdq.s8.onnx; U8=/tmp/onnx/resnet50.qdq.onnx
+bench() {
+  local label=$1 prec=$2 list=$3; shift 3
+  env "$@" VIGIL_CUDA_PRECISIONS=$prec VIGIL_CUDA_BENCH="$list" timeout 200 $T bench_listed_models --nocapture 2>&1 \
+    | tee -a "$OUT/bench.txt" | grep -E "BENCH|panicked|error" | sed "s/^/$label /"
+}

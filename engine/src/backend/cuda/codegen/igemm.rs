@@ -761,6 +761,15 @@ mod tests {
     use super::*;
     use crate::backend::cpu::kernels::ConvGeometry;
 
+    /// A fused residual read from value 7 (beta 0.5, zero point 0).
+    fn residual() -> Option<super::super::quant::Residual> {
+        Some(super::super::quant::Residual {
+            z: 7,
+            beta: 0.5,
+            zero_point: 0,
+        })
+    }
+
     /// A QConv's parts with `cin` channels (padded to `c4`), `cout` outputs and a 3x3 kernel.
     fn parts(cin: usize, c4: usize, cout: usize, flip: bool) -> QConvParts {
         let geom = ConvGeometry {
@@ -814,11 +823,7 @@ mod tests {
     #[test]
     fn split_k_writes_int32_partials_to_scratch() {
         let mut p = parts(32, 32, 16, false);
-        p.residual = Some(super::super::quant::Residual {
-            z: 7,
-            beta: 0.5,
-            zero_point: 0,
-        });
+        p.residual = residual();
         let mut g = Gen::new(false);
         let whole = g.qigemm(Arg::Val(0), 1, &p, TILINGS[0]);
         let split = g.qigemm(Arg::Val(0), 1, &p, TILINGS[0].split(3));
@@ -839,11 +844,7 @@ mod tests {
     #[test]
     fn the_implicit_gemm_waits_for_its_predecessor_before_its_first_load() {
         let mut p = parts(64, 64, 128, false);
-        p.residual = Some(super::super::quant::Residual {
-            z: 7,
-            beta: 0.5,
-            zero_point: 0,
-        });
+        p.residual = residual();
         (p.geom.kh, p.geom.kw, p.geom.pt, p.geom.pl) = (1, 1, 0, 0);
         for t in [TILINGS[0], WG_TILINGS[1], TILINGS[1].persistent(8)] {
             let mut g = Gen::new(false);
@@ -860,11 +861,7 @@ mod tests {
     #[test]
     fn cluster_split_k_adds_up_in_block_zero_and_requantizes_there() {
         let mut p = parts(64, 64, 128, false);
-        p.residual = Some(super::super::quant::Residual {
-            z: 7,
-            beta: 0.5,
-            zero_point: 0,
-        });
+        p.residual = residual();
         let t = WG_TILINGS[1].split_in_cluster(2);
         let mut g = Gen::new(false);
         let k = g.qigemm(Arg::Val(0), 1, &p, t);
@@ -911,11 +908,6 @@ mod tests {
 
     #[test]
     fn short_k_trims_the_ring_and_prefetches_the_residual() {
-        let residual = Some(super::super::quant::Residual {
-            z: 7,
-            beta: 0.5,
-            zero_point: 0,
-        });
         let smem = |p: &QConvParts, t: Tiling| {
             let mut g = Gen::new(false);
             let k = g.qigemm(Arg::Val(0), 1, p, t);
@@ -929,12 +921,12 @@ mod tests {
         let (t, w) = (TILINGS[0], WG_TILINGS[1]);
         assert_eq!(smem(&p, t), (2 * t.stage_bytes() + 1024, false));
         assert_eq!(smem(&p, w), (3 * w.stage_bytes() + 1024, false));
-        p.residual = residual;
+        p.residual = residual();
         assert_eq!(smem(&p, t), (2 * t.stage_bytes() + 1024 + 128 * 144, true));
         // Nine K tiles (3x3 over 64 channels): full rings, the residual after the loop.
         let mut p = parts(64, 64, 128, false);
         assert_eq!(smem(&p, t), (t.smem(), false));
-        p.residual = residual;
+        p.residual = residual();
         assert_eq!(smem(&p, t), (t.smem(), false));
     }
 
@@ -942,11 +934,7 @@ mod tests {
     fn persistent_blocks_loop_over_tiles_with_two_output_tiles() {
         let mut p = parts(64, 64, 256, false);
         (p.geom.kh, p.geom.kw, p.geom.pt, p.geom.pl) = (1, 1, 0, 0);
-        p.residual = Some(super::super::quant::Residual {
-            z: 7,
-            beta: 0.5,
-            zero_point: 0,
-        });
+        p.residual = residual();
         // 2 x 63 = 126 pixels, 256 channels: 64x128 tiles make a 2 x 2 grid of 4 tiles.
         let t = TILINGS[1];
         for (ctas, blocks) in [(3, 3), (264, 4)] {
