@@ -274,6 +274,14 @@ pub fn igemm_capable(cc: (i32, i32)) -> bool {
     cc >= (8, 0) && nvrtc_arch(cc).is_some()
 }
 
+/// Whether generated kernels for compute capability `cc` may be launched as programmatic
+/// dependents: their `GRID_SYNC()` waits only when compiled for sm_90 or later, so the device
+/// must be Hopper or newer *and* have a known architecture (NVRTC's default is older, and a
+/// kernel that does not wait must never overlap its predecessor).
+pub fn programmatic_launch_capable(cc: (i32, i32)) -> bool {
+    cc >= (9, 0) && nvrtc_arch(cc).is_some()
+}
+
 /// A loaded module of NVRTC-compiled kernels (unloaded on drop).
 pub struct Module {
     ctx: Arc<CudaContext>,
@@ -403,5 +411,8 @@ mod tests {
         // devices (compiled for NVRTC's default) do not.
         assert!(igemm_capable((8, 7)) && igemm_capable((9, 0)));
         assert!(!igemm_capable((7, 2)) && !igemm_capable((7, 5)) && !igemm_capable((13, 0)));
+        // Programmatic launches: only where the kernels' wait is compiled in (sm_90+, known).
+        assert!(programmatic_launch_capable((9, 0)) && programmatic_launch_capable((10, 0)));
+        assert!(!programmatic_launch_capable((8, 7)) && !programmatic_launch_capable((13, 0)));
     }
 }

@@ -15,7 +15,8 @@ use super::codegen::{
     TILINGS, WG_TILINGS,
 };
 use super::device::{
-    alloc_arena, drv_err, igemm_capable, Arena, DeviceBuffer, Function, Module, PinnedBuffer,
+    alloc_arena, drv_err, igemm_capable, programmatic_launch_capable, Arena, DeviceBuffer,
+    Function, Module, PinnedBuffer,
 };
 use super::dnn::{
     blas_err, choose_algo, dnn_err, time_warm, AlgoChoice, BlasHandle, ConvDescs, ConvGeom,
@@ -139,6 +140,9 @@ pub struct CudaExecutable {
     steps: Vec<Step>,
     /// What each step is (node, op, conv algorithm), for `VIGIL_CUDA_PROFILE`.
     descs: Vec<String>,
+    /// Whether the generated kernels were compiled with a real `GRID_SYNC()` wait, so they
+    /// may be launched as programmatic dependents (`device::programmatic_launch_capable`).
+    programmatic: bool,
 }
 
 fn value_bytes(g: &Graph, v: ValueId) -> Result<usize> {
@@ -1729,6 +1733,7 @@ impl CudaExecutable {
             extras,
             steps,
             descs,
+            programmatic: cc.is_some_and(programmatic_launch_capable),
         })
     }
 
@@ -1977,8 +1982,8 @@ impl CudaRun {
             });
         }
         let use_graph = std::env::var("VIGIL_CUDA_GRAPH").map_or(true, |v| v != "0");
-        let overlap = ctx.compute_capability().is_ok_and(|cc| cc.0 >= 9)
-            && std::env::var("VIGIL_CUDA_PDL").map_or(true, |v| v != "0");
+        let overlap =
+            exe.programmatic && std::env::var("VIGIL_CUDA_PDL").map_or(true, |v| v != "0");
         let ev = || {
             ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
                 .map_err(drv_err("event creation"))

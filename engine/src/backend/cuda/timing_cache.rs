@@ -60,24 +60,21 @@ fn parse_tiling(s: &str) -> Option<Tiling> {
     let [warps_m, warps_n, wm, wn, stages, wgmma, splits, ctas, cluster] = v[..] else {
         return None;
     };
+    let flag = |v: usize| match v {
+        0 => Some(false),
+        1 => Some(true),
+        _ => None,
+    };
     Some(Tiling {
         warps_m,
         warps_n,
         wm,
         wn,
         stages,
-        wgmma: match wgmma {
-            0 => false,
-            1 => true,
-            _ => return None,
-        },
+        wgmma: flag(wgmma)?,
         splits,
         ctas,
-        cluster: match cluster {
-            0 => false,
-            1 => true,
-            _ => return None,
-        },
+        cluster: flag(cluster)?,
     })
 }
 
