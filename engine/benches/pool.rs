@@ -71,6 +71,8 @@ struct Row {
     workload: &'static str,
     ns_per_pair: f64,
     reserved_over_live: Option<f64>,
+    /// Times a paged pool moved pages during the window run.
+    remaps: Option<u64>,
 }
 
 /// An allocator under test: `alloc` returns a handle, `free` takes it back.
@@ -170,6 +172,50 @@ impl Region for FakeRegion {
     }
 }
 
+/// Address space of the paged pools: physical memory is what they are sized by.
+const PAGED_ADDRESS: usize = 64 << 30;
+/// CUDA's virtual-memory granularity on current GPUs.
+const PAGE: usize = 2 << 20;
+/// Most physical memory a paged pool row takes (its peak live is under 1 GiB).
+const PAGED_PHYSICAL: usize = 2 << 30;
+
+/// A remappable region at a fake address for the host-only rows: it counts physical pages
+/// and does no mapping (the device rows pay cuMemMap).
+struct FakePagedRegion {
+    physical: usize,
+    mapped: std::sync::atomic::AtomicUsize,
+}
+
+impl Region for FakePagedRegion {
+    fn base(&self) -> usize {
+        1 << 40
+    }
+    fn len(&self) -> usize {
+        PAGED_ADDRESS
+    }
+    fn page_size(&self) -> Option<usize> {
+        Some(PAGE)
+    }
+    fn physical_pages(&self) -> usize {
+        self.physical
+    }
+    fn map_pages(&self, _first: usize, count: usize) -> vigil_engine::Result<()> {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.mapped.load(Relaxed) + count > self.physical {
+            return Err(vigil_engine::Error::OutOfMemory(
+                "fake pages exhausted".into(),
+            ));
+        }
+        self.mapped.fetch_add(count, Relaxed);
+        Ok(())
+    }
+    fn unmap_pages(&self, _first: usize, count: usize) -> vigil_engine::Result<()> {
+        self.mapped
+            .fetch_sub(count, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+}
+
 /// Repetitions of each pool row, interleaved across configurations; the median is reported.
 const REPS: usize = 3;
 
@@ -178,9 +224,13 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// Builds the pool of a row: (stream-safe, bytes) to a pool, or `None` for a configuration the
+/// region does not support (a remappable region needs stream safety).
+type MakePool<'a, R> = dyn FnMut(bool, usize) -> Option<Arc<FixedPool<R>>> + 'a;
+
 fn pool_rows<R: Region>(
     label: &str,
-    make: &mut dyn FnMut(bool, usize) -> Arc<FixedPool<R>>,
+    make: &mut MakePool<'_, R>,
     w: &Workload,
     iters: usize,
     rows: &mut Vec<Row>,
@@ -195,26 +245,39 @@ fn pool_rows<R: Region>(
     let mut pair = vec![Vec::new(); variants.len()];
     let mut window = vec![Vec::new(); variants.len()];
     let mut ratio = vec![0.0; variants.len()];
+    let mut remaps = vec![0u64; variants.len()];
     for _ in 0..REPS {
         for (k, &(safe, streams, claim, _)) in variants.iter().enumerate() {
-            let mut p = Pool::new(make(safe, FULL_REGION), claim);
+            let Some(pool) = make(safe, FULL_REGION) else {
+                continue;
+            };
+            let mut p = Pool::new(pool, claim);
             pair[k].push(run_pair(&mut p, w, iters, streams));
             drop(p);
-            let mut p = Pool::new(make(safe, FULL_REGION), claim);
+            let Some(pool) = make(safe, FULL_REGION) else {
+                continue;
+            };
+            let mut p = Pool::new(pool, claim);
             let (ns, r) = run_window(&mut p, w, iters, streams);
             window[k].push(ns);
             if ratio[k] == 0.0 {
                 ratio[k] = r;
+                remaps[k] = p.pool.stats().remaps;
                 // Rerun the window in a region exactly the footprint (plus one alignment unit
                 // per block) to show that a pool of that size serves it without running out.
                 let footprint = p.pool.stats().footprint + WINDOW * DEFAULT_ALIGN;
                 drop(p);
-                let mut tight = Pool::new(make(safe, footprint), claim);
-                let _ = run_window(&mut tight, w, iters, streams);
+                if let Some(pool) = make(safe, footprint) {
+                    let mut tight = Pool::new(pool, claim);
+                    let _ = run_window(&mut tight, w, iters, streams);
+                }
             }
         }
     }
     for (k, &(_, streams, _, tag)) in variants.iter().enumerate() {
+        if pair[k].is_empty() {
+            continue;
+        }
         rows.push(Row {
             allocator: format!("{label} ({tag})"),
             workload: if streams == 1 {
@@ -224,6 +287,7 @@ fn pool_rows<R: Region>(
             },
             ns_per_pair: median(std::mem::take(&mut pair[k])),
             reserved_over_live: None,
+            remaps: None,
         });
         rows.push(Row {
             allocator: format!("{label} ({tag})"),
@@ -234,6 +298,7 @@ fn pool_rows<R: Region>(
             },
             ns_per_pair: median(std::mem::take(&mut window[k])),
             reserved_over_live: Some(ratio[k]),
+            remaps: (remaps[k] > 0).then_some(remaps[k]),
         });
     }
 }
@@ -244,7 +309,7 @@ mod device {
     //! over a cudaMalloc'd region with a CUDA-event clock.
     use super::*;
     use cudarc::driver::{result, sys, CudaContext, CudaStream};
-    use vigil_engine::memory::cuda::{CudaClock, DeviceRegion};
+    use vigil_engine::memory::cuda::{CudaClock, DevicePagedRegion, DeviceRegion};
 
     pub struct MallocAsync {
         pub streams: Vec<Arc<CudaStream>>,
@@ -336,11 +401,32 @@ mod device {
                     ..PoolOptions::serving()
                 },
             )
-            .expect("pool")
+            .ok()
         };
         pool_rows(
             "Vigil FixedPool, cudaMalloc'd region",
             &mut make,
+            w,
+            iters,
+            rows,
+        );
+        let mut make_paged = |safe: bool, bytes: usize| {
+            let clock = CudaClock::new(&ctx);
+            for (i, s) in streams.iter().enumerate() {
+                clock.add_stream(StreamId(i as u64), Arc::clone(s));
+            }
+            let clock: Arc<dyn StreamClock> = clock;
+            let region = DevicePagedRegion::new(&ctx, PAGED_ADDRESS, bytes.min(PAGED_PHYSICAL))
+                .expect("paged device region");
+            let opts = PoolOptions {
+                stream_safe: safe,
+                ..PoolOptions::serving()
+            };
+            FixedPool::with_options(region, clock, opts).ok()
+        };
+        pool_rows(
+            "Vigil FixedPool, paged device region (cuMemMap)",
+            &mut make_paged,
             w,
             iters,
             rows,
@@ -357,6 +443,7 @@ mod device {
                 },
                 ns_per_pair: ns,
                 reserved_over_live: None,
+                remaps: None,
             });
             let (ns, ratio) = run_window(&mut m, w, iters, streams);
             rows.push(Row {
@@ -368,6 +455,7 @@ mod device {
                 },
                 ns_per_pair: ns,
                 reserved_over_live: Some(ratio),
+                remaps: None,
             });
         }
         for s in &m.streams {
@@ -400,10 +488,29 @@ fn main() {
                     ..PoolOptions::serving()
                 },
             )
-            .expect("pool")
+            .ok()
         };
         pool_rows(
             "Vigil FixedPool, fake region",
+            &mut make,
+            &w,
+            iters,
+            &mut rows,
+        );
+        let mut make = |safe: bool, bytes: usize| {
+            let clock: Arc<dyn StreamClock> = Arc::new(SyncClock);
+            let region = FakePagedRegion {
+                physical: bytes.min(PAGED_PHYSICAL).div_ceil(PAGE),
+                mapped: Default::default(),
+            };
+            let opts = PoolOptions {
+                stream_safe: safe,
+                ..PoolOptions::serving()
+            };
+            FixedPool::with_options(region, clock, opts).ok()
+        };
+        pool_rows(
+            "Vigil FixedPool, fake paged region",
             &mut make,
             &w,
             iters,
@@ -422,6 +529,15 @@ fn main() {
             r.reserved_over_live
                 .map(|x| format!("{x:.3}"))
                 .unwrap_or_else(|| "-".into())
+        );
+    }
+    for r in rows.iter().filter(|r| r.remaps.is_some()) {
+        println!(
+            "{} ({}): {} page moves in {iters} steps ({:.0} per million)",
+            r.allocator,
+            r.workload,
+            r.remaps.unwrap_or(0),
+            r.remaps.unwrap_or(0) as f64 * 1e6 / iters as f64
         );
     }
     let find = |a: &str, wl: &str| {

@@ -10,7 +10,8 @@
 use std::sync::Arc;
 
 use cudarc::driver::{result, CudaContext, CudaStream, LaunchConfig, PushKernelArg};
-use vigil_engine::memory::cuda::{CudaClock, DeviceRegion};
+use vigil_engine::memory::cuda::{CudaClock, DevicePagedRegion, DeviceRegion};
+use vigil_engine::memory::Region;
 use vigil_engine::memory::{FixedPool, PoolOptions, StreamId};
 
 const KERNELS: &str = r#"
@@ -179,4 +180,198 @@ fn pinned_and_device_regions_back_pools() {
     unsafe { std::ptr::write_bytes(base.add(a.offset()), 7, 1000) };
     let got = unsafe { *base.add(a.offset() + 999) };
     assert_eq!(got, 7);
+}
+
+/// Writes `words` to the device at `ptr` and reads them back.
+fn roundtrip(ptr: u64, words: &[u32]) -> Vec<u32> {
+    unsafe { result::memcpy_htod_sync(ptr, words) }.expect("copy to device");
+    read_words(ptr, words.len())
+}
+
+fn read_words(ptr: u64, n: usize) -> Vec<u32> {
+    let mut back = vec![0u32; n];
+    unsafe { result::memcpy_dtoh_sync(&mut back, ptr) }.expect("copy from device");
+    back
+}
+
+#[test]
+fn paged_device_region_moves_physical_pages_and_keeps_data() {
+    let Some(ctx) = device() else { return };
+    const MIB2: usize = 2 << 20;
+    let mut region = DevicePagedRegion::new(&ctx, 64 * MIB2, 4 * MIB2).expect("paged region");
+    if region.physical_pages() < 4 {
+        // Pages larger than 2 MiB: ask for 64 and 4 of them whatever their size.
+        let page = region.page_size().expect("a paged region has a page size");
+        region = DevicePagedRegion::new(&ctx, 64 * page, 4 * page).expect("paged region");
+    }
+    let page = region.page_size().expect("a paged region has a page size");
+    let handles = region.physical_pages();
+    let pages = region.len() / page;
+    println!("page {page} B, {handles} physical pages, {pages} region pages");
+    assert!(page.is_power_of_two());
+    assert_eq!(region.len() % page, 0);
+    assert!(
+        pages >= 64 * MIB2 / page,
+        "the address range covers what was asked"
+    );
+    assert!(handles >= 4);
+    assert_eq!(region.mapped_pages(), 0);
+    assert_eq!(region.base(), region.device_ptr() as usize);
+
+    let words = page / 4;
+    let page_ptr = |i: usize| region.device_ptr() + (i * page) as u64;
+
+    region.map_pages(0, 2).expect("map pages 0..2");
+    assert_eq!(region.mapped_pages(), 2);
+    let pattern: Vec<u32> = (0..2 * words as u32)
+        .map(|i| i.wrapping_mul(2_654_435_761) ^ 0xA5A5_0000)
+        .collect();
+    assert_eq!(roundtrip(page_ptr(0), &pattern), pattern);
+
+    region.unmap_pages(0, 1).expect("unmap page 0");
+    assert_eq!(region.mapped_pages(), 1);
+    region
+        .map_pages(10, 2)
+        .expect("map pages 10..12 from freed and untouched physical pages");
+    assert_eq!(region.mapped_pages(), 3);
+    // Page 1 kept its physical page and its bytes across the remap.
+    assert_eq!(read_words(page_ptr(1), words), pattern[words..]);
+    // The new pages are usable, and writing them leaves page 1 alone.
+    let second: Vec<u32> = (0..2 * words as u32).map(|i| !i).collect();
+    assert_eq!(roundtrip(page_ptr(10), &second), second);
+    assert_eq!(read_words(page_ptr(1), words), pattern[words..]);
+
+    // More pages than there are free physical pages: refused, nothing changes.
+    let free = handles - region.mapped_pages();
+    assert!(region.map_pages(20, free + 1).is_err());
+    assert_eq!(region.mapped_pages(), 3);
+    // An already-mapped page (a free physical page is there for it): refused, nothing changes.
+    assert!(free >= 1);
+    assert!(
+        region.map_pages(11, 1).is_err(),
+        "page 11 is already mapped"
+    );
+    assert!(region.map_pages(1, 1).is_err(), "page 1 is already mapped");
+    assert_eq!(region.mapped_pages(), 3);
+    // Outside the region: refused.
+    assert!(region.map_pages(pages, 1).is_err());
+    assert!(region.map_pages(pages - 1, 2).is_err());
+    assert_eq!(region.mapped_pages(), 3);
+    // Unmapping an unmapped page (alone, or inside a range): refused, nothing changes.
+    assert!(region.unmap_pages(0, 1).is_err());
+    assert!(region.unmap_pages(0, 2).is_err(), "page 0 is unmapped");
+    assert_eq!(region.mapped_pages(), 3);
+    assert_eq!(read_words(page_ptr(1), words), pattern[words..]);
+
+    // Everything back: all physical pages free again, and usable anywhere.
+    region.unmap_pages(1, 1).expect("unmap page 1");
+    region.unmap_pages(10, 2).expect("unmap pages 10..12");
+    assert_eq!(region.mapped_pages(), 0);
+    region
+        .map_pages(pages - handles, handles)
+        .expect("map every physical page at the end of the range");
+    assert_eq!(region.mapped_pages(), handles);
+    let tail: Vec<u32> = (0..handles * words)
+        .map(|i| i as u32 ^ 0x5A5A_5A5A)
+        .collect();
+    assert_eq!(roundtrip(page_ptr(pages - handles), &tail), tail);
+    // Dropped with pages still mapped: Drop unmaps and releases them.
+}
+
+/// A pool over the paged region on two streams: stream B spins, then copies block X; the host
+/// frees X (used by B) and asks on stream A for a block that fits only by moving X's physical
+/// pages. The pool must not unmap them before B passes its recorded point: the plain
+/// allocation fails at once, the waiting one returns once B is done, and B copied X intact.
+#[test]
+fn paged_pool_moves_pages_only_after_the_reading_stream_is_done() {
+    let Some(ctx) = device() else { return };
+    let probe = DevicePagedRegion::new(&ctx, 1, 1).expect("paged region");
+    let page = probe.page_size().expect("a paged region has a page size");
+    drop(probe);
+    let ptx = cudarc::nvrtc::compile_ptx(KERNELS).expect("NVRTC compiles the test kernels");
+    let module = ctx.load_module(ptx).expect("module loads");
+    let fill = module.load_function("fill").expect("fill");
+    let spin_copy = module.load_function("spin_copy").expect("spin_copy");
+    let sa: Arc<CudaStream> = ctx.new_stream().expect("stream A");
+    let sb: Arc<CudaStream> = ctx.new_stream().expect("stream B");
+    let clock = CudaClock::new(&ctx);
+    clock.add_stream(A, Arc::clone(&sa));
+    clock.add_stream(B, Arc::clone(&sb));
+    // Six physical pages: dst (2, on B), X (2, on A), Y (1, on A, kept), one in reserve.
+    let region = DevicePagedRegion::new(&ctx, 64 * page, 6 * page).expect("paged region");
+    let pool = FixedPool::new(region, clock).expect("paged pool");
+    let cfg = LaunchConfig {
+        grid_dim: (128, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let words = 2 * page / 4;
+    let n = words as u64;
+    let dst = pool.alloc(2 * page, B).expect("dst");
+    let dst_ptr = dst.addr() as u64;
+    let mut x = pool.alloc(2 * page, A).expect("x");
+    let x_ptr = x.addr() as u64;
+    let _y = pool.alloc(page, A).expect("y");
+    assert_eq!(pool.stats().committed, 5 * page);
+    unsafe {
+        sa.launch_builder(&fill)
+            .arg(&x_ptr)
+            .arg(&n)
+            .arg(&ORIGINAL)
+            .launch(cfg)
+            .expect("fill X");
+    }
+    sb.join(&sa).expect("B waits for A's fill");
+    let cycles: i64 = 400_000_000;
+    unsafe {
+        sb.launch_builder(&spin_copy)
+            .arg(&x_ptr)
+            .arg(&dst_ptr)
+            .arg(&n)
+            .arg(&cycles)
+            .launch(cfg)
+            .expect("spin_copy on B");
+    }
+    x.record_use(B).expect("record_use");
+    drop(x);
+    // Three pages fit only with X's two: not while B may still read them.
+    let early = pool.alloc(3 * page, A);
+    println!("while B runs: {:?}", early.as_ref().map(|b| b.addr()));
+    assert!(early.is_err(), "the pool moved X's pages while B used them");
+    drop(early);
+    let z = pool
+        .alloc_wait(3 * page, A, std::time::Duration::from_secs(20))
+        .expect("z once B is done");
+    let z_ptr = z.addr() as u64;
+    unsafe {
+        sa.launch_builder(&fill)
+            .arg(&z_ptr)
+            .arg(&(3 * page as u64 / 4))
+            .arg(&OVERWRITE)
+            .launch(cfg)
+            .expect("fill Z");
+    }
+    sa.synchronize().expect("sync A");
+    sb.synchronize().expect("sync B");
+    let s = pool.stats();
+    println!(
+        "z at {:#x} (X was {x_ptr:#x}), committed {} pages, remaps {}",
+        z_ptr,
+        s.committed / page,
+        s.remaps
+    );
+    assert_ne!(z_ptr, x_ptr);
+    assert_eq!(
+        s.committed,
+        6 * page,
+        "dst, Y and Z: X's pages moved into Z"
+    );
+    assert_eq!(pool.region().mapped_pages(), 6);
+    let copied = read_words(dst_ptr, words);
+    let intact = copied.iter().filter(|&&w| w == ORIGINAL).count();
+    println!("paged, stream-safe: intact words {intact}/{words}");
+    assert_eq!(intact, words, "stream B read corrupted data");
+    assert!(read_words(z_ptr, 3 * page / 4)
+        .iter()
+        .all(|&w| w == OVERWRITE));
 }

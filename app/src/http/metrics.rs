@@ -67,9 +67,13 @@ fn describe() {
     metrics::describe_gauge!(
         "vigil_memory_pool_bytes",
         metrics::Unit::Bytes,
-        "Memory pool occupancy by pool and kind (reserved, in_use, peak_in_use, free, largest_free, pending)."
+        "Memory pool occupancy by pool and kind (reserved, committed, in_use, peak_in_use, free, largest_free, pending)."
     );
     metrics::describe_gauge!("vigil_memory_pool_blocks", "Live blocks in a memory pool.");
+    metrics::describe_gauge!(
+        "vigil_memory_pool_remaps",
+        "Times a memory pool over remappable memory moved physical pages to place a block."
+    );
     metrics::describe_gauge!(
         "vigil_memory_pool_fragmentation",
         "1 - largest free span / free bytes of a memory pool."
@@ -96,6 +100,7 @@ fn record_pool(state: &AppState) {
     let s = pool.stats();
     for (kind, v) in [
         ("reserved", s.reserved),
+        ("committed", s.committed),
         ("in_use", s.in_use),
         ("peak_in_use", s.peak_in_use),
         ("free", s.free_bytes),
@@ -105,6 +110,7 @@ fn record_pool(state: &AppState) {
         metrics::gauge!("vigil_memory_pool_bytes", "pool" => "host", "kind" => kind).set(v as f64);
     }
     metrics::gauge!("vigil_memory_pool_blocks", "pool" => "host").set(s.blocks as f64);
+    metrics::gauge!("vigil_memory_pool_remaps", "pool" => "host").set(s.remaps as f64);
     metrics::gauge!("vigil_memory_pool_fragmentation", "pool" => "host").set(s.fragmentation);
 }
 

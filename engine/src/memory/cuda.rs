@@ -1,5 +1,7 @@
-//! CUDA memory for the pools: a device region (one cudaMalloc at start-up), a pinned host
-//! region (one cuMemHostAlloc), and a [`StreamClock`] over CUDA events.
+//! CUDA memory for the pools: a device region (one cudaMalloc at start-up), a paged device
+//! region (a reserved virtual range whose physical pages, all made at start-up, are mapped and
+//! unmapped at run time through CUDA's virtual memory management API), a pinned host region
+//! (one cuMemHostAlloc), and a [`StreamClock`] over CUDA events.
 //!
 //! Raw calls go through cudarc's `driver::result`/`sys` layer; these types are the RAII
 //! wrappers that free what they took, so the pool above never sees a CUDA call.
@@ -62,6 +64,305 @@ impl Drop for DeviceRegion {
             // SAFETY: `ptr` came from malloc_sync and is freed only here.
             let _ = unsafe { result::free_sync(self.ptr) };
         }
+    }
+}
+
+/// Which pages of a [`DevicePagedRegion`] are backed, and by what; and the physical pages
+/// not mapped anywhere.
+struct PageTable {
+    /// One entry per region page: the physical page mapped there, if any.
+    mapped: Vec<Option<sys::CUmemGenericAllocationHandle>>,
+    /// Physical pages mapped nowhere (a stack).
+    free: Vec<sys::CUmemGenericAllocationHandle>,
+}
+
+/// Device memory whose physical footprint can follow what is live: a reserved virtual range
+/// (cuMemAddressReserve) and a fixed set of physical pages (cuMemCreate, all made at start-up)
+/// that [`Region::map_pages`]/[`Region::unmap_pages`] move between places in it.
+pub struct DevicePagedRegion {
+    ctx: Arc<CudaContext>,
+    /// Device ordinal, for the access descriptor.
+    device: std::ffi::c_int,
+    /// First byte of the reserved range.
+    base: sys::CUdeviceptr,
+    /// Reserved length, a multiple of `page`.
+    len: usize,
+    /// Page size: the device's minimum allocation granularity.
+    page: usize,
+    /// Physical pages created (mapped or free).
+    handles: usize,
+    table: Mutex<PageTable>,
+}
+
+// Every field is Send + Sync already (the handles are u64, the table sits behind a Mutex), so
+// no unsafe impl is needed; this checks it stays so.
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<DevicePagedRegion>()
+};
+
+impl DevicePagedRegion {
+    /// Reserves `address_bytes` (rounded up to the page) of virtual device address space on
+    /// `ctx`'s device and creates `ceil(physical_bytes / page)` physical pages, none mapped.
+    pub fn new(
+        ctx: &Arc<CudaContext>,
+        address_bytes: usize,
+        physical_bytes: usize,
+    ) -> Result<Self> {
+        ctx.bind_to_thread()
+            .map_err(|e| cuda_err("cannot bind the CUDA context", e))?;
+        let device = std::ffi::c_int::try_from(ctx.ordinal()).map_err(|_| {
+            Error::OutOfMemory(format!("device ordinal {} out of range", ctx.ordinal()))
+        })?;
+        let prop = Self::allocation_prop(device);
+        let mut page = 0usize;
+        // SAFETY: `page` and `prop` are valid for the call; the driver only writes `page`.
+        unsafe {
+            sys::cuMemGetAllocationGranularity(
+                &mut page,
+                &prop,
+                sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+            )
+        }
+        .result()
+        .map_err(|e| cuda_err("cannot query the device's allocation granularity", e))?;
+        if page == 0 || !page.is_power_of_two() {
+            return Err(Error::OutOfMemory(format!(
+                "device allocation granularity {page} B is not a power of two"
+            )));
+        }
+        let pages = address_bytes.max(1).div_ceil(page);
+        let len = pages.checked_mul(page).ok_or_else(|| {
+            Error::OutOfMemory(format!("address range of {address_bytes} B is too large"))
+        })?;
+        let physical = physical_bytes.div_ceil(page);
+        let mut base: sys::CUdeviceptr = 0;
+        // SAFETY: reserves address space only; freed exactly once, in Drop.
+        unsafe { sys::cuMemAddressReserve(&mut base, len, page, 0, 0) }
+            .result()
+            .map_err(|e| cuda_err(&format!("cannot reserve {len} B of device addresses"), e))?;
+        // From here on Drop releases whatever has been taken if a later step fails.
+        let mut region = DevicePagedRegion {
+            ctx: Arc::clone(ctx),
+            device,
+            base,
+            len,
+            page,
+            handles: 0,
+            table: Mutex::new(PageTable {
+                mapped: vec![None; pages],
+                free: Vec::with_capacity(physical),
+            }),
+        };
+        let table = region.table.get_mut().unwrap_or_else(|e| e.into_inner());
+        for _ in 0..physical {
+            let mut handle: sys::CUmemGenericAllocationHandle = 0;
+            // SAFETY: creates one physical page; released exactly once, in Drop.
+            unsafe { sys::cuMemCreate(&mut handle, page, &prop, 0) }
+                .result()
+                .map_err(|e| {
+                    cuda_err(
+                        &format!(
+                            "cannot create physical page {} of {physical} ({page} B each)",
+                            table.free.len()
+                        ),
+                        e,
+                    )
+                })?;
+            table.free.push(handle);
+        }
+        region.handles = physical;
+        Ok(region)
+    }
+
+    /// Pinned device memory on device `device`: what the physical pages are made of.
+    fn allocation_prop(device: std::ffi::c_int) -> sys::CUmemAllocationProp {
+        sys::CUmemAllocationProp {
+            type_: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+            requestedHandleTypes: sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
+            location: sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: device,
+            },
+            win32HandleMetaData: std::ptr::null_mut(),
+            allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 {
+                compressionType: 0,
+                gpuDirectRDMACapable: 0,
+                usage: 0,
+                reserved: [0; 4],
+            },
+        }
+    }
+
+    /// The device pointer of the first byte of the reserved range.
+    pub fn device_ptr(&self) -> sys::CUdeviceptr {
+        self.base
+    }
+
+    /// Region pages backed by physical memory now.
+    pub fn mapped_pages(&self) -> usize {
+        let t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        t.mapped.iter().filter(|m| m.is_some()).count()
+    }
+
+    /// Device address of region page `i`.
+    fn page_ptr(&self, i: usize) -> sys::CUdeviceptr {
+        self.base + (i * self.page) as sys::CUdeviceptr
+    }
+
+    /// Checks that `first..first + count` lies inside the region; returns its end.
+    fn check_range(&self, t: &PageTable, first: usize, count: usize) -> Result<usize> {
+        match first.checked_add(count) {
+            Some(end) if end <= t.mapped.len() => Ok(end),
+            _ => Err(Error::OutOfMemory(format!(
+                "pages {first}..{first}+{count} lie outside the region's {} pages",
+                t.mapped.len()
+            ))),
+        }
+    }
+
+    /// Unmaps the pages in `pages` and returns their physical pages to the free stack; a page
+    /// whose unmap fails stays recorded as mapped. Returns the first error.
+    fn unmap_locked(
+        &self,
+        t: &mut PageTable,
+        pages: std::ops::Range<usize>,
+    ) -> std::result::Result<(), result::DriverError> {
+        let mut first_err = Ok(());
+        for i in pages {
+            let Some(handle) = t.mapped[i] else { continue };
+            // SAFETY: page `i` is mapped (recorded in the table) with exactly one page.
+            match unsafe { sys::cuMemUnmap(self.page_ptr(i), self.page) }.result() {
+                Ok(()) => {
+                    t.mapped[i] = None;
+                    t.free.push(handle);
+                }
+                Err(e) => {
+                    if first_err.is_ok() {
+                        first_err = Err(e);
+                    }
+                }
+            }
+        }
+        first_err
+    }
+}
+
+impl Region for DevicePagedRegion {
+    fn base(&self) -> usize {
+        self.base as usize
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn page_size(&self) -> Option<usize> {
+        Some(self.page)
+    }
+
+    fn physical_pages(&self) -> usize {
+        self.handles
+    }
+
+    fn map_pages(&self, first: usize, count: usize) -> Result<()> {
+        let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        let end = self.check_range(&t, first, count)?;
+        if let Some(i) = (first..end).find(|&i| t.mapped[i].is_some()) {
+            return Err(Error::OutOfMemory(format!(
+                "cannot map pages {first}..{end}: page {i} is already mapped"
+            )));
+        }
+        if t.free.len() < count {
+            return Err(Error::OutOfMemory(format!(
+                "cannot map {count} pages: {} of {} physical pages are free",
+                t.free.len(),
+                self.handles
+            )));
+        }
+        if count == 0 {
+            return Ok(());
+        }
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| cuda_err("cannot bind the CUDA context", e))?;
+        for i in first..end {
+            let Some(&handle) = t.free.last() else {
+                // Unreachable after the check above; undo and fail rather than panic.
+                let _ = self.unmap_locked(&mut t, first..i);
+                return Err(Error::OutOfMemory("no free physical page".into()));
+            };
+            // SAFETY: page `i` lies inside the reserved range and is unmapped; `handle` is a
+            // live physical page of exactly one page's size.
+            let mapped = unsafe { sys::cuMemMap(self.page_ptr(i), self.page, 0, handle, 0) };
+            if let Err(e) = mapped.result() {
+                let _ = self.unmap_locked(&mut t, first..i);
+                return Err(cuda_err(&format!("cuMemMap of page {i} failed"), e));
+            }
+            t.free.pop();
+            t.mapped[i] = Some(handle);
+        }
+        let desc = sys::CUmemAccessDesc {
+            location: sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: self.device,
+            },
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: `first..end` is fully mapped (just above); `desc` is one valid descriptor.
+        let access =
+            unsafe { sys::cuMemSetAccess(self.page_ptr(first), count * self.page, &desc, 1) };
+        if let Err(e) = access.result() {
+            let _ = self.unmap_locked(&mut t, first..end);
+            return Err(cuda_err(
+                &format!("cuMemSetAccess on pages {first}..{end} failed"),
+                e,
+            ));
+        }
+        Ok(())
+    }
+
+    fn unmap_pages(&self, first: usize, count: usize) -> Result<()> {
+        let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        let end = self.check_range(&t, first, count)?;
+        if let Some(i) = (first..end).find(|&i| t.mapped[i].is_none()) {
+            return Err(Error::OutOfMemory(format!(
+                "cannot unmap pages {first}..{end}: page {i} is not mapped"
+            )));
+        }
+        if count == 0 {
+            return Ok(());
+        }
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| cuda_err("cannot bind the CUDA context", e))?;
+        self.unmap_locked(&mut t, first..end)
+            .map_err(|e| cuda_err(&format!("cuMemUnmap of pages {first}..{end} failed"), e))
+    }
+}
+
+impl Drop for DevicePagedRegion {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_err() {
+            return;
+        }
+        let mut t = std::mem::replace(
+            self.table.get_mut().unwrap_or_else(|e| e.into_inner()),
+            PageTable {
+                mapped: Vec::new(),
+                free: Vec::new(),
+            },
+        );
+        let pages = 0..t.mapped.len();
+        let _ = self.unmap_locked(&mut t, pages);
+        let still_mapped = t.mapped.iter().flatten().copied();
+        for handle in t.free.iter().copied().chain(still_mapped) {
+            // SAFETY: each handle came from cuMemCreate and is released only here; a handle
+            // still mapped is freed by the driver once unmapped (with the range, below).
+            let _ = unsafe { sys::cuMemRelease(handle) };
+        }
+        // SAFETY: the range came from cuMemAddressReserve and is freed only here.
+        let _ = unsafe { sys::cuMemAddressFree(self.base, self.len) };
     }
 }
 

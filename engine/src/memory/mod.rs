@@ -23,7 +23,7 @@ pub use pool::{
     Block, FixedPool, PoolClaim, PoolOptions, PoolStats, DEFAULT_ALIGN, MAX_STREAMS, SCAN_LIMIT,
     SMALL_BLOCK,
 };
-pub use region::{HostRegion, Region, HOST_REGION_ALIGN};
+pub use region::{HostPagedRegion, HostRegion, Region, HOST_REGION_ALIGN};
 
 /// The host memory pool the CPU backend takes activation arenas from.
 pub type HostPool = FixedPool<HostRegion>;

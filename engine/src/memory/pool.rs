@@ -5,6 +5,12 @@
 //! device memory. Free spans sit in per-tag size-class lists found through two bitmaps: finding
 //! a span, splitting it, and merging a freed span with its physical neighbours are O(1); the
 //! only loop is the best-fit scan inside one size class, capped at [`SCAN_LIMIT`] spans.
+//!
+//! Over a remappable region ([`Region::page_size`]) the pool also moves physical pages: free
+//! spans are always backed, unbacked address ranges are `Unmapped` spans outside the lists, and
+//! when no backed span fits, [`FixedPool::remap_take`] backs a new place for the block with
+//! pages unbacked from spans no stream can still touch. Blocks never move; only the free
+//! memory behind them does, so the physical footprint follows the live bytes.
 
 use super::clock::{EventId, StreamClock, StreamId};
 use super::region::Region;
@@ -80,8 +86,12 @@ impl PoolOptions {
 /// A point-in-time snapshot of a pool's occupancy.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PoolStats {
-    /// Bytes the pool manages (the region's length rounded down to the alignment).
+    /// Bytes the pool manages (the region's length rounded down to the alignment; for a
+    /// remappable region, its physical pages).
     pub reserved: usize,
+    /// Bytes backed by memory now: `reserved` for a fixed region, the mapped pages for a
+    /// remappable one.
+    pub committed: usize,
     /// Bytes held by live blocks (rounded sizes).
     pub in_use: usize,
     /// Highest `in_use` seen since the pool was built.
@@ -90,7 +100,8 @@ pub struct PoolStats {
     pub high_water: usize,
     /// Bytes of the region blocks have ever reached from either end: `high_water` plus the
     /// distance from the lowest top-carved block to the end. A region this size would have
-    /// served the same allocations.
+    /// served the same allocations. For a remappable region: the most pages ever mapped at once
+    /// (physical memory of that size would have served them).
     pub footprint: usize,
     /// Number of live blocks.
     pub blocks: usize,
@@ -104,6 +115,8 @@ pub struct PoolStats {
     pub largest_free: usize,
     /// `1 - largest_free / free_bytes` (0 when nothing is free).
     pub fragmentation: f64,
+    /// Times a remappable region's pool moved physical pages to place a block (0 otherwise).
+    pub remaps: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,6 +125,9 @@ enum State {
     Used,
     Pending,
     Unused,
+    /// An address range with no physical memory behind it (remappable regions only); never
+    /// in the free lists, never merged with free spans. Offset and size are whole pages.
+    Unmapped,
 }
 
 /// One span of the region, in units of the alignment.
@@ -274,10 +290,17 @@ struct Inner {
     prepaid: usize,
     /// Nesting depth of the claim on this pool (0: not claimed).
     claims: usize,
+    /// Units per page of a remappable region (0: a fixed region).
+    page_units: usize,
+    /// Physical pages mapped nowhere, the most ever mapped at once, and those mapped now.
+    phys_free: usize,
+    peak_mapped: usize,
+    mapped: usize,
+    remaps: u64,
 }
 
 impl Inner {
-    fn new(units: usize, small_units: usize) -> Inner {
+    fn new(units: usize, small_units: usize, page_units: usize, phys_pages: usize) -> Inner {
         let mut inner = Inner {
             nodes: Vec::with_capacity(1024),
             spare: Vec::with_capacity(1024),
@@ -303,6 +326,11 @@ impl Inner {
             pending_units: 0,
             prepaid: 0,
             claims: 0,
+            page_units,
+            phys_free: phys_pages,
+            peak_mapped: 0,
+            mapped: 0,
+            remaps: 0,
         };
         // The default stream is always tag 1 (its lookup short-cuts to that).
         inner.streams.push(StreamId::DEFAULT);
@@ -322,7 +350,12 @@ impl Inner {
                 state: State::Free,
                 class: 0,
             });
-            inner.link_free(n);
+            if page_units > 0 {
+                // Nothing is backed yet: the first allocations map what they need.
+                inner.nodes[n as usize].state = State::Unmapped;
+            } else {
+                inner.link_free(n);
+            }
         }
         inner
     }
@@ -898,11 +931,41 @@ impl<R: Region> FixedPool<R> {
                 region.base()
             )));
         }
-        let reserved = region.len() / align * align;
+        let (units, page_units, reserved) = match region.page_size() {
+            None => {
+                let reserved = region.len() / align * align;
+                (reserved / align, 0, reserved)
+            }
+            Some(page) => {
+                if !page.is_power_of_two() || page < align {
+                    return Err(Error::BadInput(format!(
+                        "region page size {page} is not a power of two of at least the \
+                         alignment {align}"
+                    )));
+                }
+                if !opts.stream_safe {
+                    return Err(Error::BadInput(
+                        "a remappable region needs stream tracking: free pages are unbacked \
+                         only once every stream has passed them"
+                            .into(),
+                    ));
+                }
+                let pages = region.len() / page;
+                let phys = region.physical_pages().min(pages);
+                (pages * (page / align), page / align, phys * page)
+            }
+        };
+        let phys_pages = if page_units > 0 {
+            reserved / (page_units * align)
+        } else {
+            0
+        };
         Ok(Arc::new(FixedPool {
             state: UnsafeCell::new(Inner::new(
-                reserved / align,
+                units,
                 opts.small_from_top.map_or(0, |b| b.div_ceil(align)),
+                page_units,
+                phys_pages,
             )),
             region,
             clock,
@@ -1219,12 +1282,22 @@ impl<R: Region> FixedPool<R> {
         let g = h.g();
         let largest_free = g.largest_free() << self.shift;
         let free_bytes = g.free_units << self.shift;
+        let page = g.page_units << self.shift;
         PoolStats {
             reserved: self.reserved,
+            committed: if page > 0 {
+                g.mapped * page
+            } else {
+                self.reserved
+            },
             in_use: g.in_use << self.shift,
             peak_in_use: g.peak_in_use << self.shift,
             high_water: g.high_water << self.shift,
-            footprint: (g.high_water + (g.units - g.low_water)).min(g.units) << self.shift,
+            footprint: if page > 0 {
+                g.peak_mapped * page
+            } else {
+                (g.high_water + (g.units - g.low_water)).min(g.units) << self.shift
+            },
             blocks: g.blocks,
             free_blocks: g.free_spans,
             free_bytes,
@@ -1235,6 +1308,7 @@ impl<R: Region> FixedPool<R> {
             } else {
                 1.0 - largest_free as f64 / free_bytes as f64
             },
+            remaps: g.remaps,
         }
     }
 
@@ -1280,6 +1354,9 @@ impl<R: Region> FixedPool<R> {
         if found.is_none() && self.promote_foreign(g, own) {
             self.reclaim(g);
             found = g.take(units, own);
+        }
+        if found.is_none() && g.page_units > 0 {
+            found = self.remap_take(g, units, own)?;
         }
         match found {
             Some(node) => {
@@ -1383,6 +1460,96 @@ impl<R: Region> FixedPool<R> {
         moved
     }
 
+    /// Page mode, when no backed free span fits: picks the place for `size` units (a run of
+    /// free spans usable by `own` and unbacked ranges) that needs the fewest new pages, takes
+    /// those pages from free spans no queued work can touch (unbacking their whole pages,
+    /// smallest spans first) and only then from the region's unused reserve, maps them, and
+    /// returns the used node. `None` when even that cannot hold the block (spans kept for a
+    /// stream are then promoted, as for another stream, so a later call may use them).
+    #[cold]
+    #[inline(never)]
+    fn remap_take(&self, g: &mut Inner, size: usize, own: Option<u8>) -> Result<Option<u32>> {
+        let pu = g.page_units;
+        let mut promoted = false;
+        let (window, steals) = loop {
+            let plan = g.remap_plan(size, own.unwrap_or(ANY));
+            // Pages come from free spans before the reserve, so the footprint follows the live
+            // bytes: when the plan fails or dips into the reserve, spans kept for one stream
+            // become any stream's once a point recorded on it now has passed (no event during
+            // capture), and the plan is made again.
+            let short = plan.as_ref().is_none_or(|p| p.2 > 0);
+            if short && !promoted && self.promote_foreign(g, None) {
+                self.reclaim(g);
+                promoted = true;
+                continue;
+            }
+            match plan {
+                Some((window, steals, _)) => break (window, steals),
+                None => return Ok(None),
+            }
+        };
+        // Unback the donors' pages (the region's side; the spans change below).
+        let mut unbacked: Vec<(usize, usize)> = Vec::new();
+        let mut failed = None;
+        for &(first, count) in &steals {
+            match self.region.unmap_pages(first, count) {
+                Ok(()) => unbacked.push((first, count)),
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        // Back the window's unbacked pages, undoing this call's maps if one fails.
+        let start = g.nodes[window[0] as usize].off;
+        let end = start + size;
+        let mut backed: Vec<(usize, usize)> = Vec::new();
+        if failed.is_none() {
+            for &k in &window {
+                let m = g.nodes[k as usize];
+                if m.state != State::Unmapped {
+                    continue;
+                }
+                let (p0, p1) = (m.off / pu, (m.off + m.size).min(end).div_ceil(pu));
+                if let Err(e) = self.region.map_pages(p0, p1 - p0) {
+                    for &(q0, n) in &backed {
+                        let _ = self.region.unmap_pages(q0, n);
+                    }
+                    backed.clear();
+                    failed = Some(e);
+                    break;
+                }
+                backed.push((p0, p1 - p0));
+            }
+        }
+        let used = match failed {
+            None => {
+                g.remaps += 1;
+                Some(g.fill_window(&window, size, pu))
+            }
+            Some(_) => None,
+        };
+        for &(first, count) in &unbacked {
+            g.unback_free(first * pu, count * pu);
+            g.phys_free += count;
+            g.mapped -= count;
+        }
+        for &(_, count) in &backed {
+            g.phys_free -= count;
+            g.mapped += count;
+        }
+        g.peak_mapped = g.peak_mapped.max(g.mapped);
+        g.merge_unmapped_runs();
+        match (used, failed) {
+            (Some(used), _) => {
+                g.note_extent(start, size);
+                Ok(Some(used))
+            }
+            (None, Some(e)) => Err(e),
+            (None, None) => Ok(None),
+        }
+    }
+
     /// Registers a declared use on `stream` (its cached epoch no longer covers it); returns
     /// the stream's tag.
     fn mark_use(&self, stream: StreamId) -> Result<u8> {
@@ -1438,6 +1605,240 @@ impl<R: Region> Drop for FixedPool<R> {
 }
 
 impl Inner {
+    /// Every span in address order (page mode's slow path; O(spans)).
+    fn address_order(&self) -> Vec<u32> {
+        let mut order = Vec::with_capacity(self.nodes.len());
+        let mut cur = self
+            .nodes
+            .iter()
+            .position(|n| n.state != State::Unused && n.off == 0)
+            .map_or(NIL, |i| i as u32);
+        while cur != NIL {
+            order.push(cur);
+            cur = self.nodes[cur as usize].next_phys;
+        }
+        order
+    }
+
+    /// Page mode's plan for `size` units on stream tag `own`: the window (a run of adjacent
+    /// free spans usable by `own` and unbacked ranges, the block at its start), the pages it
+    /// needs backed, the page ranges to unback for them (whole pages of any-stream free spans
+    /// outside the block, smallest spans first), and the pages left to take from the unused
+    /// reserve. Of all the windows that can be served, the one needing the fewest pages;
+    /// `None` if none can.
+    #[allow(clippy::type_complexity)]
+    fn remap_plan(&self, size: usize, own: u8) -> Option<(Vec<u32>, Vec<(usize, usize)>, usize)> {
+        let pu = self.page_units;
+        let order = self.address_order();
+        let usable = |n: &Node| match n.state {
+            State::Unmapped => true,
+            State::Free => compatible(n.tag, own),
+            _ => false,
+        };
+        // (pages to map, first and last window index in `order`) for each start.
+        let mut windows: Vec<(usize, usize, usize)> = Vec::new();
+        for i in 0..order.len() {
+            let first = self.nodes[order[i] as usize];
+            if !usable(&first) {
+                continue;
+            }
+            let end = first.off + size;
+            let mut need = 0;
+            for (j, &k) in order.iter().enumerate().skip(i) {
+                let m = self.nodes[k as usize];
+                if !usable(&m) {
+                    break;
+                }
+                if m.state == State::Unmapped {
+                    need += (m.off + m.size).min(end).div_ceil(pu) - m.off / pu;
+                }
+                if m.off + m.size >= end {
+                    windows.push((need, i, j));
+                    break;
+                }
+            }
+        }
+        windows.sort_unstable();
+        for (need, wi, wj) in windows {
+            let end = self.nodes[order[wi] as usize].off + size;
+            // Whole pages of any-stream free spans outside `start..end`: (span size, first
+            // page, pages); the window's last span may give what lies past the block.
+            let mut donors: Vec<(usize, usize, usize)> = order
+                .iter()
+                .enumerate()
+                .filter(|&(k, _)| k < wi || k >= wj)
+                .filter_map(|(k, &i)| {
+                    let n = self.nodes[i as usize];
+                    let from = if k == wj { end.max(n.off) } else { n.off };
+                    let (p0, p1) = (from.div_ceil(pu), (n.off + n.size) / pu);
+                    (n.state == State::Free && n.tag == ANY && p1 > p0)
+                        .then(|| (n.size, p0, p1 - p0))
+                })
+                .collect();
+            let stealable: usize = donors.iter().map(|d| d.2).sum();
+            if stealable + self.phys_free < need {
+                continue;
+            }
+            donors.sort_unstable();
+            let mut left = need;
+            let mut steals = Vec::new();
+            for (_, p0, pages) in donors {
+                if left == 0 {
+                    break;
+                }
+                let take = pages.min(left);
+                steals.push((p0 + pages - take, take));
+                left -= take;
+            }
+            return Some((order[wi..=wj].to_vec(), steals, left));
+        }
+        None
+    }
+
+    /// Marks `off..off + len` (whole pages inside one free span, just unbacked) unbacked.
+    fn unback_free(&mut self, off: usize, len: usize) {
+        let found = self.address_order().into_iter().find(|&i| {
+            let n = &self.nodes[i as usize];
+            n.state == State::Free && n.off <= off && off + len <= n.off + n.size
+        });
+        if let Some(i) = found {
+            self.carve_unmapped(i, off, len);
+        }
+    }
+
+    /// Splits free span `i` around `off..off + len` (whole pages inside it, just unbacked):
+    /// that range becomes an `Unmapped` span, what lies either side stays free with `i`'s tag.
+    fn carve_unmapped(&mut self, i: u32, off: usize, len: usize) {
+        let n = self.nodes[i as usize];
+        self.unlink_free(i);
+        let free_piece = |o: usize, size: usize, prev: u32, next: u32| Node {
+            off: o,
+            size,
+            prev_phys: prev,
+            next_phys: next,
+            prev_free: NIL,
+            next_free: NIL,
+            tag: n.tag,
+            state: State::Free,
+            class: 0,
+        };
+        let mut prev = n.prev_phys;
+        if off > n.off {
+            let head = self.new_node(free_piece(n.off, off - n.off, n.prev_phys, i));
+            if n.prev_phys != NIL {
+                self.nodes[n.prev_phys as usize].next_phys = head;
+            }
+            self.link_free(head);
+            prev = head;
+        }
+        let mut next = n.next_phys;
+        if off + len < n.off + n.size {
+            let tail_off = off + len;
+            let tail = self.new_node(free_piece(tail_off, n.off + n.size - tail_off, i, next));
+            if next != NIL {
+                self.nodes[next as usize].prev_phys = tail;
+            }
+            self.link_free(tail);
+            next = tail;
+        }
+        let node = &mut self.nodes[i as usize];
+        node.off = off;
+        node.size = len;
+        node.prev_phys = prev;
+        node.next_phys = next;
+        node.state = State::Unmapped;
+        node.tag = ANY;
+    }
+
+    /// Replaces the run of spans `window` (free spans and backed-for-this `Unmapped` ones,
+    /// adjacent, in address order) with one used node of `size` units at the run's start;
+    /// the rest of the last span stays free (the backed part of an unbacked span, free for any
+    /// stream) or unbacked.
+    fn fill_window(&mut self, window: &[u32], size: usize, pu: usize) -> u32 {
+        let first = self.nodes[window[0] as usize];
+        let last = self.nodes[window[window.len() - 1] as usize];
+        let (start, end, last_end) = (first.off, first.off + size, last.off + last.size);
+        for &k in window {
+            if self.nodes[k as usize].state == State::Free {
+                self.unlink_free(k);
+            }
+            self.drop_node(k);
+        }
+        let blank = |off: usize, size: usize, tag: u8, state: State| Node {
+            off,
+            size,
+            prev_phys: NIL,
+            next_phys: NIL,
+            prev_free: NIL,
+            next_free: NIL,
+            tag,
+            state,
+            class: 0,
+        };
+        let mut chain = vec![self.new_node(blank(start, size, ANY, State::Used))];
+        let mut rest = None;
+        if last_end > end {
+            if last.state == State::Free {
+                let r = self.new_node(blank(end, last_end - end, last.tag, State::Used));
+                chain.push(r);
+                rest = Some((r, last.tag));
+            } else {
+                let backed_end = end.div_ceil(pu) * pu;
+                if backed_end > end {
+                    let r = self.new_node(blank(end, backed_end - end, ANY, State::Used));
+                    chain.push(r);
+                    rest = Some((r, ANY));
+                }
+                if last_end > backed_end {
+                    let u = blank(backed_end, last_end - backed_end, ANY, State::Unmapped);
+                    chain.push(self.new_node(u));
+                }
+            }
+        }
+        let mut prev = first.prev_phys;
+        for &k in &chain {
+            self.nodes[k as usize].prev_phys = prev;
+            if prev != NIL {
+                self.nodes[prev as usize].next_phys = k;
+            }
+            prev = k;
+        }
+        self.nodes[prev as usize].next_phys = last.next_phys;
+        if last.next_phys != NIL {
+            self.nodes[last.next_phys as usize].prev_phys = prev;
+        }
+        if let Some((r, tag)) = rest {
+            // Not yet linked; `release` links it, merging a free neighbour on its right.
+            self.release(r, tag);
+        }
+        chain[0]
+    }
+
+    /// Merges adjacent `Unmapped` spans (left by unbacking next to an unbacked range).
+    fn merge_unmapped_runs(&mut self) {
+        let order = self.address_order();
+        let mut k = 0;
+        while k < order.len() {
+            let a = order[k];
+            let mut j = k + 1;
+            while self.nodes[a as usize].state == State::Unmapped
+                && j < order.len()
+                && self.nodes[order[j] as usize].state == State::Unmapped
+            {
+                let b = order[j];
+                let bn = self.nodes[b as usize];
+                self.nodes[a as usize].size += bn.size;
+                self.nodes[a as usize].next_phys = bn.next_phys;
+                if bn.next_phys != NIL {
+                    self.nodes[bn.next_phys as usize].prev_phys = a;
+                }
+                self.drop_node(b);
+                j += 1;
+            }
+            k = j;
+        }
+    }
+
     /// Every free span reserved for stream tag `t`.
     fn spans_of(&self, t: u8) -> Vec<u32> {
         let mut spans = Vec::new();

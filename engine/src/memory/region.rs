@@ -1,5 +1,7 @@
 //! The memory a pool manages: an abstract address range, or a host allocation.
 
+use crate::error::{Error, Result};
+
 /// One contiguous address range reserved up front (device or host memory).
 ///
 /// The pool only does arithmetic on offsets inside it and never touches its bytes.
@@ -11,6 +13,27 @@ pub trait Region: Send + Sync {
     /// Whether the region has no bytes.
     fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+    /// For a remappable region, the size of the pages physical memory moves between places in
+    /// it (a power of two); `None` (the default) when every byte is backed for good.
+    fn page_size(&self) -> Option<usize> {
+        None
+    }
+    /// Physical pages a remappable region reserved up front (backing at most this many of its
+    /// pages at once); 0 for a fixed region.
+    fn physical_pages(&self) -> usize {
+        0
+    }
+    /// Backs region pages `first..first + count`, all unbacked, with free physical pages.
+    fn map_pages(&self, first: usize, count: usize) -> Result<()> {
+        let _ = (first, count);
+        Err(Error::Unsupported("this region cannot remap pages".into()))
+    }
+    /// Returns the physical pages behind region pages `first..first + count` (all backed, and
+    /// unused by any device or thread) to the free set.
+    fn unmap_pages(&self, first: usize, count: usize) -> Result<()> {
+        let _ = (first, count);
+        Err(Error::Unsupported("this region cannot remap pages".into()))
     }
 }
 
@@ -40,18 +63,17 @@ impl HostRegion {
 
     /// Allocates `len` bytes (rounded up to 256 internally) of zeroed host memory; fails
     /// cleanly when the system cannot provide them.
-    pub fn try_new(len: usize) -> crate::error::Result<Self> {
+    pub fn try_new(len: usize) -> Result<Self> {
         let layout = Self::layout(len);
         if layout.size() < len {
-            return Err(crate::error::Error::OutOfMemory(format!(
+            return Err(Error::OutOfMemory(format!(
                 "host region of {len} B is too large"
             )));
         }
         // SAFETY: the layout has a non-zero size.
         let raw = unsafe { std::alloc::alloc_zeroed(layout) };
-        let ptr = std::ptr::NonNull::new(raw).ok_or_else(|| {
-            crate::error::Error::OutOfMemory(format!("cannot reserve {len} B of host memory"))
-        })?;
+        let ptr = std::ptr::NonNull::new(raw)
+            .ok_or_else(|| Error::OutOfMemory(format!("cannot reserve {len} B of host memory")))?;
         Ok(HostRegion { ptr, len })
     }
 
@@ -97,6 +119,234 @@ impl std::fmt::Debug for HostRegion {
         f.debug_struct("HostRegion")
             .field("base", &self.base())
             .field("len", &self.len)
+            .finish()
+    }
+}
+
+/// Host memory whose physical pages move: a large address range reserved with no access, and
+/// a fixed set of physical pages (one `memfd` file, sized once) mapped into it page by page.
+///
+/// It is the host twin of the CUDA virtual-memory region, so the pool's remapping runs, and is
+/// tested on real memory, on any Linux machine. A page's bytes move with it (its old contents
+/// appear at the new place), like device memory.
+pub struct HostPagedRegion {
+    base: *mut u8,
+    len: usize,
+    page: usize,
+    fd: libc::c_int,
+    physical: usize,
+    /// Physical pages mapped nowhere, and the physical page behind each region page.
+    table: std::sync::Mutex<PageTable>,
+}
+
+/// Where a paged region's physical pages are.
+struct PageTable {
+    free: Vec<usize>,
+    at: Vec<Option<usize>>,
+}
+
+// SAFETY: the region owns its mapping and file descriptor; the page table is behind a mutex and
+// the pool hands out disjoint blocks of the range.
+unsafe impl Send for HostPagedRegion {}
+// SAFETY: as above.
+unsafe impl Sync for HostPagedRegion {}
+
+fn os_error(what: &str) -> Error {
+    Error::OutOfMemory(format!("{what}: {}", std::io::Error::last_os_error()))
+}
+
+impl HostPagedRegion {
+    /// Reserves `address_bytes` of address space and `physical_bytes` of memory in pages of
+    /// `page` bytes (a power of two and a multiple of the system page), both rounded up to it.
+    pub fn new(address_bytes: usize, physical_bytes: usize, page: usize) -> Result<Self> {
+        // SAFETY: sysconf has no preconditions.
+        let sys_page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
+        if !page.is_power_of_two() || !page.is_multiple_of(sys_page) {
+            return Err(Error::BadInput(format!(
+                "page size {page} is not a power of two multiple of the system page ({sys_page})"
+            )));
+        }
+        let pages = address_bytes.div_ceil(page).max(1);
+        let physical = physical_bytes.div_ceil(page);
+        let (len, file_len) = match (pages.checked_mul(page), physical.checked_mul(page)) {
+            (Some(a), Some(b)) => (a, b),
+            _ => return Err(Error::OutOfMemory("paged host region too large".into())),
+        };
+        // SAFETY: a fresh anonymous file; the name is a valid C string.
+        let fd = unsafe { libc::memfd_create(c"vigil-pool".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(os_error("memfd_create failed"));
+        }
+        // SAFETY: `fd` is ours; the length fits in off_t (checked above against usize).
+        if unsafe { libc::ftruncate(fd, file_len as libc::off_t) } != 0 {
+            let e = os_error(&format!("cannot size the pool file to {file_len} B"));
+            // SAFETY: closed once.
+            unsafe { libc::close(fd) };
+            return Err(e);
+        }
+        // SAFETY: a fresh reservation with no access; nothing else maps this range.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            let e = os_error(&format!("cannot reserve {len} B of address space"));
+            // SAFETY: closed once.
+            unsafe { libc::close(fd) };
+            return Err(e);
+        }
+        Ok(HostPagedRegion {
+            base: base.cast(),
+            len,
+            page,
+            fd,
+            physical,
+            table: std::sync::Mutex::new(PageTable {
+                free: (0..physical).rev().collect(),
+                at: vec![None; pages],
+            }),
+        })
+    }
+
+    /// Mutable raw pointer to the first byte; only mapped pages may be touched.
+    pub fn as_mut_ptr(&self) -> *mut u8 {
+        self.base
+    }
+
+    /// Region pages backed by memory now.
+    pub fn mapped_pages(&self) -> usize {
+        let t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        t.at.iter().filter(|p| p.is_some()).count()
+    }
+
+    /// Whether region page `i` is backed.
+    pub fn is_mapped(&self, i: usize) -> bool {
+        let t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        t.at.get(i).is_some_and(|p| p.is_some())
+    }
+
+    /// Puts region page `i` back to no access (its physical page stays the caller's).
+    fn unback(&self, i: usize) -> Result<()> {
+        // SAFETY: `i` is inside the reservation; MAP_FIXED replaces only that page.
+        let r = unsafe {
+            libc::mmap(
+                self.base.add(i * self.page).cast(),
+                self.page,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        if r == libc::MAP_FAILED {
+            return Err(os_error("cannot unmap a pool page"));
+        }
+        Ok(())
+    }
+}
+
+impl Region for HostPagedRegion {
+    fn base(&self) -> usize {
+        self.base as usize
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn page_size(&self) -> Option<usize> {
+        Some(self.page)
+    }
+
+    fn physical_pages(&self) -> usize {
+        self.physical
+    }
+
+    fn map_pages(&self, first: usize, count: usize) -> Result<()> {
+        let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        let range = first..first.saturating_add(count);
+        if range.end > t.at.len() || t.at[range.clone()].iter().any(|p| p.is_some()) {
+            return Err(Error::BadInput(format!(
+                "pages {range:?} are not all unmapped pages of the region"
+            )));
+        }
+        if count > t.free.len() {
+            return Err(Error::OutOfMemory(format!(
+                "{count} pages wanted, {} physical pages free",
+                t.free.len()
+            )));
+        }
+        for i in range.clone() {
+            let p = t.free.pop().unwrap_or(0);
+            // SAFETY: page `i` is inside the reservation and unmapped; `p` is a page of the
+            // file, mapped nowhere else.
+            let r = unsafe {
+                libc::mmap(
+                    self.base.add(i * self.page).cast(),
+                    self.page,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED | libc::MAP_FIXED,
+                    self.fd,
+                    (p * self.page) as libc::off_t,
+                )
+            };
+            if r == libc::MAP_FAILED {
+                let e = os_error("cannot map a pool page");
+                t.free.push(p);
+                for j in first..i {
+                    if let Some(q) = t.at[j].take() {
+                        let _ = self.unback(j);
+                        t.free.push(q);
+                    }
+                }
+                return Err(e);
+            }
+            t.at[i] = Some(p);
+        }
+        Ok(())
+    }
+
+    fn unmap_pages(&self, first: usize, count: usize) -> Result<()> {
+        let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        let range = first..first.saturating_add(count);
+        if range.end > t.at.len() || t.at[range.clone()].iter().any(|p| p.is_none()) {
+            return Err(Error::BadInput(format!(
+                "pages {range:?} are not all mapped pages of the region"
+            )));
+        }
+        for i in range {
+            self.unback(i)?;
+            if let Some(p) = t.at[i].take() {
+                t.free.push(p);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for HostPagedRegion {
+    fn drop(&mut self) {
+        // SAFETY: the reservation and the descriptor are ours and released once.
+        unsafe {
+            libc::munmap(self.base.cast(), self.len);
+            libc::close(self.fd);
+        }
+    }
+}
+
+impl std::fmt::Debug for HostPagedRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostPagedRegion")
+            .field("base", &self.base())
+            .field("len", &self.len)
+            .field("page", &self.page)
+            .field("physical_pages", &self.physical)
             .finish()
     }
 }

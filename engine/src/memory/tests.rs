@@ -863,3 +863,298 @@ fn retired_tag_waits_for_blocks_pending_on_it() {
         Err(Error::OutOfMemory(_))
     ));
 }
+
+/// A remappable region at a fake address: it keeps which pages are backed, rejects mapping a
+/// backed page, unmapping an unbacked one, or backing more pages than it has, and counts calls.
+struct FakePagedRegion {
+    page: usize,
+    physical: usize,
+    backed: Mutex<Vec<bool>>,
+    maps: AtomicUsize,
+    unmaps: AtomicUsize,
+}
+
+impl FakePagedRegion {
+    fn new(page: usize, pages: usize, physical: usize) -> Self {
+        FakePagedRegion {
+            page,
+            physical,
+            backed: Mutex::new(vec![false; pages]),
+            maps: AtomicUsize::new(0),
+            unmaps: AtomicUsize::new(0),
+        }
+    }
+    fn backed_pages(&self) -> usize {
+        self.backed.lock().unwrap().iter().filter(|b| **b).count()
+    }
+    /// Whether every page under `off..off + len` (bytes from the base) is backed.
+    fn covers(&self, off: usize, len: usize) -> bool {
+        let b = self.backed.lock().unwrap();
+        (off / self.page..(off + len).div_ceil(self.page)).all(|p| b[p])
+    }
+}
+
+impl Region for FakePagedRegion {
+    fn base(&self) -> usize {
+        0x7e00_0000_0000
+    }
+    fn len(&self) -> usize {
+        self.backed.lock().unwrap().len() * self.page
+    }
+    fn page_size(&self) -> Option<usize> {
+        Some(self.page)
+    }
+    fn physical_pages(&self) -> usize {
+        self.physical
+    }
+    fn map_pages(&self, first: usize, count: usize) -> crate::error::Result<()> {
+        let mut b = self.backed.lock().unwrap();
+        let used = b.iter().filter(|x| **x).count();
+        if b[first..first + count].iter().any(|x| *x) {
+            return Err(Error::BadInput("mapping a backed page".into()));
+        }
+        if used + count > self.physical {
+            return Err(Error::OutOfMemory("no physical page left".into()));
+        }
+        b[first..first + count].iter_mut().for_each(|x| *x = true);
+        self.maps.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+    fn unmap_pages(&self, first: usize, count: usize) -> crate::error::Result<()> {
+        let mut b = self.backed.lock().unwrap();
+        if b[first..first + count].iter().any(|x| !*x) {
+            return Err(Error::BadInput("unmapping an unbacked page".into()));
+        }
+        b[first..first + count].iter_mut().for_each(|x| *x = false);
+        self.unmaps.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+/// Pages of 4 units.
+const PAGE: usize = 4 * U;
+
+fn paged_pool(
+    pages: usize,
+    physical: usize,
+    clock: Arc<dyn StreamClock>,
+) -> Arc<FixedPool<FakePagedRegion>> {
+    FixedPool::new(FakePagedRegion::new(PAGE, pages, physical), clock).unwrap()
+}
+
+#[test]
+fn paged_pool_backs_pages_on_demand_and_reuses_backed_spans() {
+    let pool = paged_pool(16, 8, Arc::new(SyncClock));
+    let s = pool.stats();
+    assert_eq!((s.reserved, s.committed, s.free_bytes), (8 * PAGE, 0, 0));
+    // 2.5 pages: three pages backed, the half page past the block stays free.
+    let a = pool.alloc(10 * U, S0).unwrap();
+    assert!(pool.region().covers(a.offset(), a.size()));
+    let s = pool.stats();
+    assert_eq!(
+        (s.committed, s.in_use, s.free_bytes),
+        (3 * PAGE, 10 * U, 2 * U)
+    );
+    assert_eq!((s.remaps, s.footprint), (1, 3 * PAGE));
+    // The free half page serves a small block without any mapping.
+    let b = pool.alloc(2 * U, S0).unwrap();
+    assert_eq!(pool.region().maps.load(Ordering::SeqCst), 1);
+    drop(a);
+    let a2 = pool.alloc(10 * U, S0).unwrap(); // the backed span again
+    assert_eq!(a2.offset(), 0);
+    assert_eq!(pool.stats().remaps, 1);
+    drop((a2, b));
+    let s = pool.stats();
+    assert_eq!(
+        (s.committed, s.free_bytes, s.in_use),
+        (3 * PAGE, 3 * PAGE, 0)
+    );
+}
+
+/// Free pages move to where a block fits, but only once no stream can still touch them; a
+/// block freed on its stream is reusable there at once, yet unbacked only after that stream
+/// passes a point recorded when the pages are wanted.
+#[test]
+fn paged_pool_moves_free_pages_only_after_their_stream_passes() {
+    let clock = Arc::new(FakeClock::default());
+    let pool = paged_pool(16, 5, clock.clone());
+    let a = pool.alloc(2 * PAGE, S0).unwrap();
+    let b = pool.alloc(PAGE, S0).unwrap();
+    let c = pool.alloc(2 * PAGE, S0).unwrap();
+    assert_eq!(pool.stats().committed, 5 * PAGE);
+    drop(a);
+    drop(c);
+    // Two free 2-page spans around `b`, no page in reserve: 4 pages fit only by moving them.
+    match pool.alloc(4 * PAGE, S0) {
+        Err(Error::OutOfMemory(m)) => assert!(m.contains("pool exhausted"), "{m}"),
+        other => panic!("expected out of memory while S0 may use the pages, got {other:?}"),
+    }
+    assert_eq!(pool.region().unmaps.load(Ordering::SeqCst), 0);
+    // That attempt recorded a point on S0; once S0 passes it the pages move.
+    clock.complete(S0);
+    let d = pool.alloc(4 * PAGE, S0).unwrap();
+    assert!(pool.region().covers(d.offset(), d.size()));
+    assert!(pool.region().covers(b.offset(), b.size()));
+    let s = pool.stats();
+    assert_eq!(
+        (s.committed, s.footprint, s.free_bytes),
+        (5 * PAGE, 5 * PAGE, 0)
+    );
+    assert_eq!(pool.region().backed_pages(), 5);
+    assert!(pool.region().unmaps.load(Ordering::SeqCst) >= 1);
+}
+
+/// During capture no event is recorded or queried: only any-stream spans and the reserve serve.
+#[test]
+fn paged_pool_takes_only_the_reserve_during_capture() {
+    let clock = Arc::new(FakeClock::default());
+    let pool = paged_pool(16, 7, clock.clone());
+    let a = pool.alloc(2 * PAGE, S0).unwrap();
+    let _b = pool.alloc(PAGE, S0).unwrap();
+    drop(a);
+    clock.capture.store(true, Ordering::SeqCst);
+    let records = clock.records();
+    let c = pool.alloc(3 * PAGE, S0).unwrap(); // 3 of the 4 reserve pages
+    assert!(pool.region().covers(c.offset(), c.size()));
+    assert!(pool.alloc(3 * PAGE, S0).is_err()); // would need S0's two free pages
+    assert_eq!(clock.records(), records);
+    clock.capture.store(false, Ordering::SeqCst);
+    assert!(pool.alloc(3 * PAGE, S0).is_err()); // records a point on S0, not yet passed
+    clock.complete(S0);
+    let d = pool.alloc(3 * PAGE, S0).unwrap();
+    assert!(pool.region().covers(d.offset(), d.size()));
+}
+
+#[test]
+fn paged_pool_needs_stream_safety() {
+    let opts = PoolOptions {
+        stream_safe: false,
+        ..PoolOptions::default()
+    };
+    let region = FakePagedRegion::new(PAGE, 4, 4);
+    match FixedPool::with_options(region, Arc::new(SyncClock), opts) {
+        Err(Error::BadInput(m)) => assert!(m.contains("stream tracking"), "{m}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+/// Random sizes on a paged pool: blocks never overlap and are always backed; backed bytes are
+/// exactly those of live, free and pending spans; an allocation fails only when the pages no
+/// live block touches cannot hold it.
+#[test]
+fn randomized_paged_pool_keeps_pages_consistent() {
+    for small in [None, Some(3 * U)] {
+        const PAGES: usize = 64;
+        const PHYS: usize = 24;
+        let opts = PoolOptions {
+            small_from_top: small,
+            ..PoolOptions::default()
+        };
+        let region = FakePagedRegion::new(PAGE, PAGES, PHYS);
+        let pool = FixedPool::with_options(region, Arc::new(SyncClock), opts).unwrap();
+        let mut used = vec![false; PAGES * 4];
+        let mut live: Vec<Block<FakePagedRegion>> = Vec::new();
+        let mut x = 0x005e_edf0_a6e5_u64;
+        let (mut allocs, mut ooms) = (0, 0);
+        for _ in 0..20_000 {
+            x = xorshift(x);
+            if !live.is_empty() && (x % 100) < 48 {
+                let b = live.swap_remove((x >> 8) as usize % live.len());
+                let (o, n) = (b.offset() / U, b.size() / U);
+                used[o..o + n].iter_mut().for_each(|u| *u = false);
+            } else {
+                let size = if x.is_multiple_of(5) {
+                    1 + (x >> 16) as usize % (6 * PAGE)
+                } else {
+                    1 + (x >> 16) as usize % (2 * U)
+                };
+                let units = size.div_ceil(U);
+                let touched: usize = (0..PAGES)
+                    .filter(|p| used[p * 4..p * 4 + 4].iter().any(|u| *u))
+                    .count();
+                match pool.alloc(size, S0) {
+                    Ok(b) => {
+                        let o = b.offset() / U;
+                        for u in &mut used[o..o + units] {
+                            assert!(!*u, "overlap");
+                            *u = true;
+                        }
+                        assert!(pool.region().covers(b.offset(), b.size()), "unbacked block");
+                        live.push(b);
+                        allocs += 1;
+                    }
+                    Err(Error::OutOfMemory(_)) => {
+                        assert!(
+                            PHYS - touched < units.div_ceil(4) + 1,
+                            "failed with {} untouched pages for {units} units",
+                            PHYS - touched
+                        );
+                        ooms += 1;
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            let s = pool.stats();
+            let backed = pool.region().backed_pages();
+            assert!(backed <= PHYS);
+            assert_eq!(s.committed, backed * PAGE);
+            assert_eq!(s.in_use + s.free_bytes + s.pending_bytes, s.committed);
+            assert!(s.footprint >= s.committed);
+        }
+        let s = pool.stats();
+        assert!(
+            allocs > 5000 && ooms > 20 && s.remaps > 100,
+            "allocs {allocs}, ooms {ooms}, remaps {}",
+            s.remaps
+        );
+    }
+}
+
+/// The same pool over real host memory whose pages move (memfd + mmap): every live block keeps
+/// its bytes while free pages are unbacked and backed elsewhere around it.
+#[test]
+fn host_paged_region_keeps_live_data_while_pages_move() {
+    let page = 64 << 10;
+    let region = HostPagedRegion::new(48 * page, 12 * page, page).unwrap();
+    assert_eq!(
+        (region.page_size(), region.physical_pages()),
+        (Some(page), 12)
+    );
+    let pool =
+        FixedPool::with_options(region, Arc::new(SyncClock), PoolOptions::serving()).unwrap();
+    let base = pool.region().as_mut_ptr();
+    let mut live: Vec<(Block<HostPagedRegion>, u8)> = Vec::new();
+    let mut x = 0x00c0_ffee_u64;
+    let check = |b: &Block<HostPagedRegion>, v: u8| {
+        // SAFETY: the block is live and backed; nothing else writes it.
+        let bytes = unsafe { std::slice::from_raw_parts(base.add(b.offset()), b.requested()) };
+        assert!(
+            bytes.iter().all(|&y| y == v),
+            "block at {} lost its bytes",
+            b.offset()
+        );
+    };
+    for step in 0..8000u32 {
+        x = xorshift(x);
+        if !live.is_empty() && x % 100 < 50 {
+            let (b, v) = live.swap_remove((x >> 8) as usize % live.len());
+            check(&b, v);
+        } else {
+            let size = 1 + (x >> 16) as usize % (3 * page);
+            if let Ok(b) = pool.alloc(size, S0) {
+                let v = (step % 251) as u8 + 1;
+                // SAFETY: a fresh, backed block of `size` bytes.
+                unsafe { std::ptr::write_bytes(base.add(b.offset()), v, size) };
+                live.push((b, v));
+            }
+        }
+    }
+    for (b, v) in &live {
+        check(b, *v);
+    }
+    // Each remap backs at least one page: far more remaps than physical pages means pages
+    // were unbacked and backed again elsewhere.
+    let s = pool.stats();
+    assert!(s.remaps > 36, "remaps {}", s.remaps);
+    assert_eq!(s.committed, pool.region().mapped_pages() * page);
+}
