@@ -57,6 +57,12 @@ fn contexts_take_their_arenas_from_the_configured_pool() {
         Some(st.in_use as f64)
     );
     assert_eq!(gauge(&page, "vigil_memory_pool_blocks", None), Some(4.0));
+    // A fixed host region is backed whole, and never moves pages.
+    assert_eq!(
+        gauge(&page, "vigil_memory_pool_bytes", Some("committed")),
+        Some((64u64 << 20) as f64)
+    );
+    assert_eq!(gauge(&page, "vigil_memory_pool_remaps", None), Some(0.0));
     // Inference through pooled arenas works.
     let bytes = std::fs::read(PathBuf::from(concat!(
         env!("CARGO_MANIFEST_DIR"),

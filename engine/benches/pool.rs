@@ -71,8 +71,9 @@ struct Row {
     workload: &'static str,
     ns_per_pair: f64,
     reserved_over_live: Option<f64>,
-    /// Times a paged pool moved pages during the window run.
-    remaps: Option<u64>,
+    /// Times a paged pool moved pages during the window run, and the pages it mapped and
+    /// unmapped.
+    remaps: Option<(u64, u64, u64)>,
 }
 
 /// An allocator under test: `alloc` returns a handle, `free` takes it back.
@@ -216,6 +217,11 @@ impl Region for FakePagedRegion {
     }
 }
 
+/// `POOL_BENCH_ROWS=paged`: only the paged rows (and, on a GPU, the driver call costs).
+fn only_paged() -> bool {
+    std::env::var("POOL_BENCH_ROWS").is_ok_and(|v| v == "paged")
+}
+
 /// Repetitions of each pool row, interleaved across configurations; the median is reported.
 const REPS: usize = 3;
 
@@ -245,7 +251,7 @@ fn pool_rows<R: Region>(
     let mut pair = vec![Vec::new(); variants.len()];
     let mut window = vec![Vec::new(); variants.len()];
     let mut ratio = vec![0.0; variants.len()];
-    let mut remaps = vec![0u64; variants.len()];
+    let mut remaps = vec![(0u64, 0u64, 0u64); variants.len()];
     for _ in 0..REPS {
         for (k, &(safe, streams, claim, _)) in variants.iter().enumerate() {
             let Some(pool) = make(safe, FULL_REGION) else {
@@ -262,7 +268,8 @@ fn pool_rows<R: Region>(
             window[k].push(ns);
             if ratio[k] == 0.0 {
                 ratio[k] = r;
-                remaps[k] = p.pool.stats().remaps;
+                let st = p.pool.stats();
+                remaps[k] = (st.remaps, st.pages_mapped, st.pages_unmapped);
                 // Rerun the window in a region exactly the footprint (plus one alignment unit
                 // per block) to show that a pool of that size serves it without running out.
                 let footprint = p.pool.stats().footprint + WINDOW * DEFAULT_ALIGN;
@@ -298,7 +305,7 @@ fn pool_rows<R: Region>(
             },
             ns_per_pair: median(std::mem::take(&mut window[k])),
             reserved_over_live: Some(ratio[k]),
-            remaps: (remaps[k] > 0).then_some(remaps[k]),
+            remaps: (remaps[k].0 > 0).then_some(remaps[k]),
         });
     }
 }
@@ -380,9 +387,112 @@ mod device {
         }
     }
 
+    /// What the paged device region's driver calls cost (µs, median of `reps`), so the paged
+    /// rows' window time can be split into placement and page moves.
+    pub fn vmm_costs(ctx: &Arc<CudaContext>, reps: usize) -> Result<(), String> {
+        let e = |what: &str, r: sys::CUresult| r.result().map_err(|x| format!("{what}: {x}"));
+        ctx.bind_to_thread().map_err(|x| x.to_string())?;
+        let prop = sys::CUmemAllocationProp {
+            type_: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+            requestedHandleTypes: sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
+            location: sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: 0,
+            },
+            win32HandleMetaData: std::ptr::null_mut(),
+            allocFlags: unsafe { std::mem::zeroed() },
+        };
+        let desc = sys::CUmemAccessDesc {
+            location: prop.location,
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        const N: usize = 8;
+        let mut handles = [0u64; N];
+        let mut va: sys::CUdeviceptr = 0;
+        unsafe {
+            for h in &mut handles {
+                e("cuMemCreate", sys::cuMemCreate(h, PAGE, &prop, 0))?;
+            }
+            e(
+                "cuMemAddressReserve",
+                sys::cuMemAddressReserve(&mut va, 4 * N * PAGE, PAGE, 0, 0),
+            )?;
+        }
+        let at = |i: usize| va + (i * PAGE) as u64;
+        let mut t: [Vec<f64>; 6] = Default::default();
+        let us = |t0: Instant| t0.elapsed().as_nanos() as f64 / 1e3;
+        for r in 0..reps {
+            let o = (r % 3) * N; // move around the range like the pool does
+            unsafe {
+                let t0 = Instant::now();
+                for (k, h) in handles.iter().enumerate() {
+                    e("cuMemMap", sys::cuMemMap(at(o + k), PAGE, 0, *h, 0))?;
+                }
+                t[0].push(us(t0) / N as f64);
+                let t0 = Instant::now();
+                e(
+                    "cuMemSetAccess",
+                    sys::cuMemSetAccess(at(o), N * PAGE, &desc, 1),
+                )?;
+                t[1].push(us(t0));
+                let t0 = Instant::now();
+                for k in 0..N {
+                    e("cuMemUnmap", sys::cuMemUnmap(at(o + k), PAGE))?;
+                }
+                t[2].push(us(t0) / N as f64);
+                e("cuMemMap", sys::cuMemMap(at(o), PAGE, 0, handles[0], 0))?;
+                let t0 = Instant::now();
+                e("cuMemSetAccess", sys::cuMemSetAccess(at(o), PAGE, &desc, 1))?;
+                t[3].push(us(t0));
+                e("cuMemUnmap", sys::cuMemUnmap(at(o), PAGE))?;
+                for (k, h) in handles.iter().enumerate() {
+                    e("cuMemMap", sys::cuMemMap(at(o + k), PAGE, 0, *h, 0))?;
+                }
+                e(
+                    "cuMemSetAccess",
+                    sys::cuMemSetAccess(at(o), N * PAGE, &desc, 1),
+                )?;
+                let t0 = Instant::now();
+                e("cuMemUnmap", sys::cuMemUnmap(at(o), N * PAGE))?;
+                t[4].push(us(t0));
+            }
+        }
+        let clock = CudaClock::new(ctx);
+        let s = ctx.new_stream().map_err(|x| x.to_string())?;
+        clock.add_stream(StreamId(9), s);
+        for _ in 0..reps {
+            let t0 = Instant::now();
+            let ev = clock.record(StreamId(9));
+            let _ = clock.is_complete(StreamId(9), ev);
+            t[5].push(us(t0));
+        }
+        unsafe {
+            let _ = sys::cuMemAddressFree(va, 4 * N * PAGE);
+            for h in handles {
+                let _ = sys::cuMemRelease(h);
+            }
+        }
+        let names = [
+            "cuMemMap, per 2 MiB page",
+            "cuMemSetAccess, 8 pages",
+            "cuMemUnmap, per page",
+            "cuMemSetAccess, 1 page",
+            "cuMemUnmap, one call over 8 mapped pages",
+            "CUDA event record + query (CudaClock)",
+        ];
+        println!("driver call costs, µs (median of {reps}):");
+        for (n, v) in names.iter().zip(t) {
+            println!("  {n}: {:.1}", median(v));
+        }
+        Ok(())
+    }
+
     pub fn rows(w: &Workload, iters: usize, rows: &mut Vec<Row>) -> Result<(), String> {
         vigil_engine::backend::cuda::probe(0).map_err(|e| e.to_string())?;
         let ctx = CudaContext::new(0).map_err(|e| e.to_string())?;
+        if let Err(e) = vmm_costs(&ctx, 200) {
+            println!("driver call costs not measured: {e}");
+        }
         let streams: Vec<Arc<CudaStream>> = (0..2)
             .map(|_| ctx.new_stream().map_err(|e| e.to_string()))
             .collect::<Result<_, _>>()?;
@@ -403,13 +513,16 @@ mod device {
             )
             .ok()
         };
-        pool_rows(
-            "Vigil FixedPool, cudaMalloc'd region",
-            &mut make,
-            w,
-            iters,
-            rows,
-        );
+        let only_paged = only_paged();
+        if !only_paged {
+            pool_rows(
+                "Vigil FixedPool, cudaMalloc'd region",
+                &mut make,
+                w,
+                iters,
+                rows,
+            );
+        }
         let mut make_paged = |safe: bool, bytes: usize| {
             let clock = CudaClock::new(&ctx);
             for (i, s) in streams.iter().enumerate() {
@@ -431,6 +544,9 @@ mod device {
             iters,
             rows,
         );
+        if only_paged {
+            return Ok(());
+        }
         let mut m = MallocAsync::new(&ctx);
         for streams in [1, 2] {
             let ns = run_pair(&mut m, w, iters, streams);
@@ -490,13 +606,15 @@ fn main() {
             )
             .ok()
         };
-        pool_rows(
-            "Vigil FixedPool, fake region",
-            &mut make,
-            &w,
-            iters,
-            &mut rows,
-        );
+        if !only_paged() {
+            pool_rows(
+                "Vigil FixedPool, fake region",
+                &mut make,
+                &w,
+                iters,
+                &mut rows,
+            );
+        }
         let mut make = |safe: bool, bytes: usize| {
             let clock: Arc<dyn StreamClock> = Arc::new(SyncClock);
             let region = FakePagedRegion {
@@ -533,11 +651,14 @@ fn main() {
     }
     for r in rows.iter().filter(|r| r.remaps.is_some()) {
         println!(
-            "{} ({}): {} page moves in {iters} steps ({:.0} per million)",
+            "{} ({}): {} page moves in {iters} steps ({:.0} per million), pages mapped {} and \
+             unmapped {} per million steps",
             r.allocator,
             r.workload,
-            r.remaps.unwrap_or(0),
-            r.remaps.unwrap_or(0) as f64 * 1e6 / iters as f64
+            r.remaps.map_or(0, |m| m.0),
+            r.remaps.map_or(0, |m| m.0) as f64 * 1e6 / iters as f64,
+            r.remaps.map_or(0, |m| m.1) as f64 * 1e6 / iters as f64,
+            r.remaps.map_or(0, |m| m.2) as f64 * 1e6 / iters as f64,
         );
     }
     let find = |a: &str, wl: &str| {

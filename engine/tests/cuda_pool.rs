@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{result, CudaContext, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{result, CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use vigil_engine::memory::cuda::{CudaClock, DevicePagedRegion, DeviceRegion};
 use vigil_engine::memory::Region;
 use vigil_engine::memory::{FixedPool, PoolOptions, StreamId};
@@ -48,6 +48,72 @@ fn device() -> Option<Arc<CudaContext>> {
     }
 }
 
+/// The test kernels and two streams A and B, registered with one clock.
+struct Rig {
+    fill: CudaFunction,
+    spin_copy: CudaFunction,
+    sa: Arc<CudaStream>,
+    sb: Arc<CudaStream>,
+    clock: Arc<CudaClock>,
+}
+
+const CFG: LaunchConfig = LaunchConfig {
+    grid_dim: (128, 1, 1),
+    block_dim: (256, 1, 1),
+    shared_mem_bytes: 0,
+};
+
+impl Rig {
+    fn new(ctx: &Arc<CudaContext>) -> Rig {
+        let ptx = cudarc::nvrtc::compile_ptx(KERNELS).expect("NVRTC compiles the test kernels");
+        let module = ctx.load_module(ptx).expect("module loads");
+        let sa: Arc<CudaStream> = ctx.new_stream().expect("stream A");
+        let sb: Arc<CudaStream> = ctx.new_stream().expect("stream B");
+        let clock = CudaClock::new(ctx);
+        clock.add_stream(A, Arc::clone(&sa));
+        clock.add_stream(B, Arc::clone(&sb));
+        Rig {
+            fill: module.load_function("fill").expect("fill"),
+            spin_copy: module.load_function("spin_copy").expect("spin_copy"),
+            sa,
+            sb,
+            clock,
+        }
+    }
+
+    /// Fills `words` at `ptr` with `v` on `stream`.
+    fn fill(&self, stream: &CudaStream, ptr: u64, words: usize, v: u32) {
+        let n = words as u64;
+        unsafe {
+            stream
+                .launch_builder(&self.fill)
+                .arg(&ptr)
+                .arg(&n)
+                .arg(&v)
+                .launch(CFG)
+                .expect("fill");
+        }
+    }
+
+    /// Fills X with [`ORIGINAL`] on A, then has B (after A's fill) spin for about 0.2 s at H200
+    /// clocks, ample time for the host and stream A to race ahead, and copy X to `dst`.
+    fn fill_then_spin_copy(&self, x_ptr: u64, dst_ptr: u64, words: usize) {
+        self.fill(&self.sa, x_ptr, words, ORIGINAL);
+        self.sb.join(&self.sa).expect("B waits for A's fill");
+        let (n, cycles) = (words as u64, 400_000_000i64);
+        unsafe {
+            self.sb
+                .launch_builder(&self.spin_copy)
+                .arg(&x_ptr)
+                .arg(&dst_ptr)
+                .arg(&n)
+                .arg(&cycles)
+                .launch(CFG)
+                .expect("spin_copy on B");
+        }
+    }
+}
+
 /// What stream B copied out of X, and whether the pool handed X's address back at once.
 struct Outcome {
     copied: Vec<u32>,
@@ -55,19 +121,11 @@ struct Outcome {
 }
 
 fn run(ctx: &Arc<CudaContext>, stream_safe: bool) -> Outcome {
-    let ptx = cudarc::nvrtc::compile_ptx(KERNELS).expect("NVRTC compiles the test kernels");
-    let module = ctx.load_module(ptx).expect("module loads");
-    let fill = module.load_function("fill").expect("fill");
-    let spin_copy = module.load_function("spin_copy").expect("spin_copy");
-    let sa: Arc<CudaStream> = ctx.new_stream().expect("stream A");
-    let sb: Arc<CudaStream> = ctx.new_stream().expect("stream B");
-    let clock = CudaClock::new(ctx);
-    clock.add_stream(A, Arc::clone(&sa));
-    clock.add_stream(B, Arc::clone(&sb));
+    let rig = Rig::new(ctx);
     let region = DeviceRegion::new(ctx, 64 << 20).expect("64 MiB of device memory");
     let pool = FixedPool::with_options(
         region,
-        clock,
+        rig.clock.clone(),
         PoolOptions {
             stream_safe,
             ..PoolOptions::default()
@@ -75,51 +133,19 @@ fn run(ctx: &Arc<CudaContext>, stream_safe: bool) -> Outcome {
     )
     .expect("pool");
     let bytes = WORDS * 4;
-    let n = WORDS as u64;
-    let cfg = LaunchConfig {
-        grid_dim: (128, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
     // The destination of B's copy, allocated on B so it is never X.
     let dst = pool.alloc(bytes, B).expect("dst");
     let dst_ptr = dst.addr() as u64;
     let mut x = pool.alloc(bytes, A).expect("x");
     let x_ptr = x.addr() as u64;
-    unsafe {
-        sa.launch_builder(&fill)
-            .arg(&x_ptr)
-            .arg(&n)
-            .arg(&ORIGINAL)
-            .launch(cfg)
-            .expect("fill X");
-    }
-    sb.join(&sa).expect("B waits for A's fill");
-    // About 0.2 s at H200 clocks: ample time for the host and stream A to race ahead.
-    let cycles: i64 = 400_000_000;
-    unsafe {
-        sb.launch_builder(&spin_copy)
-            .arg(&x_ptr)
-            .arg(&dst_ptr)
-            .arg(&n)
-            .arg(&cycles)
-            .launch(cfg)
-            .expect("spin_copy on B");
-    }
+    rig.fill_then_spin_copy(x_ptr, dst_ptr, WORDS);
     x.record_use(B).expect("record_use");
     drop(x);
     let z = pool.alloc(bytes, A).expect("z");
     let z_ptr = z.addr() as u64;
-    unsafe {
-        sa.launch_builder(&fill)
-            .arg(&z_ptr)
-            .arg(&n)
-            .arg(&OVERWRITE)
-            .launch(cfg)
-            .expect("fill Z");
-    }
-    sa.synchronize().expect("sync A");
-    sb.synchronize().expect("sync B");
+    rig.fill(&rig.sa, z_ptr, WORDS, OVERWRITE);
+    rig.sa.synchronize().expect("sync A");
+    rig.sb.synchronize().expect("sync B");
     let mut copied = vec![0u32; WORDS];
     unsafe { result::memcpy_dtoh_sync(&mut copied, dst_ptr) }.expect("copy back");
     Outcome {
@@ -288,50 +314,18 @@ fn paged_pool_moves_pages_only_after_the_reading_stream_is_done() {
     let probe = DevicePagedRegion::new(&ctx, 1, 1).expect("paged region");
     let page = probe.page_size().expect("a paged region has a page size");
     drop(probe);
-    let ptx = cudarc::nvrtc::compile_ptx(KERNELS).expect("NVRTC compiles the test kernels");
-    let module = ctx.load_module(ptx).expect("module loads");
-    let fill = module.load_function("fill").expect("fill");
-    let spin_copy = module.load_function("spin_copy").expect("spin_copy");
-    let sa: Arc<CudaStream> = ctx.new_stream().expect("stream A");
-    let sb: Arc<CudaStream> = ctx.new_stream().expect("stream B");
-    let clock = CudaClock::new(&ctx);
-    clock.add_stream(A, Arc::clone(&sa));
-    clock.add_stream(B, Arc::clone(&sb));
+    let rig = Rig::new(&ctx);
     // Six physical pages: dst (2, on B), X (2, on A), Y (1, on A, kept), one in reserve.
     let region = DevicePagedRegion::new(&ctx, 64 * page, 6 * page).expect("paged region");
-    let pool = FixedPool::new(region, clock).expect("paged pool");
-    let cfg = LaunchConfig {
-        grid_dim: (128, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let pool = FixedPool::new(region, rig.clock.clone()).expect("paged pool");
     let words = 2 * page / 4;
-    let n = words as u64;
     let dst = pool.alloc(2 * page, B).expect("dst");
     let dst_ptr = dst.addr() as u64;
     let mut x = pool.alloc(2 * page, A).expect("x");
     let x_ptr = x.addr() as u64;
     let _y = pool.alloc(page, A).expect("y");
     assert_eq!(pool.stats().committed, 5 * page);
-    unsafe {
-        sa.launch_builder(&fill)
-            .arg(&x_ptr)
-            .arg(&n)
-            .arg(&ORIGINAL)
-            .launch(cfg)
-            .expect("fill X");
-    }
-    sb.join(&sa).expect("B waits for A's fill");
-    let cycles: i64 = 400_000_000;
-    unsafe {
-        sb.launch_builder(&spin_copy)
-            .arg(&x_ptr)
-            .arg(&dst_ptr)
-            .arg(&n)
-            .arg(&cycles)
-            .launch(cfg)
-            .expect("spin_copy on B");
-    }
+    rig.fill_then_spin_copy(x_ptr, dst_ptr, words);
     x.record_use(B).expect("record_use");
     drop(x);
     // Three pages fit only with X's two: not while B may still read them.
@@ -343,16 +337,9 @@ fn paged_pool_moves_pages_only_after_the_reading_stream_is_done() {
         .alloc_wait(3 * page, A, std::time::Duration::from_secs(20))
         .expect("z once B is done");
     let z_ptr = z.addr() as u64;
-    unsafe {
-        sa.launch_builder(&fill)
-            .arg(&z_ptr)
-            .arg(&(3 * page as u64 / 4))
-            .arg(&OVERWRITE)
-            .launch(cfg)
-            .expect("fill Z");
-    }
-    sa.synchronize().expect("sync A");
-    sb.synchronize().expect("sync B");
+    rig.fill(&rig.sa, z_ptr, 3 * page / 4, OVERWRITE);
+    rig.sa.synchronize().expect("sync A");
+    rig.sb.synchronize().expect("sync B");
     let s = pool.stats();
     println!(
         "z at {:#x} (X was {x_ptr:#x}), committed {} pages, remaps {}",

@@ -8,6 +8,9 @@
 //! ([`Block::record_use`]) waits until those streams pass the point recorded at free time.
 //! A thread that [`claim`](FixedPool::claim)s a pool allocates and frees with no lock and no
 //! atomic read-modify-write; other threads' frees reach it through a lock-free remote-free list.
+//! Over a remappable region ([`HostPagedRegion`], `cuda::DevicePagedRegion`) the pool moves free
+//! physical pages to where a block fits instead of growing, so its footprint follows the live
+//! bytes (blocks themselves never move).
 
 mod clock;
 #[cfg(feature = "cuda")]

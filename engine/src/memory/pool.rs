@@ -117,6 +117,10 @@ pub struct PoolStats {
     pub fragmentation: f64,
     /// Times a remappable region's pool moved physical pages to place a block (0 otherwise).
     pub remaps: u64,
+    /// Pages a remappable region's pool has backed and unbacked so far (the driver work of
+    /// its page moves: each costs tens of microseconds on a GPU).
+    pub pages_mapped: u64,
+    pub pages_unmapped: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -250,6 +254,10 @@ fn stricter(a: u8, b: u8) -> u8 {
     }
 }
 
+/// Page mode's plan for one block: the run of spans it fills (in address order) and the page
+/// ranges to unback for it (first page, pages).
+type RemapPlan = (Vec<u32>, Vec<(usize, usize)>);
+
 /// A freed span waiting for streams to pass recorded points.
 #[derive(Debug, Clone, Copy)]
 struct Pending {
@@ -297,6 +305,9 @@ struct Inner {
     peak_mapped: usize,
     mapped: usize,
     remaps: u64,
+    /// Pages backed and unbacked so far (each costs a driver call's share).
+    page_maps: u64,
+    page_unmaps: u64,
 }
 
 impl Inner {
@@ -331,6 +342,8 @@ impl Inner {
             peak_mapped: 0,
             mapped: 0,
             remaps: 0,
+            page_maps: 0,
+            page_unmaps: 0,
         };
         // The default stream is always tag 1 (its lookup short-cuts to that).
         inner.streams.push(StreamId::DEFAULT);
@@ -1309,6 +1322,8 @@ impl<R: Region> FixedPool<R> {
                 1.0 - largest_free as f64 / free_bytes as f64
             },
             remaps: g.remaps,
+            pages_mapped: g.page_maps,
+            pages_unmapped: g.page_unmaps,
         }
     }
 
@@ -1460,31 +1475,32 @@ impl<R: Region> FixedPool<R> {
         moved
     }
 
-    /// Page mode, when no backed free span fits: picks the place for `size` units (a run of
-    /// free spans usable by `own` and unbacked ranges) that needs the fewest new pages, takes
-    /// those pages from free spans no queued work can touch (unbacking their whole pages,
-    /// smallest spans first) and only then from the region's unused reserve, maps them, and
-    /// returns the used node. `None` when even that cannot hold the block (spans kept for a
-    /// stream are then promoted, as for another stream, so a later call may use them).
+    /// Page mode, when no backed free span fits: places `size` units on a run of free spans
+    /// usable by `own` and unbacked ranges ([`Inner::remap_plan`]), backing its unbacked pages
+    /// with pages unbacked from free spans no queued work can touch, or from the region's
+    /// unused reserve, and returns the used node. It stays within the footprint so far if it
+    /// can, then promotes spans kept for one stream and tries again, and grows the footprint
+    /// only last. `None` when even that cannot hold the block (the promoted spans may serve a
+    /// later call once their streams pass).
     #[cold]
     #[inline(never)]
     fn remap_take(&self, g: &mut Inner, size: usize, own: Option<u8>) -> Result<Option<u32>> {
         let pu = g.page_units;
+        // Within the footprint so far first; then with spans kept for one stream made any
+        // stream's (once a point recorded on it now has passed; no event during capture);
+        // only then growing the footprint from the reserve.
         let mut promoted = false;
         let (window, steals) = loop {
-            let plan = g.remap_plan(size, own.unwrap_or(ANY));
-            // Pages come from free spans before the reserve, so the footprint follows the live
-            // bytes: when the plan fails or dips into the reserve, spans kept for one stream
-            // become any stream's once a point recorded on it now has passed (no event during
-            // capture), and the plan is made again.
-            let short = plan.as_ref().is_none_or(|p| p.2 > 0);
-            if short && !promoted && self.promote_foreign(g, None) {
+            if let Some(plan) = g.remap_plan(size, own.unwrap_or(ANY), false) {
+                break plan;
+            }
+            if !promoted && self.promote_foreign(g, None) {
                 self.reclaim(g);
                 promoted = true;
                 continue;
             }
-            match plan {
-                Some((window, steals, _)) => break (window, steals),
+            match g.remap_plan(size, own.unwrap_or(ANY), true) {
+                Some(plan) => break plan,
                 None => return Ok(None),
             }
         };
@@ -1533,10 +1549,12 @@ impl<R: Region> FixedPool<R> {
             g.unback_free(first * pu, count * pu);
             g.phys_free += count;
             g.mapped -= count;
+            g.page_unmaps += count as u64;
         }
         for &(_, count) in &backed {
             g.phys_free -= count;
             g.mapped += count;
+            g.page_maps += count as u64;
         }
         g.peak_mapped = g.peak_mapped.max(g.mapped);
         g.merge_unmapped_runs();
@@ -1621,13 +1639,15 @@ impl Inner {
     }
 
     /// Page mode's plan for `size` units on stream tag `own`: the window (a run of adjacent
-    /// free spans usable by `own` and unbacked ranges, the block at its start), the pages it
-    /// needs backed, the page ranges to unback for them (whole pages of any-stream free spans
-    /// outside the block, smallest spans first), and the pages left to take from the unused
-    /// reserve. Of all the windows that can be served, the one needing the fewest pages;
-    /// `None` if none can.
-    #[allow(clippy::type_complexity)]
-    fn remap_plan(&self, size: usize, own: u8) -> Option<(Vec<u32>, Vec<(usize, usize)>, usize)> {
+    /// free spans usable by `own` and unbacked ranges, the block at its start) and the page
+    /// ranges to unback for it (whole pages of any-stream free spans outside the block,
+    /// smallest spans first). Without `grow`, only plans within the footprint so far: reserve
+    /// pages up to the most ever backed, then donors; the first window, by pages needed, that
+    /// this serves. With `grow`, donors first and then any reserve page: the window needing
+    /// the fewest pages (or, if the reserve cannot serve it, the first that can). Neither
+    /// choice depends on the reserve's size while the footprint fits in it, so a pool sized
+    /// at a run's footprint repeats that run. `None` if no window can be served.
+    fn remap_plan(&self, size: usize, own: u8, grow: bool) -> Option<RemapPlan> {
         let pu = self.page_units;
         let order = self.address_order();
         let usable = |n: &Node| match n.state {
@@ -1659,6 +1679,11 @@ impl Inner {
             }
         }
         windows.sort_unstable();
+        let headroom = self
+            .peak_mapped
+            .saturating_sub(self.mapped)
+            .min(self.phys_free);
+        let reserve = if grow { self.phys_free } else { headroom };
         for (need, wi, wj) in windows {
             let end = self.nodes[order[wi] as usize].off + size;
             // Whole pages of any-stream free spans outside `start..end`: (span size, first
@@ -1676,11 +1701,17 @@ impl Inner {
                 })
                 .collect();
             let stealable: usize = donors.iter().map(|d| d.2).sum();
-            if stealable + self.phys_free < need {
+            if stealable + reserve < need {
                 continue;
             }
             donors.sort_unstable();
-            let mut left = need;
+            // Within the footprint the reserve goes first (no page to unback); growing it,
+            // donors go first.
+            let mut left = if grow {
+                need
+            } else {
+                need - need.min(headroom)
+            };
             let mut steals = Vec::new();
             for (_, p0, pages) in donors {
                 if left == 0 {
@@ -1690,7 +1721,7 @@ impl Inner {
                 steals.push((p0 + pages - take, take));
                 left -= take;
             }
-            return Some((order[wi..=wj].to_vec(), steals, left));
+            return Some((order[wi..=wj].to_vec(), steals));
         }
         None
     }

@@ -1,10 +1,13 @@
-//! The memory a pool manages: an abstract address range, or a host allocation.
+//! The memory a pool manages: an abstract address range, a host allocation, or host memory
+//! whose physical pages move (the host twin of the CUDA virtual-memory region).
 
 use crate::error::{Error, Result};
 
 /// One contiguous address range reserved up front (device or host memory).
 ///
-/// The pool only does arithmetic on offsets inside it and never touches its bytes.
+/// The pool only does arithmetic on offsets inside it and never touches its bytes. A
+/// remappable region also reserves a fixed set of physical pages up front and moves them
+/// between places in the range when the pool asks (`map_pages`/`unmap_pages`).
 pub trait Region: Send + Sync {
     /// Address of the first byte (a device or host address).
     fn base(&self) -> usize;
@@ -282,8 +285,10 @@ impl Region for HostPagedRegion {
                 t.free.len()
             )));
         }
+        let keep = t.free.len() - count;
+        let mut phys = t.free.split_off(keep);
         for i in range.clone() {
-            let p = t.free.pop().unwrap_or(0);
+            let Some(p) = phys.pop() else { break };
             // SAFETY: page `i` is inside the reservation and unmapped; `p` is a page of the
             // file, mapped nowhere else.
             let r = unsafe {
@@ -299,6 +304,7 @@ impl Region for HostPagedRegion {
             if r == libc::MAP_FAILED {
                 let e = os_error("cannot map a pool page");
                 t.free.push(p);
+                t.free.append(&mut phys);
                 for j in first..i {
                     if let Some(q) = t.at[j].take() {
                         let _ = self.unback(j);

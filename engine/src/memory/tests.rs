@@ -1099,6 +1099,7 @@ fn randomized_paged_pool_keeps_pages_consistent() {
             assert!(backed <= PHYS);
             assert_eq!(s.committed, backed * PAGE);
             assert_eq!(s.in_use + s.free_bytes + s.pending_bytes, s.committed);
+            assert_eq!((s.pages_mapped - s.pages_unmapped) as usize, backed);
             assert!(s.footprint >= s.committed);
         }
         let s = pool.stats();
@@ -1157,4 +1158,66 @@ fn host_paged_region_keeps_live_data_while_pages_move() {
     let s = pool.stats();
     assert!(s.remaps > 36, "remaps {}", s.remaps);
     assert_eq!(s.committed, pool.region().mapped_pages() * page);
+}
+
+/// A paged pool whose physical pages are exactly the footprint of a run (the most pages it
+/// ever had backed) repeats that run block for block, on two streams: the pool's choices do
+/// not depend on how large its unused reserve is, so the footprint is a size that serves.
+#[test]
+fn paged_pool_sized_at_its_footprint_repeats_the_run() {
+    const PAGE: usize = 64 << 10;
+    const STEPS: usize = 100_000;
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let draws: Vec<(usize, usize)> = (0..STEPS + 64)
+        .map(|_| {
+            x = xorshift(x);
+            let u = (x % 1_000_000) as f64 / 1e6;
+            ((256.0 * 8192f64.powf(u)) as usize, (x >> 40) as usize % 64)
+        })
+        .collect();
+    let run = |physical: usize| -> (Vec<usize>, PoolStats, usize) {
+        let region = FakePagedRegion::new(PAGE, 4096, physical);
+        let pool =
+            FixedPool::with_options(region, Arc::new(SyncClock), PoolOptions::serving()).unwrap();
+        let mut live: Vec<Option<(Block<FakePagedRegion>, usize)>> = Vec::new();
+        let (mut bytes, mut peak) = (0, 0);
+        let mut offsets = Vec::with_capacity(STEPS);
+        for (i, &(size, victim)) in draws.iter().enumerate() {
+            let slot = if i < 64 { i } else { victim };
+            if slot < live.len() {
+                if let Some((_, s)) = live[slot].take() {
+                    bytes -= s;
+                }
+            }
+            let stream = StreamId((i % 2) as u64);
+            let b = match pool.alloc(size, stream) {
+                Ok(b) => b,
+                Err(e) => panic!("step {i} with {physical} physical pages: {e}"),
+            };
+            offsets.push(b.offset());
+            bytes += size;
+            peak = peak.max(bytes);
+            if slot < live.len() {
+                live[slot] = Some((b, size));
+            } else {
+                live.push(Some((b, size)));
+            }
+        }
+        (offsets, pool.stats(), peak)
+    };
+    let (first, stats, peak_live) = run(4096);
+    let pages = stats.footprint / PAGE;
+    let (again, tight, _) = run(pages);
+    println!(
+        "footprint {pages} pages, {:.3} of peak live; {} page moves",
+        stats.footprint as f64 / peak_live as f64,
+        stats.remaps
+    );
+    assert!(
+        stats.remaps > 100,
+        "the run moved pages {} times",
+        stats.remaps
+    );
+    assert_eq!(first, again, "the tight pool placed blocks differently");
+    assert_eq!(tight.footprint, stats.footprint);
 }
