@@ -222,6 +222,52 @@ fn only_paged() -> bool {
     std::env::var("POOL_BENCH_ROWS").is_ok_and(|v| v == "paged")
 }
 
+/// The window workload's peak live bytes over `iters` steps (no allocator involved).
+fn window_peak_live(w: &Workload, iters: usize) -> usize {
+    let mut live = w.window_sizes[..WINDOW].to_vec();
+    let mut bytes: usize = live.iter().sum();
+    let mut peak = bytes;
+    for i in 0..iters {
+        let v = w.victims[i % TABLE];
+        let size = w.window_sizes[(i + WINDOW) % TABLE];
+        bytes = bytes - live[v] + size;
+        live[v] = size;
+        peak = peak.max(bytes);
+    }
+    peak
+}
+
+/// Footprints given to the reserve-first paged rows, as multiples of the window's peak live.
+const RESERVE_FIRST_SIZES: [f64; 4] = [1.08, 1.09, 1.12, 1.16];
+
+/// Paged pools with `PoolOptions::reserve_first`, given physical memory of a few multiples of
+/// the window's peak live bytes (default stream, claimed): how often they move pages, and at
+/// what cost, for a footprint fixed in advance.
+fn reserve_first_rows<R: Region>(
+    label: &str,
+    make: &mut dyn FnMut(usize) -> Option<Arc<FixedPool<R>>>,
+    w: &Workload,
+    iters: usize,
+    rows: &mut Vec<Row>,
+) {
+    let peak = window_peak_live(w, iters);
+    for f in RESERVE_FIRST_SIZES {
+        let Some(pool) = make((peak as f64 * f) as usize) else {
+            continue;
+        };
+        let mut p = Pool::new(pool, true);
+        let (ns, ratio) = run_window(&mut p, w, iters, 1);
+        let st = p.pool.stats();
+        rows.push(Row {
+            allocator: format!("{label} (reserve first, physical {f:.2} x peak live)"),
+            workload: "window",
+            ns_per_pair: ns,
+            reserved_over_live: Some(ratio.max(st.reserved as f64 / peak as f64)),
+            remaps: Some((st.remaps, st.pages_mapped, st.pages_unmapped)),
+        });
+    }
+}
+
 /// Repetitions of each pool row, interleaved across configurations; the median is reported.
 const REPS: usize = 3;
 
@@ -544,6 +590,23 @@ mod device {
             iters,
             rows,
         );
+        let mut make_reserve_first = |bytes: usize| {
+            let clock = CudaClock::new(&ctx);
+            clock.add_stream(StreamId(0), Arc::clone(&streams[0]));
+            let region = DevicePagedRegion::new(&ctx, PAGED_ADDRESS, bytes).ok()?;
+            let opts = PoolOptions {
+                reserve_first: true,
+                ..PoolOptions::serving()
+            };
+            FixedPool::with_options(region, clock, opts).ok()
+        };
+        reserve_first_rows(
+            "Vigil FixedPool, paged device region (cuMemMap)",
+            &mut make_reserve_first,
+            w,
+            iters,
+            rows,
+        );
         if only_paged {
             return Ok(());
         }
@@ -628,6 +691,24 @@ fn main() {
             FixedPool::with_options(region, clock, opts).ok()
         };
         pool_rows(
+            "Vigil FixedPool, fake paged region",
+            &mut make,
+            &w,
+            iters,
+            &mut rows,
+        );
+        let mut make = |bytes: usize| {
+            let region = FakePagedRegion {
+                physical: bytes.div_ceil(PAGE),
+                mapped: Default::default(),
+            };
+            let opts = PoolOptions {
+                reserve_first: true,
+                ..PoolOptions::serving()
+            };
+            FixedPool::with_options(region, Arc::new(SyncClock), opts).ok()
+        };
+        reserve_first_rows(
             "Vigil FixedPool, fake paged region",
             &mut make,
             &w,

@@ -57,6 +57,11 @@ pub struct PoolOptions {
     /// ones from the bottom, so small long-lived blocks do not split the holes large ones need
     /// (`None`: every block from the bottom).
     pub small_from_top: Option<usize>,
+    /// Over a remappable region: back blocks from every unused reserve page before moving
+    /// free ones. Fewer page moves (each costs tens of microseconds on a GPU), but the
+    /// footprint becomes the whole reserve; off (the default), the footprint follows the most
+    /// bytes ever live and pages move as soon as the footprint so far is used.
+    pub reserve_first: bool,
 }
 
 /// The size under which [`PoolOptions::serving`] places blocks from the top.
@@ -68,6 +73,7 @@ impl Default for PoolOptions {
             align: DEFAULT_ALIGN,
             stream_safe: true,
             small_from_top: None,
+            reserve_first: false,
         }
     }
 }
@@ -308,6 +314,8 @@ struct Inner {
     /// Pages backed and unbacked so far (each costs a driver call's share).
     page_maps: u64,
     page_unmaps: u64,
+    /// [`PoolOptions::reserve_first`].
+    reserve_first: bool,
 }
 
 impl Inner {
@@ -344,6 +352,7 @@ impl Inner {
             remaps: 0,
             page_maps: 0,
             page_unmaps: 0,
+            reserve_first: false,
         };
         // The default stream is always tag 1 (its lookup short-cuts to that).
         inner.streams.push(StreamId::DEFAULT);
@@ -973,13 +982,15 @@ impl<R: Region> FixedPool<R> {
         } else {
             0
         };
+        let mut inner = Inner::new(
+            units,
+            opts.small_from_top.map_or(0, |b| b.div_ceil(align)),
+            page_units,
+            phys_pages,
+        );
+        inner.reserve_first = opts.reserve_first;
         Ok(Arc::new(FixedPool {
-            state: UnsafeCell::new(Inner::new(
-                units,
-                opts.small_from_top.map_or(0, |b| b.div_ceil(align)),
-                page_units,
-                phys_pages,
-            )),
+            state: UnsafeCell::new(inner),
             region,
             clock,
             align,
@@ -1642,7 +1653,8 @@ impl Inner {
     /// free spans usable by `own` and unbacked ranges, the block at its start) and the page
     /// ranges to unback for it (whole pages of any-stream free spans outside the block,
     /// smallest spans first). Without `grow`, only plans within the footprint so far: reserve
-    /// pages up to the most ever backed, then donors; the first window, by pages needed, that
+    /// pages up to the most ever backed (every reserve page with
+    /// [`PoolOptions::reserve_first`]), then donors; the first window, by pages needed, that
     /// this serves. With `grow`, donors first and then any reserve page: the window needing
     /// the fewest pages (or, if the reserve cannot serve it, the first that can). Neither
     /// choice depends on the reserve's size while the footprint fits in it, so a pool sized
@@ -1679,10 +1691,13 @@ impl Inner {
             }
         }
         windows.sort_unstable();
-        let headroom = self
-            .peak_mapped
-            .saturating_sub(self.mapped)
-            .min(self.phys_free);
+        let headroom = if self.reserve_first {
+            self.phys_free
+        } else {
+            self.peak_mapped
+                .saturating_sub(self.mapped)
+                .min(self.phys_free)
+        };
         let reserve = if grow { self.phys_free } else { headroom };
         for (need, wi, wj) in windows {
             let end = self.nodes[order[wi] as usize].off + size;

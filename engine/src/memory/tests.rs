@@ -1221,3 +1221,31 @@ fn paged_pool_sized_at_its_footprint_repeats_the_run() {
     assert_eq!(first, again, "the tight pool placed blocks differently");
     assert_eq!(tight.footprint, stats.footprint);
 }
+
+/// With `reserve_first`, a block that fits nowhere backed takes unused reserve pages before
+/// any free page moves; without it, free pages move as soon as the footprint so far is used.
+#[test]
+fn reserve_first_backs_from_the_reserve_before_moving_pages() {
+    for reserve_first in [false, true] {
+        let opts = PoolOptions {
+            reserve_first,
+            ..PoolOptions::default()
+        };
+        let region = FakePagedRegion::new(PAGE, 32, 8);
+        let pool = FixedPool::with_options(region, Arc::new(SyncClock), opts).unwrap();
+        let a = pool.alloc(2 * PAGE, S0).unwrap();
+        let _b = pool.alloc(PAGE, S0).unwrap();
+        drop(a);
+        // 3 backed pages (2 free), 5 in reserve: a 2-page block fits in a's span; a 3-page
+        // one needs new backing.
+        let c = pool.alloc(3 * PAGE, S0).unwrap();
+        assert!(pool.region().covers(c.offset(), c.size()));
+        let s = pool.stats();
+        if reserve_first {
+            assert_eq!((s.pages_unmapped, s.committed), (0, 6 * PAGE));
+        } else {
+            assert_eq!((s.pages_unmapped, s.committed), (2, 4 * PAGE));
+        }
+        assert_eq!(s.footprint, s.committed);
+    }
+}
