@@ -156,6 +156,23 @@ struct Node {
     class: u16,
 }
 
+impl Node {
+    /// A span at `off..off + size` linked to no neighbour or list yet.
+    fn span(off: usize, size: usize, tag: u8, state: State) -> Node {
+        Node {
+            off,
+            size,
+            prev_phys: NIL,
+            next_phys: NIL,
+            prev_free: NIL,
+            next_free: NIL,
+            tag,
+            state,
+            class: 0,
+        }
+    }
+}
+
 /// The size-class lists of one tag.
 struct FreeIndex {
     /// A span linked in a class below its size's (NIL: none). It grew by merging while its
@@ -1758,15 +1775,9 @@ impl Inner {
         let n = self.nodes[i as usize];
         self.unlink_free(i);
         let free_piece = |o: usize, size: usize, prev: u32, next: u32| Node {
-            off: o,
-            size,
             prev_phys: prev,
             next_phys: next,
-            prev_free: NIL,
-            next_free: NIL,
-            tag: n.tag,
-            state: State::Free,
-            class: 0,
+            ..Node::span(o, size, n.tag, State::Free)
         };
         let mut prev = n.prev_phys;
         if off > n.off {
@@ -1810,17 +1821,7 @@ impl Inner {
             }
             self.drop_node(k);
         }
-        let blank = |off: usize, size: usize, tag: u8, state: State| Node {
-            off,
-            size,
-            prev_phys: NIL,
-            next_phys: NIL,
-            prev_free: NIL,
-            next_free: NIL,
-            tag,
-            state,
-            class: 0,
-        };
+        let blank = Node::span;
         let mut chain = vec![self.new_node(blank(start, size, ANY, State::Used))];
         let mut rest = None;
         if last_end > end {

@@ -228,12 +228,6 @@ impl HostPagedRegion {
         t.at.iter().filter(|p| p.is_some()).count()
     }
 
-    /// Whether region page `i` is backed.
-    pub fn is_mapped(&self, i: usize) -> bool {
-        let t = self.table.lock().unwrap_or_else(|e| e.into_inner());
-        t.at.get(i).is_some_and(|p| p.is_some())
-    }
-
     /// Puts region page `i` back to no access (its physical page stays the caller's).
     fn unback(&self, i: usize) -> Result<()> {
         // SAFETY: `i` is inside the reservation; MAP_FIXED replaces only that page.
