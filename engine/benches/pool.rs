@@ -569,19 +569,27 @@ mod device {
                 rows,
             );
         }
-        let mut make_paged = |safe: bool, bytes: usize| {
+        // A paged pool over `bytes` of physical pages (every stream on its clock).
+        let paged = |opts: PoolOptions, bytes: usize| {
             let clock = CudaClock::new(&ctx);
             for (i, s) in streams.iter().enumerate() {
                 clock.add_stream(StreamId(i as u64), Arc::clone(s));
             }
-            let clock: Arc<dyn StreamClock> = clock;
-            let region = DevicePagedRegion::new(&ctx, PAGED_ADDRESS, bytes.min(PAGED_PHYSICAL))
-                .expect("paged device region");
+            let region = match DevicePagedRegion::new(&ctx, PAGED_ADDRESS, bytes) {
+                Ok(r) => r,
+                Err(e) => {
+                    println!("paged device region of {bytes} B: {e}");
+                    return None;
+                }
+            };
+            FixedPool::with_options(region, clock, opts).ok()
+        };
+        let mut make_paged = |safe: bool, bytes: usize| {
             let opts = PoolOptions {
                 stream_safe: safe,
                 ..PoolOptions::serving()
             };
-            FixedPool::with_options(region, clock, opts).ok()
+            paged(opts, bytes.min(PAGED_PHYSICAL))
         };
         pool_rows(
             "Vigil FixedPool, paged device region (cuMemMap)",
@@ -591,14 +599,11 @@ mod device {
             rows,
         );
         let mut make_reserve_first = |bytes: usize| {
-            let clock = CudaClock::new(&ctx);
-            clock.add_stream(StreamId(0), Arc::clone(&streams[0]));
-            let region = DevicePagedRegion::new(&ctx, PAGED_ADDRESS, bytes).ok()?;
             let opts = PoolOptions {
                 reserve_first: true,
                 ..PoolOptions::serving()
             };
-            FixedPool::with_options(region, clock, opts).ok()
+            paged(opts, bytes)
         };
         reserve_first_rows(
             "Vigil FixedPool, paged device region (cuMemMap)",
@@ -678,17 +683,20 @@ fn main() {
                 &mut rows,
             );
         }
-        let mut make = |safe: bool, bytes: usize| {
-            let clock: Arc<dyn StreamClock> = Arc::new(SyncClock);
+        // A paged pool over `bytes` of fake physical pages.
+        let paged = |opts: PoolOptions, bytes: usize| {
             let region = FakePagedRegion {
-                physical: bytes.min(PAGED_PHYSICAL).div_ceil(PAGE),
+                physical: bytes.div_ceil(PAGE),
                 mapped: Default::default(),
             };
+            FixedPool::with_options(region, Arc::new(SyncClock), opts).ok()
+        };
+        let mut make = |safe: bool, bytes: usize| {
             let opts = PoolOptions {
                 stream_safe: safe,
                 ..PoolOptions::serving()
             };
-            FixedPool::with_options(region, clock, opts).ok()
+            paged(opts, bytes.min(PAGED_PHYSICAL))
         };
         pool_rows(
             "Vigil FixedPool, fake paged region",
@@ -698,15 +706,11 @@ fn main() {
             &mut rows,
         );
         let mut make = |bytes: usize| {
-            let region = FakePagedRegion {
-                physical: bytes.div_ceil(PAGE),
-                mapped: Default::default(),
-            };
             let opts = PoolOptions {
                 reserve_first: true,
                 ..PoolOptions::serving()
             };
-            FixedPool::with_options(region, Arc::new(SyncClock), opts).ok()
+            paged(opts, bytes)
         };
         reserve_first_rows(
             "Vigil FixedPool, fake paged region",
