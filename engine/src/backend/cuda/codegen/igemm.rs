@@ -17,7 +17,7 @@
 
 use std::fmt::Write as _;
 
-use super::quant::{i32_bytes, requant_byte, requant_value, QConvParts};
+use super::quant::{i32_bytes, requant_value, QConvParts};
 use super::{f32_bytes, Arg, Gen, GenKernel, LaunchDims};
 use crate::ir::ValueId;
 
@@ -454,14 +454,34 @@ impl Gen {
                 th4 = th / 4,
             )
         };
-        // Walks the tile at (`m0`, `n0`) `v` bytes per thread and step: `body` sees its row
-        // `r`, column `c` and global byte offset `g` (out-of-range pieces skipped).
+        // Walks the tile at (`m0`, `n0`) `v` bytes per thread and step, unrolled: `body` sees
+        // its row `r`, column `c` and global byte offset `g`. Out-of-range pieces are skipped,
+        // with a test only where the tile count or an edge tile calls for one.
+        let pieces = bm * bnv;
+        let mut guards = Vec::new();
+        if !pieces.is_multiple_of(th) {
+            guards.push(format!("q < {pieces}u"));
+        }
         let tile_loop = |m0: &str, n0: &str, body: &str| {
+            let mut guards = guards.clone();
+            if !m.is_multiple_of(bm) {
+                guards.push(format!("{m0} + r < {m}"));
+            }
+            if !n.is_multiple_of(bn) {
+                guards.push(format!("{n0} + c < {n}"));
+            }
+            let guard = if guards.is_empty() {
+                String::new()
+            } else {
+                format!("if ({}) ", guards.join(" && "))
+            };
             format!(
-                "for (int q = tid; q < {bm} * {bnv}; q += {th}) {{ \
-                 const int r = q / {bnv}, c = (q - r * {bnv}) * {v}; \
+                "\n#pragma unroll\n  for (int it = 0; it < {iters}; ++it) {{ \
+                 const unsigned int q = tid + it * {th}; \
+                 const int r = q / {bnv}u, c = (q % {bnv}u) * {v}; \
                  const i64 g = (i64)({m0} + r) * {n} + {n0} + c; \
-                 if ({m0} + r < {m} && {n0} + c < {n}) {body} }}"
+                 {guard}{{ {body} }} }}",
+                iters = pieces.div_ceil(th)
             )
         };
         // Copies the block's output tile between global memory and the shared tile.
@@ -561,15 +581,15 @@ impl Gen {
                     &format!(
                         r#"        unsigned short* cell = (unsigned short*)(tile + rl * {ts} + cl);
         {rz}
-        unsigned int out = 0u;
+        int code[2];
 #pragma unroll
         for (int e = 0; e < 2; ++e) {{
           const int co = n0 + cl + e;
           int t = (int)((unsigned int)acc[i][j][hh * 2 + e] + (unsigned int)bias2[co]);
           {value}
-          out |= (unsigned int){byte} << (8 * e);
+          code[e] = q;
         }}
-        *cell = (unsigned short)out;"#,
+        *cell = (unsigned short)__byte_perm(code[0], code[1], 0x0040);"#,
                         rz = if p.residual.is_some() {
                             "const unsigned int rz = *cell;"
                         } else {
@@ -581,7 +601,6 @@ impl Gen {
                                 .as_ref()
                                 .map(|r| (r, "(signed char)(rz >> (8 * e))"))
                         ),
-                        byte = requant_byte(&p.epi),
                     )
                 ),
                 zpar = if persist {

@@ -25,31 +25,26 @@ pub(super) fn i32_bytes(v: &[i32]) -> Vec<u8> {
 /// The requantization of the i32 sum `t` (bias included) of output channel `co`, stored as
 /// byte `i` of `p1`, as CUDA statements.
 fn requant(epi: &QEpilogue) -> String {
-    format!(
-        "{} p1[i] = {};",
-        requant_value(epi, None),
-        requant_byte(epi)
-    )
+    format!("{} p1[i] = {REQUANT_BYTE};", requant_value(epi, None))
 }
 
-/// The requantized value as a byte expression (from `q` of [`requant_value`]).
-pub(super) fn requant_byte(epi: &QEpilogue) -> &'static str {
-    if epi.signed {
-        "(u8)(signed char)(int)q"
-    } else {
-        "(u8)(int)q"
-    }
-}
+/// The stored byte of the code `q` from [`requant_value`]: its low byte, for u8 and i8 alike.
+pub(super) const REQUANT_BYTE: &str = "(u8)q";
 
-/// The requantization of the i32 sum `t` (bias included) of output channel `co` into the
-/// float `q` holding the 8-bit value, as CUDA statements; with a residual, its int8 code (an
+/// The requantization of the i32 sum `t` (bias included) of output channel `co` into the int
+/// `q` holding the 8-bit code, as CUDA statements; with a residual, its int8 code (an
 /// expression) joins the sum in output units first.
+///
+/// Clamps and slopes round in the integer domain: `__float2int_rn` (round half to even, like
+/// `rintf`) and then the integer clamp, which equals the CPU's clamp-then-round because the
+/// bounds are integers, in three instructions instead of six (a `min.relu` when the lower
+/// bound is the zero point).
 pub(super) fn requant_value(epi: &QEpilogue, residual: Option<(&Residual, &str)>) -> String {
-    let mut s = String::from("float f = __fmul_rn(__int2float_rn(t), mult[co]); float q;");
+    let mut s = String::from("float f = __fmul_rn(__int2float_rn(t), mult[co]);");
     if let Some((r, code)) = residual {
         let _ = write!(
             s,
-            " f = __fadd_rn(f, __fmul_rn({}, (float)((int)({code}) - ({}))));",
+            " f = fmaf({}, (float)((int)({code}) - ({})), f);",
             flit(r.beta),
             r.zero_point
         );
@@ -58,24 +53,33 @@ pub(super) fn requant_value(epi: &QEpilogue, residual: Option<(&Residual, &str)>
         let real = format!("__fmul_rn(f, {})", flit(ys));
         let _ = write!(
             s,
-            " {{ float r = {real}; q = fminf(fmaxf(rintf(__fdiv_rn({}, {})) + {}, {}), {}); }}",
+            " int q; {{ float r = {real}; q = (int)fminf(fmaxf(rintf(__fdiv_rn({}, {})) + {}, {}), {}); }}",
             act_expr(act, "r"),
             flit(ys),
             flit(epi.zy),
             flit(epi.lo),
             flit(epi.hi)
         );
+        return s;
+    }
+    if epi.slope != 1.0 {
+        let _ = write!(s, " if (f < 0.f) f = __fmul_rn(f, {});", flit(epi.slope));
+    }
+    // The bounds and zero point are integers held in f32 (QEpilogue::new).
+    let (lo, hi, zy) = (
+        (epi.lo - epi.zy) as i32,
+        (epi.hi - epi.zy) as i32,
+        epi.zy as i32,
+    );
+    let clamped = if lo == 0 {
+        format!("__vimin_s32_relu(__float2int_rn(f), {hi})")
     } else {
-        if epi.slope != 1.0 {
-            let _ = write!(s, " if (f < 0.f) f = __fmul_rn(f, {});", flit(epi.slope));
-        }
-        let _ = write!(
-            s,
-            " f = fminf(fmaxf(f, {}), {}); q = rintf(f) + {};",
-            flit(epi.lo - epi.zy),
-            flit(epi.hi - epi.zy),
-            flit(epi.zy)
-        );
+        format!("min(max(__float2int_rn(f), {lo}), {hi})")
+    };
+    if zy == 0 {
+        let _ = write!(s, " int q = {clamped};");
+    } else {
+        let _ = write!(s, " int q = {clamped} + ({zy});");
     }
     s
 }
@@ -509,7 +513,7 @@ impl Gen {
             if p.residual.is_some() {
                 body.push_str(" unsigned int rz = ((const unsigned int*)p4)[i];");
             }
-            let byte = requant_byte(&p.epi);
+            let byte = REQUANT_BYTE;
             for (lane, comp) in ["x", "y", "z", "w"].iter().enumerate() {
                 let code = format!("(signed char)(rz >> {})", 8 * lane);
                 let value = requant_value(&p.epi, p.residual.as_ref().map(|r| (r, code.as_str())));
@@ -530,8 +534,7 @@ impl Gen {
         );
         let body = format!(
             "const int* bias2 = (const int*)p2; const float* mult = (const float*)p3; i64 co = i % {n}LL; \
-             int t = (int)((unsigned int)((const int*)p0)[i]{sum1} + (unsigned int)bias2[co]); {value} p1[i] = {};",
-            requant_byte(&p.epi)
+             int t = (int)((unsigned int)((const int*)p0)[i]{sum1} + (unsigned int)bias2[co]); {value} p1[i] = {REQUANT_BYTE};"
         );
         self.kernel(&params, m * n, &body)
     }
@@ -640,5 +643,77 @@ impl Gen {
         }
         let body = format!("int r; {} p2[i] = (u8)r;", sum("p0[i]", "p1[i]"));
         Ok(self.kernel(&params, n, &body))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{Activation, QParams};
+
+    /// An s8 → `y` epilogue with activation `act` (one channel).
+    fn epilogue(y: QParams, act: Option<Activation>) -> QEpilogue {
+        let x = QParams {
+            scale: 0.02,
+            zero_point: 0,
+            dtype: DataType::I8,
+        };
+        QEpilogue::new(x, &[0.01], y, &[0], &[0], act)
+    }
+
+    /// `__float2int_rn` on the host: round half to even, saturating at the i32 range.
+    fn float2int_rn(f: f32) -> i32 {
+        f.round_ties_even() as i32
+    }
+
+    #[test]
+    fn integer_clamp_after_rounding_equals_the_cpu_requantization() {
+        let s8 = |zero_point| QParams {
+            scale: 0.05,
+            zero_point,
+            dtype: DataType::I8,
+        };
+        let u8q = |zero_point| QParams {
+            scale: 0.05,
+            zero_point,
+            dtype: DataType::U8,
+        };
+        let acts = [
+            None,
+            Some(Activation::Relu),
+            Some(Activation::Clip { min: 0.0, max: 6.0 }),
+        ];
+        // Ties, values just around the bounds, and sums far outside the 8-bit range.
+        let mut fs: Vec<f32> = (-600..=600).map(|i| i as f32 * 0.25).collect();
+        fs.extend([
+            -3e9, -1e7, -129.5, -128.5, 127.5, 128.5, 254.5, 255.5, 1e7, 3e9,
+        ]);
+        for y in [s8(0), s8(-128), s8(7), u8q(0), u8q(128), u8q(3)] {
+            for act in acts {
+                let epi = epilogue(y, act);
+                // What requant_value emits for this epilogue, evaluated on the host.
+                let (lo, hi, zy) = (
+                    (epi.lo - epi.zy) as i32,
+                    (epi.hi - epi.zy) as i32,
+                    epi.zy as i32,
+                );
+                for &f in &fs {
+                    // The CPU: clamp the float, round half to even, add the zero point.
+                    let want = (f
+                        .max(epi.lo - epi.zy)
+                        .min(epi.hi - epi.zy)
+                        .round_ties_even()
+                        + epi.zy) as i32 as u8;
+                    let got = (float2int_rn(f).clamp(lo, hi) + zy) as u8;
+                    assert_eq!(got, want, "f {f} y {y:?} act {act:?}");
+                }
+                let src = requant_value(&epi, None);
+                if lo == 0 {
+                    assert!(src.contains(&format!("__vimin_s32_relu(__float2int_rn(f), {hi})")));
+                } else {
+                    assert!(src.contains(&format!("min(max(__float2int_rn(f), {lo}), {hi})")));
+                }
+            }
+        }
     }
 }
