@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::error::{Error, Result};
-use crate::ir::Graph;
+use crate::ir::{Graph, ValueId};
 
 /// Alignment of every buffer in the arena (cache line; also enough for SIMD loads).
 pub const ALIGNMENT: usize = 64;
@@ -83,6 +83,17 @@ fn value_bytes(graph: &Graph, v: usize) -> Result<usize> {
         .ok_or_else(|| Error::Shape(format!("tensor '{}' is too large", value.name)))
 }
 
+/// Like [`plan`], for a backend whose kernels read some values later than the graph says:
+/// `late_reads` holds `(value, node)` pairs, and each value stays live through its node (a
+/// fused kernel emitted at a later node than the one it absorbed).
+pub fn plan_with_late_reads(
+    graph: &Graph,
+    scratch: &[usize],
+    late_reads: &[(ValueId, usize)],
+) -> Result<MemoryPlan> {
+    plan_impl(graph, scratch, &[], late_reads)
+}
+
 /// Like [`plan`], with in-place sharing: `in_place_ok[i] = Some(k)` says node i's kernel may
 /// write output 0 over input k (read element by element before it is written). The planner
 /// uses it when that input dies at node i, is no graph input or output, appears once among
@@ -91,6 +102,15 @@ pub fn plan_with(
     graph: &Graph,
     scratch: &[usize],
     in_place_ok: &[Option<usize>],
+) -> Result<MemoryPlan> {
+    plan_impl(graph, scratch, in_place_ok, &[])
+}
+
+fn plan_impl(
+    graph: &Graph,
+    scratch: &[usize],
+    in_place_ok: &[Option<usize>],
+    late_reads: &[(ValueId, usize)],
 ) -> Result<MemoryPlan> {
     let n_nodes = graph.nodes.len();
     if scratch.len() != n_nodes {
@@ -115,6 +135,11 @@ pub fn plan_with(
             last[o] = last[o].max(i);
         }
         for v in node.present_inputs() {
+            last[v] = last[v].max(i);
+        }
+    }
+    for &(v, i) in late_reads {
+        if v < last.len() && i < n_nodes {
             last[v] = last[v].max(i);
         }
     }
@@ -424,6 +449,45 @@ mod tests {
         g.values[d].shape = Some(vec![4, 50]);
         let p = plan_with(&g, &[0; 4], &ok).unwrap();
         assert_eq!(p.in_place[3], None);
+    }
+
+    #[test]
+    fn late_reads_keep_a_value_live_until_the_fused_kernel() {
+        use crate::ir::{Activation, DataType, Node, Op, UnaryOp};
+        // x -> n0 -> a -> n1 -> b -> n2 -> c: x dies at n0, so b or c may reuse its bytes,
+        // unless a kernel at n2 still reads x.
+        let mut g = Graph::default();
+        let vals: Vec<usize> = ["x", "a", "b", "c"]
+            .iter()
+            .map(|name| {
+                let v = g.add_value(*name, DataType::F32);
+                g.values[v].shape = Some(vec![4, 100]);
+                v
+            })
+            .collect();
+        let relu = Op::Unary(UnaryOp::Act(Activation::Relu));
+        g.nodes = (0..3)
+            .map(|i| Node {
+                name: format!("n{i}"),
+                op: relu.clone(),
+                inputs: vec![Some(vals[i])],
+                outputs: vec![vals[i + 1]],
+            })
+            .collect();
+        g.inputs = vec![vals[0]];
+        g.outputs = vec![vals[3]];
+        let slot = |p: &MemoryPlan, v: usize| p.values[v].expect("slot");
+        let overlap = |p: &MemoryPlan, u: usize, v: usize| {
+            let (a, b) = (slot(p, u), slot(p, v));
+            a.offset < b.offset + b.size && b.offset < a.offset + a.size
+        };
+        let plain = plan(&g, &[0; 3]).unwrap();
+        // Two slots hold the chain: x's bytes go to b or c once n0 has run.
+        assert!(overlap(&plain, vals[0], vals[2]) || overlap(&plain, vals[0], vals[3]));
+        let late = plan_with_late_reads(&g, &[0; 3], &[(vals[0], 2)]).unwrap();
+        assert!(!overlap(&late, vals[0], vals[3]));
+        assert!(!overlap(&late, vals[0], vals[2]));
+        assert!(late.arena_bytes > plain.arena_bytes);
     }
 
     #[test]

@@ -15,7 +15,7 @@ use crate::backend::resize_taps::{taps, Tap};
 mod igemm;
 mod quant;
 mod space_to_depth;
-pub use igemm::{igemm_fits, Tiling, TILINGS, WG_TILINGS};
+pub use igemm::{igemm_fits, igemm_smem, Tiling, TILINGS, WG_TILINGS};
 pub use quant::QConvParts;
 pub use space_to_depth::space_to_depth_bytes;
 
@@ -141,6 +141,41 @@ pub fn flit(x: f32) -> String {
     } else {
         format!("__int_as_float({})", x.to_bits() as i32)
     }
+}
+
+/// Whether QuantizeLinear `q` may run inside the Transpose `t` that reads its output
+/// ([`Gen::quantize_to_nhwc`]): a per-tensor quantization of a float NCHW image (at most 4
+/// channels) to bytes, reordered NCHW → NHWC. The caller checks that `t` is the only reader
+/// and that `q`'s output is not a graph output.
+pub fn quantize_transpose_fits(g: &Graph, q: &Node, t: &Node) -> bool {
+    let (Op::QuantizeLinear { .. }, Op::Transpose { perm }) = (&q.op, &t.op) else {
+        return false;
+    };
+    let (Some(x), Some(sv), Some(&qy)) = (q.input(0), q.input(1), q.outputs.first()) else {
+        return false;
+    };
+    let shape = |v: ValueId| g.values[v].shape.clone().unwrap_or_default();
+    let per_tensor = shape(sv).iter().product::<usize>() == 1
+        && q.input(2)
+            .is_none_or(|z| shape(z).iter().product::<usize>() == 1);
+    let xs = shape(x);
+    t.input(0) == Some(qy)
+        && perm.as_slice() == [0, 2, 3, 1]
+        && per_tensor
+        && g.values[sv].dtype == DataType::F32
+        && g.values[x].dtype == DataType::F32
+        && matches!(g.values[qy].dtype, DataType::U8 | DataType::I8)
+        && xs.len() == 4
+        && (1..=4).contains(&xs[1])
+}
+
+/// QuantizeLinear of the float expression `x` into the code `q` (type `yt`, range `lo..=hi`),
+/// with the scale `s` and zero point `z` in scope, as a CUDA block (NaN quantizes to `z`).
+fn quantize_code(x: &str, yt: DataType, lo: i64, hi: i64) -> String {
+    format!(
+        "{{ float v = {x} / s; if (v != v) v = 0.f; v = fminf(fmaxf(v, (float)({lo}LL - z)), (float)({hi}LL - z)); q = ({})((i64)rintf(v) + z); }}",
+        ctype(yt)
+    )
 }
 
 fn strides(shape: &[usize]) -> Vec<usize> {
@@ -1295,6 +1330,56 @@ impl Gen {
         ))
     }
 
+    /// QuantizeLinear `q` and the Transpose `t` that is its only reader as one kernel (see
+    /// [`quantize_transpose_fits`]): a thread per pixel quantizes its channels from their
+    /// float planes and writes their codes side by side, exactly as the two kernels would.
+    pub fn quantize_to_nhwc(&mut self, g: &Graph, q: &Node, t: &Node) -> Result<GenKernel> {
+        let x = input(q, 0)?;
+        let sv = input(q, 1)?;
+        let y = output(t, 0)?;
+        let xs = shape_of(g, x)?.to_vec();
+        let yt = g.values[y].dtype;
+        let (c, hw) = (xs[1], xs[2] * xs[3]);
+        let (lo, hi) = if yt == DataType::U8 {
+            (0, 255)
+        } else {
+            (-128, 127)
+        };
+        let mut params = vec![
+            (Arg::Val(x), format!("const {}", ctype(DataType::F32))),
+            (Arg::Val(y), ctype(yt).to_string()),
+        ];
+        match g.constant(sv) {
+            Some(t) => {
+                let a = self.extra(f32_bytes(&t.to_f32_vec()));
+                params.push((a, "const float".into()));
+            }
+            None => params.push((Arg::Val(sv), "const F".into())),
+        }
+        let mut body = format!("{} float s = (float)p2[0];", decompose(&[xs[0], hw], "i"));
+        match q.input(2) {
+            Some(z) => {
+                params.push((Arg::Val(z), format!("const {}", ctype(g.values[z].dtype))));
+                body.push_str(" i64 z = (i64)p3[0];");
+            }
+            None => body.push_str(" i64 z = 0;"),
+        }
+        for ch in 0..c {
+            let _ = write!(
+                body,
+                " {{ {} q; {} p1[i * {c}LL + {ch}] = q; }}",
+                ctype(yt),
+                quantize_code(
+                    &format!("p0[(i0 * {c}LL + {ch}) * {hw}LL + i1]"),
+                    yt,
+                    lo,
+                    hi
+                )
+            );
+        }
+        Ok(self.kernel(&params, xs[0] * hw, &body))
+    }
+
     fn expand(&mut self, g: &Graph, node: &Node) -> Result<GenKernel> {
         let x = input(node, 0)?;
         let y = output(node, 0)?;
@@ -1523,12 +1608,7 @@ impl Gen {
             } else {
                 (-128, 127)
             };
-            let one = |x: &str| {
-                format!(
-                    "{{ float v = {x} / s; if (v != v) v = 0.f; v = fminf(fmaxf(v, (float)({lo}LL - z)), (float)({hi}LL - z)); q = ({})((i64)rintf(v) + z); }}",
-                    ctype(yt)
-                )
-            };
+            let one = |x: &str| quantize_code(x, yt, lo, hi);
             if quad {
                 let parts: Vec<String> = VECTOR_LANES
                     .iter()
@@ -1842,6 +1922,53 @@ mod tests {
         };
         assert_eq!(threads(&dq(&[2, 8], DataType::U8), false), 4);
         assert_eq!(threads(&dq(&[2, 8], DataType::I32), false), 16);
+    }
+
+    #[test]
+    fn an_image_quantize_runs_inside_its_nhwc_transpose() {
+        // x [2,3,5,5] f32 -> QuantizeLinear (per tensor) -> [2,3,5,5] i8 -> Transpose NHWC.
+        let quantize = |scales, channels| {
+            let mut g = one_node(
+                Op::QuantizeLinear {
+                    axis: 1,
+                    dtype: None,
+                },
+                (DataType::F32, &[2, channels, 5, 5]),
+                (DataType::I8, &[2, channels, 5, 5]),
+                scales,
+            );
+            let q = g.nodes[0].outputs[0];
+            let y = g.add_value("y_nhwc", DataType::I8);
+            g.values[y].shape = Some(vec![2, 5, 5, channels]);
+            g.nodes.push(Node {
+                name: "t".into(),
+                op: Op::Transpose {
+                    perm: vec![0, 2, 3, 1],
+                },
+                inputs: vec![Some(q)],
+                outputs: vec![y],
+            });
+            g
+        };
+        let g = quantize(1, 3);
+        assert!(quantize_transpose_fits(&g, &g.nodes[0], &g.nodes[1]));
+        let k = Gen::new(false)
+            .quantize_to_nhwc(&g, &g.nodes[0], &g.nodes[1])
+            .expect("fused kernel");
+        // A thread per pixel (2 x 25), reading the two quantize inputs it replaces.
+        assert_eq!(k.threads, 50);
+        assert_eq!(k.args[0], Arg::Val(g.nodes[0].inputs[0].expect("x")));
+        assert_eq!(k.args[1], Arg::Val(g.nodes[1].outputs[0]));
+        // Per-channel scales, more than 4 channels, or another permutation: two kernels.
+        let g = quantize(3, 3);
+        assert!(!quantize_transpose_fits(&g, &g.nodes[0], &g.nodes[1]));
+        let g = quantize(1, 8);
+        assert!(!quantize_transpose_fits(&g, &g.nodes[0], &g.nodes[1]));
+        let mut g = quantize(1, 3);
+        g.nodes[1].op = Op::Transpose {
+            perm: vec![0, 3, 1, 2],
+        };
+        assert!(!quantize_transpose_fits(&g, &g.nodes[0], &g.nodes[1]));
     }
 
     #[test]

@@ -11,8 +11,8 @@ use cudarc::cudnn::{result as dnn, sys as dnn_sys};
 use cudarc::driver::{result as drv, sys, CudaContext, CudaEvent, CudaGraph, CudaStream};
 
 use super::codegen::{
-    igemm_fits, space_to_depth_bytes, Arg, Gen, GenKernel, Im2col, LaunchDims, QConvParts, Tiling,
-    TILINGS, WG_TILINGS,
+    igemm_fits, igemm_smem, quantize_transpose_fits, space_to_depth_bytes, Arg, Gen, GenKernel,
+    Im2col, LaunchDims, QConvParts, Tiling, TILINGS, WG_TILINGS,
 };
 use super::device::{
     alloc_arena, drv_err, igemm_capable, programmatic_launch_capable, Arena, DeviceBuffer,
@@ -335,6 +335,12 @@ fn ohwi(w: &[f32], s: &[usize]) -> Vec<f32> {
 struct Builder<'a> {
     ctx: &'a Arc<CudaContext>,
     g: &'a Graph,
+    /// Per value, the nodes that read it and the node that writes it (for cross-node fusions).
+    readers: Vec<Vec<usize>>,
+    writers: Vec<Option<usize>>,
+    /// Values read by a fused kernel at a later node than the graph's last reader, with that
+    /// node (the memory plan keeps them live until then).
+    late_reads: Vec<(ValueId, usize)>,
     gen: Gen,
     kernels: Vec<GenKernel>,
     steps: Vec<Step>,
@@ -375,6 +381,9 @@ struct Builder<'a> {
     sms: usize,
     /// Shared memory per multiprocessor in bytes (how many persistent blocks fit on one).
     smem_per_sm: usize,
+    /// The most dynamic shared memory one block may opt into (deep-ring tilings above it are
+    /// not tried).
+    smem_per_block: usize,
     /// Whether stride-2 stems may run over a space-to-depth copy (`VIGIL_CUDA_S2D=0`: never).
     s2d: bool,
     /// The device as the timing cache names it (model, compute capability, SM count).
@@ -453,8 +462,37 @@ impl Builder<'_> {
         r
     }
 
+    /// The Transpose that runs QuantizeLinear node `q` inside it, if it may
+    /// ([`quantize_transpose_fits`], `q`'s output read by it alone and not a graph output).
+    fn quantize_transpose(&self, q: usize) -> Option<usize> {
+        let g = self.g;
+        let y = *g.nodes[q].outputs.first()?;
+        let [t] = self.readers[y][..] else {
+            return None;
+        };
+        (!g.outputs.contains(&y) && quantize_transpose_fits(g, &g.nodes[q], &g.nodes[t]))
+            .then_some(t)
+    }
+
     fn node_steps(&mut self, idx: usize, node: &Node) -> Result<()> {
         let g = self.g;
+        if matches!(node.op, Op::QuantizeLinear { .. }) && self.quantize_transpose(idx).is_some() {
+            self.note = " (runs inside the transpose that reads it)".into();
+            return Ok(());
+        }
+        if let Some(q) = node
+            .input(0)
+            .and_then(|x| self.writers[x])
+            .filter(|&q| self.quantize_transpose(q) == Some(idx))
+        {
+            self.note = " (with the QuantizeLinear before it)".into();
+            let k = self.gen.quantize_to_nhwc(g, &g.nodes[q], node)?;
+            if let Some(x) = g.nodes[q].input(0) {
+                self.late_reads.push((x, idx));
+            }
+            self.launch(idx, k);
+            return Ok(());
+        }
         match &node.op {
             Op::Conv(_) => self.conv(idx, node),
             Op::QConv(q) => self.qconv(idx, node, q),
@@ -1227,6 +1265,7 @@ impl Builder<'_> {
             tilings.clear();
         }
         tilings.extend(persistent);
+        tilings.retain(|&t| igemm_smem(parts, t) <= self.smem_per_block);
         let key = format!(
             "{c:?} {} {:?} {:?} {:?} {:?}",
             parts.residual.is_some(),
@@ -1614,6 +1653,9 @@ impl CudaExecutable {
         let mut b = Builder {
             ctx: &ctx,
             g,
+            readers: g.consumers(),
+            writers: g.producers(),
+            late_reads: Vec::new(),
             gen: Gen::new(fp16),
             kernels: Vec::new(),
             steps: Vec::new(),
@@ -1646,6 +1688,9 @@ impl CudaExecutable {
             sms,
             smem_per_sm: attr(
                 sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+            ),
+            smem_per_block: attr(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
             ),
             s2d: std::env::var("VIGIL_CUDA_S2D").map_or(true, |v| v != "0"),
             persist: PathMode::opt_in("VIGIL_CUDA_PERSIST"),
@@ -1696,7 +1741,7 @@ impl CudaExecutable {
         while b.descs.len() < b.steps.len() {
             b.descs.push("output conversion".to_string());
         }
-        let plan = plan::plan(g, &b.scratch)?;
+        let plan = plan::plan_with_late_reads(g, &b.scratch, &b.late_reads)?;
         let module = Module::compile(&ctx, &b.gen.src)?;
         let functions = b
             .kernels

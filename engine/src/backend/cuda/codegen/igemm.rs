@@ -180,13 +180,16 @@ pub const TILINGS: [Tiling; 4] = [
 ];
 
 /// The Hopper (sm_90a) tilings, tried besides [`TILINGS`]: deeper rings in dynamic shared
-/// memory and tiles up to 128×256.
-pub const WG_TILINGS: [Tiling; 5] = [
+/// memory and tiles up to 128×256. The last two keep 10–14 K tiles in flight in ~193 KiB, for
+/// long-K convolutions whose grid gives each SM one block anyway (ResNet's layers 3–4).
+pub const WG_TILINGS: [Tiling; 7] = [
     Tiling::wg(2, 256, 5),
     Tiling::wg(2, 128, 6),
     Tiling::wg(2, 64, 6),
     Tiling::wg(1, 128, 6),
     Tiling::wg(1, 256, 5),
+    Tiling::wg(2, 128, 12),
+    Tiling::wg(2, 64, 16),
 ];
 
 /// Convolutions with at most this many K tiles fetch their residual with the first one.
@@ -344,6 +347,55 @@ fn fragment_loops(t: Tiling, n: usize, body: &str) -> String {
     )
 }
 
+/// How a kernel of a tiling uses shared memory for one convolution.
+struct SmemPlan {
+    /// The tiling with its ring cut to the K tiles a block gets.
+    t: Tiling,
+    /// Persistent blocks (two output tiles after the ring).
+    persist: bool,
+    /// The residual tile is fetched with the first K tile, into its own shared memory after
+    /// the ring, instead of after the main loop (short K).
+    prefetch: bool,
+    /// Where the output tile starts (0: it reuses the ring).
+    zsm: usize,
+    /// Dynamic shared-memory bytes the kernel asks for.
+    smem: usize,
+}
+
+impl SmemPlan {
+    fn new(p: &QConvParts, t: Tiling) -> SmemPlan {
+        let c = &p.geom;
+        let kt = (c.kh * c.kw * p.c4).div_ceil(64);
+        let t = t.for_k_tiles(kt.div_ceil(t.splits));
+        let persist = t.ctas > 0 && t.splits == 1;
+        let prefetch = p.residual.is_some() && t.splits == 1 && (persist || kt <= PREFETCH_K_TILES);
+        let ring = t.stages * t.stage_bytes();
+        let zbytes = t.out_tile_bytes();
+        let (zsm, smem) = if persist {
+            (ring, t.smem() + 2 * zbytes)
+        } else if prefetch {
+            (ring, t.smem() + zbytes)
+        } else if t.cluster {
+            (0, t.smem().max(cluster_sum_bytes(t) + 1024))
+        } else {
+            (0, t.smem())
+        };
+        SmemPlan {
+            t,
+            persist,
+            prefetch,
+            zsm,
+            smem,
+        }
+    }
+}
+
+/// Dynamic shared-memory bytes the implicit-GEMM kernel of `p` with tiling `t` asks for (the
+/// device must allow one block that much).
+pub fn igemm_smem(p: &QConvParts, t: Tiling) -> usize {
+    SmemPlan::new(p, t).smem
+}
+
 impl Gen {
     /// The implicit-GEMM kernel of QConv `parts` from NHWC int8 `x` (a value, or the
     /// space-to-depth copy in scratch) into `y` with block shape `t` (see the module docs);
@@ -352,12 +404,14 @@ impl Gen {
         let c = &p.geom;
         let (m, n, k) = (c.n * c.oh * c.ow, c.cout, c.kh * c.kw * p.c4);
         let kt = k.div_ceil(64);
-        let t = t.for_k_tiles(kt.div_ceil(t.splits));
-        // With a short K the residual tile is fetched with the first K tile, into its own
-        // shared memory after the ring, instead of after the main loop.
-        let persist = t.ctas > 0 && t.splits == 1;
+        let SmemPlan {
+            t,
+            persist,
+            prefetch,
+            zsm,
+            smem,
+        } = SmemPlan::new(p, t);
         let partials = t.partials();
-        let prefetch = p.residual.is_some() && t.splits == 1 && (persist || kt <= PREFETCH_K_TILES);
         let (bm, bn, th, st) = (t.bm(), t.bn(), t.threads(), t.stages);
         let (wm, wn, warps_m) = (t.wm, t.wn, t.warps_m);
         // Weight rows padded with zeros to whole 64-byte K tiles (aligned 16-byte copies).
@@ -494,17 +548,7 @@ impl Gen {
             )
         };
         let tile = t.stage_bytes();
-        let ring = st * tile;
         let zbytes = t.out_tile_bytes();
-        let (zsm, smem) = if persist {
-            (ring, t.smem() + 2 * zbytes)
-        } else if prefetch {
-            (ring, t.smem() + zbytes)
-        } else if t.cluster {
-            (0, t.smem().max(cluster_sum_bytes(t) + 1024))
-        } else {
-            (0, t.smem())
-        };
         let mainloop = if t.wgmma {
             wgmma_loop(t, tile)
         } else {
@@ -911,18 +955,25 @@ mod tests {
 
     #[test]
     fn wgmma_tilings_keep_their_ring_in_dynamic_shared_memory() {
-        let p = parts(32, 32, 64, false);
+        // K = 9 x 256 = 2304 bytes: 36 tiles, more than any ring holds.
+        let p = parts(256, 256, 64, false);
         for t in WG_TILINGS {
             let mut g = Gen::new(false);
             let k = g.qigemm(Arg::Val(0), 1, &p, t);
             let d = k.launch.expect("tiled launch");
             assert_eq!(d.smem as usize, t.stages * (t.bm() + t.bn()) * 64 + 1024);
+            assert_eq!(d.smem as usize, igemm_smem(&p, t));
+            // Within the 227 KiB a Hopper block may opt into.
+            assert!(igemm_smem(&p, t) <= 232_448, "{t}");
             assert_eq!(d.block as usize, 128 * t.bm() / 64);
             assert!(g.src.contains(&format!("m64n{}k32.s32.s8.s8", t.bn())));
             // The output tile fits the ring it reuses.
             assert!(t.bm() * (t.bn() + 16) <= t.stages * (t.bm() + t.bn()) * 64);
         }
         assert_eq!(WG_TILINGS[0].to_string(), "wg128x256/5");
+        // A short K (5 tiles) cuts the deep ring to what it can fill: 7 stages of 16 KiB.
+        let short = parts(32, 32, 64, false);
+        assert_eq!(igemm_smem(&short, WG_TILINGS[5]), 7 * 16384 + 1024);
     }
 
     #[test]
