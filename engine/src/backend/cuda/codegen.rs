@@ -169,6 +169,50 @@ pub fn quantize_transpose_fits(g: &Graph, q: &Node, t: &Node) -> bool {
         && (1..=4).contains(&xs[1])
 }
 
+/// Whether DequantizeLinear `dq` → GlobalAveragePool `gap` → QuantizeLinear `q` (each the
+/// only reader of the one before) may run as one kernel ([`Gen::dequantize_pool_quantize`]):
+/// per-tensor 8-bit codes in and out, an NHWC pool, f32 in between. The caller checks the
+/// single readers and that no intermediate is a graph output.
+pub fn dequantize_pool_quantize_fits(g: &Graph, dq: &Node, gap: &Node, q: &Node) -> bool {
+    let (
+        Op::DequantizeLinear { .. },
+        Op::GlobalAveragePool {
+            layout: Layout::Nhwc,
+        },
+        Op::QuantizeLinear { .. },
+    ) = (&dq.op, &gap.op, &q.op)
+    else {
+        return false;
+    };
+    let shape = |v: ValueId| g.values[v].shape.clone().unwrap_or_default();
+    let one = |v: Option<ValueId>| v.is_none_or(|v| shape(v).iter().product::<usize>() == 1);
+    let f32_scale = |n: &Node| {
+        n.input(1)
+            .is_some_and(|s| g.values[s].dtype == DataType::F32)
+    };
+    let bytes = |v: Option<ValueId>| {
+        v.is_some_and(|v| matches!(g.values[v].dtype, DataType::U8 | DataType::I8))
+    };
+    let float = |v: Option<ValueId>| v.is_some_and(|v| g.values[v].dtype == DataType::F32);
+    let (x, d, p) = (
+        dq.input(0),
+        dq.outputs.first().copied(),
+        gap.outputs.first().copied(),
+    );
+    gap.input(0) == d
+        && q.input(0) == p
+        && bytes(x)
+        && float(d)
+        && float(p)
+        && bytes(q.outputs.first().copied())
+        && x.is_some_and(|x| shape(x).len() == 4)
+        && f32_scale(dq)
+        && f32_scale(q)
+        && [dq.input(1), dq.input(2), q.input(1), q.input(2)]
+            .into_iter()
+            .all(one)
+}
+
 /// QuantizeLinear of the float expression `x` into the code `q` (type `yt`, range `lo..=hi`),
 /// with the scale `s` and zero point `z` in scope, as a CUDA block (NaN quantizes to `z`).
 fn quantize_code(x: &str, yt: DataType, lo: i64, hi: i64) -> String {
@@ -1380,6 +1424,69 @@ impl Gen {
         Ok(self.kernel(&params, xs[0] * hw, &body))
     }
 
+    /// DequantizeLinear → NHWC GlobalAveragePool → QuantizeLinear as one kernel (see
+    /// [`dequantize_pool_quantize_fits`]): the codes are dequantized as they are read and
+    /// summed in the pool kernel's order, and the mean is quantized, so the result is the
+    /// three kernels' byte for byte without the two float tensors between them.
+    pub fn dequantize_pool_quantize(
+        &mut self,
+        g: &Graph,
+        dq: &Node,
+        q: &Node,
+    ) -> Result<GenKernel> {
+        let x = input(dq, 0)?;
+        let y = output(q, 0)?;
+        let xs = shape_of(g, x)?.to_vec();
+        let (xt, yt) = (g.values[x].dtype, g.values[y].dtype);
+        let (n, c) = (xs[0], xs[3]);
+        let hw = xs[1] * xs[2];
+        let (lo, hi) = if yt == DataType::U8 {
+            (0, 255)
+        } else {
+            (-128, 127)
+        };
+        let mut params = vec![
+            (Arg::Val(x), format!("const {}", ctype(xt))),
+            (Arg::Val(y), ctype(yt).to_string()),
+        ];
+        for node in [dq, q] {
+            let sv = input(node, 1)?;
+            match g.constant(sv) {
+                Some(t) => {
+                    let a = self.extra(f32_bytes(&t.to_f32_vec()));
+                    params.push((a, "const float".into()));
+                }
+                None => params.push((Arg::Val(sv), "const F".into())),
+            }
+        }
+        let mut zero = |node: &Node, name: &str| match node.input(2) {
+            Some(z) => {
+                let at = params.len();
+                params.push((Arg::Val(z), format!("const {}", ctype(g.values[z].dtype))));
+                format!("i64 {name} = (i64)p{at}[0];")
+            }
+            None => format!("i64 {name} = 0;"),
+        };
+        let (zd, zq) = (zero(dq, "zd"), zero(q, "z"));
+        // The NHWC pool's reduction (Gen::global_pool): a block per (image, 32 channels),
+        // 8 row groups, then the groups added in order by the first warp. `__fmul_rn` keeps
+        // the dequantization rounded on its own, as the separate kernel stores it.
+        let cb = c.div_ceil(32);
+        let body = format!(
+            "__shared__ float sh[256]; int t = threadIdx.x, lane = t & 31, grp = t >> 5; i64 blk = i / 256; i64 nb = blk / {cb}LL, ch = (blk % {cb}LL) * 32 + lane;
+  float sd = (float)p2[0]; {zd}
+  float acc = 0.f;
+  if (ch < {c}LL) {{ const {xc}* x = p0 + nb*{hw}LL*{c}LL + ch; for (i64 j = grp; j < {hw}LL; j += 8) {{ float v = __fmul_rn((float)((i64)x[j*{c}LL] - zd), sd); acc += v; }} }}
+  sh[t] = acc; __syncthreads();
+  if (grp == 0) {{ for (int k = 1; k < 8; ++k) {{ float v = sh[k*32 + lane]; acc += v; }}
+    if (ch < {c}LL) {{ float s = (float)p3[0]; {zq} float mean = acc / {hw}.f; {yc} q; {quant} p1[nb*{c}LL + ch] = q; }} }}",
+            xc = ctype(xt),
+            yc = ctype(yt),
+            quant = quantize_code("mean", yt, lo, hi),
+        );
+        Ok(self.kernel(&params, n * cb * 256, &body))
+    }
+
     fn expand(&mut self, g: &Graph, node: &Node) -> Result<GenKernel> {
         let x = input(node, 0)?;
         let y = output(node, 0)?;
@@ -1969,6 +2076,65 @@ mod tests {
             perm: vec![0, 3, 1, 2],
         };
         assert!(!quantize_transpose_fits(&g, &g.nodes[0], &g.nodes[1]));
+    }
+
+    #[test]
+    fn dequantize_pool_quantize_runs_as_one_kernel() {
+        // codes [2,7,7,64] -> DequantizeLinear -> NHWC GlobalAveragePool -> QuantizeLinear.
+        let chain = |layout, scales| {
+            let mut g = one_node(
+                Op::DequantizeLinear { axis: 1 },
+                (DataType::I8, &[2, 7, 7, 64]),
+                (DataType::F32, &[2, 7, 7, 64]),
+                scales,
+            );
+            let s = g.nodes[0].inputs[1];
+            let mut push = |g: &mut Graph, op, dtype, shape: &[usize]| {
+                let x = *g.nodes.last().expect("node").outputs.first().expect("out");
+                let y = g.add_value(&format!("v{}", g.values.len()), dtype);
+                g.values[y].shape = Some(shape.to_vec());
+                let inputs = match op {
+                    Op::QuantizeLinear { .. } => vec![Some(x), s],
+                    _ => vec![Some(x)],
+                };
+                g.nodes.push(Node {
+                    name: format!("n{y}"),
+                    op,
+                    inputs,
+                    outputs: vec![y],
+                });
+            };
+            push(
+                &mut g,
+                Op::GlobalAveragePool { layout },
+                DataType::F32,
+                &[2, 1, 1, 64],
+            );
+            push(
+                &mut g,
+                Op::QuantizeLinear {
+                    axis: 1,
+                    dtype: None,
+                },
+                DataType::I8,
+                &[2, 1, 1, 64],
+            );
+            g
+        };
+        let fits =
+            |g: &Graph| dequantize_pool_quantize_fits(g, &g.nodes[0], &g.nodes[1], &g.nodes[2]);
+        let g = chain(Layout::Nhwc, 1);
+        assert!(fits(&g));
+        let k = Gen::new(false)
+            .dequantize_pool_quantize(&g, &g.nodes[0], &g.nodes[2])
+            .expect("fused kernel");
+        // The pool's grid: a 256-thread block per (image, 32 channels).
+        assert_eq!(k.threads, 2 * 2 * 256);
+        assert_eq!(k.args[0], Arg::Val(g.nodes[0].inputs[0].expect("codes")));
+        assert_eq!(k.args[1], Arg::Val(g.nodes[2].outputs[0]));
+        // An NCHW pool or per-channel scales: three kernels.
+        assert!(!fits(&chain(Layout::Nchw, 1)));
+        assert!(!fits(&chain(Layout::Nhwc, 64)));
     }
 
     #[test]

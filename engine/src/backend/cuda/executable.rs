@@ -11,8 +11,9 @@ use cudarc::cudnn::{result as dnn, sys as dnn_sys};
 use cudarc::driver::{result as drv, sys, CudaContext, CudaEvent, CudaGraph, CudaStream};
 
 use super::codegen::{
-    igemm_fits, igemm_smem, quantize_transpose_fits, space_to_depth_bytes, Arg, Gen, GenKernel,
-    Im2col, LaunchDims, QConvParts, Tiling, TILINGS, WG_TILINGS,
+    dequantize_pool_quantize_fits, igemm_fits, igemm_smem, quantize_transpose_fits,
+    space_to_depth_bytes, Arg, Gen, GenKernel, Im2col, LaunchDims, QConvParts, Tiling, TILINGS,
+    WG_TILINGS,
 };
 use super::device::{
     alloc_arena, drv_err, igemm_capable, programmatic_launch_capable, Arena, DeviceBuffer,
@@ -466,31 +467,92 @@ impl Builder<'_> {
     /// ([`quantize_transpose_fits`], `q`'s output read by it alone and not a graph output).
     fn quantize_transpose(&self, q: usize) -> Option<usize> {
         let g = self.g;
-        let y = *g.nodes[q].outputs.first()?;
-        let [t] = self.readers[y][..] else {
-            return None;
+        let t = self.only_reader(*g.nodes[q].outputs.first()?)?;
+        quantize_transpose_fits(g, &g.nodes[q], &g.nodes[t]).then_some(t)
+    }
+
+    /// The value's only reader, if it has one and is not a graph output.
+    fn only_reader(&self, v: ValueId) -> Option<usize> {
+        match self.readers[v][..] {
+            [r] if !self.g.outputs.contains(&v) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// The GlobalAveragePool and QuantizeLinear that run DequantizeLinear node `dq` inside
+    /// one kernel with them, if they may ([`dequantize_pool_quantize_fits`], each the only
+    /// reader of the one before, no intermediate a graph output, f32 floats between them).
+    fn dequantize_pool_quantize(&self, dq: usize) -> Option<(usize, usize)> {
+        let g = self.g;
+        let gap = self.only_reader(*g.nodes[dq].outputs.first()?)?;
+        let q = self.only_reader(*g.nodes[gap].outputs.first()?)?;
+        (!self.fp16 && dequantize_pool_quantize_fits(g, &g.nodes[dq], &g.nodes[gap], &g.nodes[q]))
+            .then_some((gap, q))
+    }
+
+    /// The node that writes input 0 of `node`.
+    fn writer_of_input(&self, node: &Node) -> Option<usize> {
+        node.input(0).and_then(|x| self.writers[x])
+    }
+
+    /// Emits nothing for nodes that run inside a later node's fused kernel, and that kernel
+    /// at the later node; false for every other node.
+    fn fused_steps(&mut self, idx: usize, node: &Node) -> Result<bool> {
+        let g = self.g;
+        match node.op {
+            Op::QuantizeLinear { .. } if self.quantize_transpose(idx).is_some() => {
+                self.note = " (runs inside the transpose that reads it)".into();
+                return Ok(true);
+            }
+            Op::DequantizeLinear { .. } if self.dequantize_pool_quantize(idx).is_some() => {
+                self.note = " (runs inside the QuantizeLinear after the pool)".into();
+                return Ok(true);
+            }
+            Op::GlobalAveragePool { .. } => {
+                let dq = self.writer_of_input(node);
+                if dq.is_some_and(|d| self.dequantize_pool_quantize(d).is_some_and(|f| f.0 == idx))
+                {
+                    self.note = " (runs inside the QuantizeLinear after it)".into();
+                    return Ok(true);
+                }
+            }
+            _ => {}
+        }
+        // The late node: its kernel reads the absorbed node's input, so the memory plan keeps
+        // that alive until here.
+        let writer = self.writer_of_input(node);
+        let fused = match node.op {
+            Op::Transpose { .. } => writer
+                .filter(|&q| self.quantize_transpose(q) == Some(idx))
+                .map(|q| {
+                    self.note = " (with the QuantizeLinear before it)".into();
+                    (q, self.gen.quantize_to_nhwc(g, &g.nodes[q], node))
+                }),
+            Op::QuantizeLinear { .. } => writer
+                .and_then(|gap| self.writer_of_input(&g.nodes[gap]))
+                .filter(|&dq| {
+                    self.dequantize_pool_quantize(dq)
+                        .is_some_and(|f| f.1 == idx)
+                })
+                .map(|dq| {
+                    self.note = " (with the DequantizeLinear and pool before it)".into();
+                    (dq, self.gen.dequantize_pool_quantize(g, &g.nodes[dq], node))
+                }),
+            _ => None,
         };
-        (!g.outputs.contains(&y) && quantize_transpose_fits(g, &g.nodes[q], &g.nodes[t]))
-            .then_some(t)
+        let Some((first, k)) = fused else {
+            return Ok(false);
+        };
+        if let Some(x) = g.nodes[first].input(0) {
+            self.late_reads.push((x, idx));
+        }
+        self.launch(idx, k?);
+        Ok(true)
     }
 
     fn node_steps(&mut self, idx: usize, node: &Node) -> Result<()> {
         let g = self.g;
-        if matches!(node.op, Op::QuantizeLinear { .. }) && self.quantize_transpose(idx).is_some() {
-            self.note = " (runs inside the transpose that reads it)".into();
-            return Ok(());
-        }
-        if let Some(q) = node
-            .input(0)
-            .and_then(|x| self.writers[x])
-            .filter(|&q| self.quantize_transpose(q) == Some(idx))
-        {
-            self.note = " (with the QuantizeLinear before it)".into();
-            let k = self.gen.quantize_to_nhwc(g, &g.nodes[q], node)?;
-            if let Some(x) = g.nodes[q].input(0) {
-                self.late_reads.push((x, idx));
-            }
-            self.launch(idx, k);
+        if self.fused_steps(idx, node)? {
             return Ok(());
         }
         match &node.op {
