@@ -2089,9 +2089,9 @@ mod tests {
                 scales,
             );
             let s = g.nodes[0].inputs[1];
-            let mut push = |g: &mut Graph, op, dtype, shape: &[usize]| {
+            let push = |g: &mut Graph, op, dtype, shape: &[usize]| {
                 let x = *g.nodes.last().expect("node").outputs.first().expect("out");
-                let y = g.add_value(&format!("v{}", g.values.len()), dtype);
+                let y = g.add_value(format!("v{}", g.values.len()), dtype);
                 g.values[y].shape = Some(shape.to_vec());
                 let inputs = match op {
                     Op::QuantizeLinear { .. } => vec![Some(x), s],
