@@ -21,7 +21,7 @@ if [ "$PART" != check ]; then
 echo "=== bench ($SECONDS s)"
 binbench new $NEW cache-new.txt int8 "$S8:32,$U8:32"
 binbench prev /tmp/cuda_prev cache-prev.txt int8 "$S8:32,$U8:32"
-binbench new2 $NEW cache-new.txt int8 "$S8:32"
+binbench new2 $NEW cache-new.txt int8 "$S8:32,$S8:1"
 binbench prev2 /tmp/cuda_prev cache-prev.txt int8 "$S8:32"
 binbench fp16 $NEW cache-new.txt fp16 "/tmp/onnx/resnet50.onnx:32"
 echo "=== profile ($SECONDS s)"

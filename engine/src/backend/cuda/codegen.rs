@@ -1400,7 +1400,14 @@ impl Gen {
             }
             None => params.push((Arg::Val(sv), "const F".into())),
         }
-        let mut body = format!("{} float s = (float)p2[0];", decompose(&[xs[0], hw], "i"));
+        // Four pixels a thread where the planes split into float4s (f32 storage): one 16-byte
+        // load per channel and `c` aligned 4-byte stores of their interleaved codes.
+        let quad = !self.fp16 && hw.is_multiple_of(4);
+        let px = if quad { 4 } else { 1 };
+        let mut body = format!(
+            "{} float s = (float)p2[0];",
+            decompose(&[xs[0], hw / px], "i")
+        );
         match q.input(2) {
             Some(z) => {
                 params.push((Arg::Val(z), format!("const {}", ctype(g.values[z].dtype))));
@@ -1408,20 +1415,47 @@ impl Gen {
             }
             None => body.push_str(" i64 z = 0;"),
         }
-        for ch in 0..c {
-            let _ = write!(
-                body,
-                " {{ {} q; {} p1[i * {c}LL + {ch}] = q; }}",
-                ctype(yt),
-                quantize_code(
-                    &format!("p0[(i0 * {c}LL + {ch}) * {hw}LL + i1]"),
-                    yt,
-                    lo,
-                    hi
-                )
-            );
+        let yc = ctype(yt);
+        if quad {
+            // codes[l * c + ch]: pixel l's channel ch, in the order NHWC stores them.
+            let _ = write!(body, " {yc} codes[{}];", 4 * c);
+            for ch in 0..c {
+                let _ = write!(
+                    body,
+                    " {{ float4 f = ((const float4*)p0)[(i0 * {c}LL + {ch}) * {hw4}LL + i1];",
+                    hw4 = hw / 4
+                );
+                for (l, lane) in VECTOR_LANES.iter().enumerate() {
+                    let _ = write!(
+                        body,
+                        " {{ {yc} q; {} codes[{}] = q; }}",
+                        quantize_code(&format!("f{lane}"), yt, lo, hi),
+                        l * c + ch
+                    );
+                }
+                body.push_str(" }");
+            }
+            for w in 0..c {
+                let bytes: Vec<String> = (0..4)
+                    .map(|b| format!("((unsigned int)(u8)codes[{}] << {})", 4 * w + b, 8 * b))
+                    .collect();
+                let _ = write!(
+                    body,
+                    " ((unsigned int*)p1)[i * {c}LL + {w}] = {};",
+                    bytes.join(" | ")
+                );
+            }
+        } else {
+            for ch in 0..c {
+                let x = format!("(float)p0[(i0 * {c}LL + {ch}) * {hw}LL + i1]");
+                let _ = write!(
+                    body,
+                    " {{ {yc} q; {} p1[i * {c}LL + {ch}] = q; }}",
+                    quantize_code(&x, yt, lo, hi)
+                );
+            }
         }
-        Ok(self.kernel(&params, xs[0] * hw, &body))
+        Ok(self.kernel(&params, xs[0] * hw / px, &body))
     }
 
     /// DequantizeLinear → NHWC GlobalAveragePool → QuantizeLinear as one kernel (see
@@ -2062,10 +2096,27 @@ mod tests {
         let k = Gen::new(false)
             .quantize_to_nhwc(&g, &g.nodes[0], &g.nodes[1])
             .expect("fused kernel");
-        // A thread per pixel (2 x 25), reading the two quantize inputs it replaces.
+        // A thread per pixel (2 x 25: planes of 25 floats do not split into float4s), reading
+        // the quantize's input and writing the transpose's output.
         assert_eq!(k.threads, 50);
         assert_eq!(k.args[0], Arg::Val(g.nodes[0].inputs[0].expect("x")));
         assert_eq!(k.args[1], Arg::Val(g.nodes[1].outputs[0]));
+        // 4x4 planes: four pixels a thread, 3 words of codes each (2 x 16 / 4 threads); with
+        // fp16 storage, a pixel a thread.
+        let mut g = quantize(1, 3);
+        for (v, shape) in [(0, [2, 3, 4, 4]), (2, [2, 3, 4, 4]), (3, [2, 4, 4, 3])] {
+            g.values[v].shape = Some(shape.to_vec());
+        }
+        let mut gen = Gen::new(false);
+        let k = gen
+            .quantize_to_nhwc(&g, &g.nodes[0], &g.nodes[1])
+            .expect("fused kernel");
+        assert_eq!(k.threads, 8);
+        assert!(gen.src.contains("((unsigned int*)p1)[i * 3LL + 2] ="));
+        let k = Gen::new(true)
+            .quantize_to_nhwc(&g, &g.nodes[0], &g.nodes[1])
+            .expect("fused kernel");
+        assert_eq!(k.threads, 32);
         // Per-channel scales, more than 4 channels, or another permutation: two kernels.
         let g = quantize(3, 3);
         assert!(!quantize_transpose_fits(&g, &g.nodes[0], &g.nodes[1]));
