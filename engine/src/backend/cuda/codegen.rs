@@ -213,6 +213,15 @@ pub fn dequantize_pool_quantize_fits(g: &Graph, dq: &Node, gap: &Node, q: &Node)
             .all(one)
 }
 
+/// The codes an 8-bit type holds: 0..=255 for u8, -128..=127 for i8.
+fn code_range(dt: DataType) -> (i64, i64) {
+    if dt == DataType::U8 {
+        (0, 255)
+    } else {
+        (-128, 127)
+    }
+}
+
 /// QuantizeLinear of the float expression `x` into the code `q` (type `yt`, range `lo..=hi`),
 /// with the scale `s` and zero point `z` in scope, as a CUDA block (NaN quantizes to `z`).
 fn quantize_code(x: &str, yt: DataType, lo: i64, hi: i64) -> String {
@@ -1374,6 +1383,15 @@ impl Gen {
         ))
     }
 
+    /// A Q/DQ scale as a kernel parameter: a constant stays exact f32 (also in fp16 mode), a
+    /// computed one is read as stored.
+    fn scale_param(&mut self, g: &Graph, sv: ValueId) -> (Arg, String) {
+        match g.constant(sv) {
+            Some(t) => (self.extra(f32_bytes(&t.to_f32_vec())), "const float".into()),
+            None => (Arg::Val(sv), "const F".into()),
+        }
+    }
+
     /// QuantizeLinear `q` and the Transpose `t` that is its only reader as one kernel (see
     /// [`quantize_transpose_fits`]): a thread per pixel quantizes its channels from their
     /// float planes and writes their codes side by side, exactly as the two kernels would.
@@ -1384,22 +1402,12 @@ impl Gen {
         let xs = shape_of(g, x)?.to_vec();
         let yt = g.values[y].dtype;
         let (c, hw) = (xs[1], xs[2] * xs[3]);
-        let (lo, hi) = if yt == DataType::U8 {
-            (0, 255)
-        } else {
-            (-128, 127)
-        };
+        let (lo, hi) = code_range(yt);
         let mut params = vec![
             (Arg::Val(x), format!("const {}", ctype(DataType::F32))),
             (Arg::Val(y), ctype(yt).to_string()),
         ];
-        match g.constant(sv) {
-            Some(t) => {
-                let a = self.extra(f32_bytes(&t.to_f32_vec()));
-                params.push((a, "const float".into()));
-            }
-            None => params.push((Arg::Val(sv), "const F".into())),
-        }
+        params.push(self.scale_param(g, sv));
         // Four pixels a thread where the planes split into float4s (f32 storage): one 16-byte
         // load per channel and `c` aligned 4-byte stores of their interleaved codes.
         let quad = !self.fp16 && hw.is_multiple_of(4);
@@ -1474,24 +1482,14 @@ impl Gen {
         let (xt, yt) = (g.values[x].dtype, g.values[y].dtype);
         let (n, c) = (xs[0], xs[3]);
         let hw = xs[1] * xs[2];
-        let (lo, hi) = if yt == DataType::U8 {
-            (0, 255)
-        } else {
-            (-128, 127)
-        };
+        let (lo, hi) = code_range(yt);
         let mut params = vec![
             (Arg::Val(x), format!("const {}", ctype(xt))),
             (Arg::Val(y), ctype(yt).to_string()),
         ];
         for node in [dq, q] {
             let sv = input(node, 1)?;
-            match g.constant(sv) {
-                Some(t) => {
-                    let a = self.extra(f32_bytes(&t.to_f32_vec()));
-                    params.push((a, "const float".into()));
-                }
-                None => params.push((Arg::Val(sv), "const F".into())),
-            }
+            params.push(self.scale_param(g, sv));
         }
         let mut zero = |node: &Node, name: &str| match node.input(2) {
             Some(z) => {
@@ -1713,14 +1711,7 @@ impl Gen {
             (Arg::Val(x), format!("const {}", ctype(xt))),
             (Arg::Val(y), ctype(yt).to_string()),
         ];
-        // Constant scales stay exact f32 (also in fp16 mode); computed ones are read as stored.
-        match g.constant(sv) {
-            Some(t) => {
-                let a = self.extra(f32_bytes(&t.to_f32_vec()));
-                params.push((a, "const float".into()));
-            }
-            None => params.push((Arg::Val(sv), "const F".into())),
-        }
+        params.push(self.scale_param(g, sv));
         // Four elements a thread (one channel, 16-byte float and 4-byte code accesses) when
         // the float side is stored as f32 and channels come in runs of four.
         let total: usize = xs.iter().product();
@@ -1744,11 +1735,7 @@ impl Gen {
             None => body.push_str(" i64 z = 0;"),
         }
         if quantize {
-            let (lo, hi) = if yt == DataType::U8 {
-                (0, 255)
-            } else {
-                (-128, 127)
-            };
+            let (lo, hi) = code_range(yt);
             let one = |x: &str| quantize_code(x, yt, lo, hi);
             if quad {
                 let parts: Vec<String> = VECTOR_LANES
