@@ -382,8 +382,8 @@ struct Builder<'a> {
     sms: usize,
     /// Shared memory per multiprocessor in bytes (how many persistent blocks fit on one).
     smem_per_sm: usize,
-    /// The most dynamic shared memory one block may opt into (deep-ring tilings above it are
-    /// not tried).
+    /// The most dynamic shared memory one block may opt into: implicit-GEMM tilings needing
+    /// more are not tried (unbounded when the device does not say).
     smem_per_block: usize,
     /// Whether stride-2 stems may run over a space-to-depth copy (`VIGIL_CUDA_S2D=0`: never).
     s2d: bool,
@@ -1751,9 +1751,12 @@ impl CudaExecutable {
             smem_per_sm: attr(
                 sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
             ),
-            smem_per_block: attr(
+            smem_per_block: match attr(
                 sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-            ),
+            ) {
+                0 => usize::MAX,
+                v => v,
+            },
             s2d: std::env::var("VIGIL_CUDA_S2D").map_or(true, |v| v != "0"),
             persist: PathMode::opt_in("VIGIL_CUDA_PERSIST"),
             device_id: format!(
