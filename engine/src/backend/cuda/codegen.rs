@@ -144,8 +144,8 @@ pub fn flit(x: f32) -> String {
 }
 
 /// Whether QuantizeLinear `q` may run inside the Transpose `t` that reads its output
-/// ([`Gen::quantize_to_nhwc`]): a per-tensor quantization of a float NCHW image (at most 4
-/// channels) to bytes, reordered NCHW → NHWC. The caller checks that `t` is the only reader
+/// ([`Gen::quantize_to_nhwc`]): a per-tensor quantization of a computed float NCHW image (at
+/// most 4 channels) to bytes, reordered NCHW → NHWC. The caller checks that `t` is the only reader
 /// and that `q`'s output is not a graph output.
 pub fn quantize_transpose_fits(g: &Graph, q: &Node, t: &Node) -> bool {
     let (Op::QuantizeLinear { .. }, Op::Transpose { perm }) = (&q.op, &t.op) else {
@@ -160,6 +160,7 @@ pub fn quantize_transpose_fits(g: &Graph, q: &Node, t: &Node) -> bool {
             .is_none_or(|z| shape(z).iter().product::<usize>() == 1);
     let xs = shape(x);
     t.input(0) == Some(qy)
+        && g.constant(x).is_none()
         && perm.as_slice() == [0, 2, 3, 1]
         && per_tensor
         && g.values[sv].dtype == DataType::F32
@@ -171,7 +172,8 @@ pub fn quantize_transpose_fits(g: &Graph, q: &Node, t: &Node) -> bool {
 
 /// Whether DequantizeLinear `dq` → GlobalAveragePool `gap` → QuantizeLinear `q` (each the
 /// only reader of the one before) may run as one kernel ([`Gen::dequantize_pool_quantize`]):
-/// per-tensor 8-bit codes in and out, an NHWC pool, f32 in between. The caller checks the
+/// per-tensor 8-bit codes in and out (computed ones: constants fold on the host), an NHWC pool,
+/// f32 in between. The caller checks the
 /// single readers and that no intermediate is a graph output.
 pub fn dequantize_pool_quantize_fits(g: &Graph, dq: &Node, gap: &Node, q: &Node) -> bool {
     let (
@@ -201,6 +203,7 @@ pub fn dequantize_pool_quantize_fits(g: &Graph, dq: &Node, gap: &Node, q: &Node)
     );
     gap.input(0) == d
         && q.input(0) == p
+        && x.is_some_and(|x| g.constant(x).is_none())
         && bytes(x)
         && float(d)
         && float(p)
