@@ -216,6 +216,54 @@ pub fn dequantize_pool_quantize_fits(g: &Graph, dq: &Node, gap: &Node, q: &Node)
             .all(one)
 }
 
+/// The NHWC global reduction of the pool kernels: a 256-thread block per (image, 32
+/// channels), 32 coalesced lanes by 8 row groups, then the groups combined in order by the
+/// first warp. One generator, so a fused kernel adds up in the pool's order exactly.
+struct NhwcReduce<'a> {
+    c: usize,
+    hw: usize,
+    /// The element type `x` points to.
+    xc: &'a str,
+    /// The float value of element `j` of the channel's column (`x[j*c]` for a plain pool).
+    read: String,
+    init: &'a str,
+    /// Folds `v` into `acc`.
+    comb: &'a str,
+}
+
+impl NhwcReduce<'_> {
+    /// The kernel body: `prelude` first, then the reduction, then `store` (with `acc` the
+    /// channel's result, `nb` the image and `ch` the channel) for each channel in range.
+    fn body(&self, prelude: &str, store: &str) -> String {
+        let (c, hw, cb) = (self.c, self.hw, self.c.div_ceil(32));
+        let (xc, read, init, comb) = (self.xc, &self.read, self.init, self.comb);
+        format!(
+            "__shared__ float sh[256]; int t = threadIdx.x, lane = t & 31, grp = t >> 5; i64 blk = i / 256; i64 nb = blk / {cb}LL, ch = (blk % {cb}LL) * 32 + lane;
+  {prelude} float acc = {init};
+  if (ch < {c}LL) {{ const {xc}* x = p0 + nb*{hw}LL*{c}LL + ch; for (i64 j = grp; j < {hw}LL; j += 8) {{ float v = {read}; {comb} }} }}
+  sh[t] = acc; __syncthreads();
+  if (grp == 0) {{ for (int k = 1; k < 8; ++k) {{ float v = sh[k*32 + lane]; {comb} }} if (ch < {c}LL) {{ {store} }} }}"
+        )
+    }
+
+    /// Threads for `n` images (a whole number of blocks, so none returns before the barrier).
+    fn threads(&self, n: usize) -> usize {
+        n * self.c.div_ceil(32) * 256
+    }
+}
+
+/// Declares the per-tensor zero point `name` of Q/DQ `node` (its input 2, appended to
+/// `params`, or 0 when absent) as a CUDA statement.
+fn zero_point_param(g: &Graph, node: &Node, params: &mut Vec<(Arg, String)>, name: &str) -> String {
+    match node.input(2) {
+        Some(z) => {
+            params.push((Arg::Val(z), format!("const {}", ctype(g.values[z].dtype))));
+            format!("i64 {name} = (i64)p{}[0];", params.len() - 1)
+        }
+        None => format!("i64 {name} = 0;"),
+    }
+}
+
 /// The codes an 8-bit type holds: 0..=255 for u8, -128..=127 for i8.
 fn code_range(dt: DataType) -> (i64, i64) {
     if dt == DataType::U8 {
@@ -1081,17 +1129,17 @@ impl Gen {
         // Block-level reductions (the launcher's blocks are 256 threads; the thread count is a
         // multiple of the block, so no thread returns before the barrier).
         let (body, threads) = if nhwc {
-            // One block per (image, 32 channels): 32 coalesced lanes x 8 row groups.
-            let cb = c.div_ceil(32);
+            let reduce = NhwcReduce {
+                c,
+                hw,
+                xc: "F",
+                read: format!("x[j*{c}LL]"),
+                init,
+                comb,
+            };
             (
-                format!(
-                    "__shared__ float sh[256]; int t = threadIdx.x, lane = t & 31, grp = t >> 5; i64 blk = i / 256; i64 nb = blk / {cb}LL, ch = (blk % {cb}LL) * 32 + lane;
-  float acc = {init};
-  if (ch < {c}LL) {{ const F* x = p0 + nb*{hw}LL*{c}LL + ch; for (i64 j = grp; j < {hw}LL; j += 8) {{ float v = x[j*{c}LL]; {comb} }} }}
-  sh[t] = acc; __syncthreads();
-  if (grp == 0) {{ for (int k = 1; k < 8; ++k) {{ float v = sh[k*32 + lane]; {comb} }} if (ch < {c}LL) p1[nb*{c}LL + ch] = {fin}; }}"
-                ),
-                n * cb * 256,
+                reduce.body("", &format!("p1[nb*{c}LL + ch] = {fin};")),
+                reduce.threads(n),
             )
         } else {
             // One warp per (image, channel) plane.
@@ -1416,16 +1464,10 @@ impl Gen {
         let quad = !self.fp16 && hw.is_multiple_of(4);
         let px = if quad { 4 } else { 1 };
         let mut body = format!(
-            "{} float s = (float)p2[0];",
-            decompose(&[xs[0], hw / px], "i")
+            "{} float s = (float)p2[0]; {}",
+            decompose(&[xs[0], hw / px], "i"),
+            zero_point_param(g, q, &mut params, "z")
         );
-        match q.input(2) {
-            Some(z) => {
-                params.push((Arg::Val(z), format!("const {}", ctype(g.values[z].dtype))));
-                body.push_str(" i64 z = (i64)p3[0];");
-            }
-            None => body.push_str(" i64 z = 0;"),
-        }
         let yc = ctype(yt);
         if quad {
             // codes[l * c + ch]: pixel l's channel ch, in the order NHWC stores them.
@@ -1494,32 +1536,27 @@ impl Gen {
             let sv = input(node, 1)?;
             params.push(self.scale_param(g, sv));
         }
-        let mut zero = |node: &Node, name: &str| match node.input(2) {
-            Some(z) => {
-                let at = params.len();
-                params.push((Arg::Val(z), format!("const {}", ctype(g.values[z].dtype))));
-                format!("i64 {name} = (i64)p{at}[0];")
-            }
-            None => format!("i64 {name} = 0;"),
+        let zd = zero_point_param(g, dq, &mut params, "zd");
+        let zq = zero_point_param(g, q, &mut params, "z");
+        // The NHWC pool's reduction, with each code dequantized as it is read (`__fmul_rn`
+        // keeps that product rounded on its own, as the separate kernel stores it).
+        let reduce = NhwcReduce {
+            c,
+            hw,
+            xc: ctype(xt),
+            read: format!("__fmul_rn((float)((i64)x[j*{c}LL] - zd), sd)"),
+            init: "0.f",
+            comb: "acc += v;",
         };
-        let (zd, zq) = (zero(dq, "zd"), zero(q, "z"));
-        // The NHWC pool's reduction (Gen::global_pool): a block per (image, 32 channels),
-        // 8 row groups, then the groups added in order by the first warp. `__fmul_rn` keeps
-        // the dequantization rounded on its own, as the separate kernel stores it.
-        let cb = c.div_ceil(32);
-        let body = format!(
-            "__shared__ float sh[256]; int t = threadIdx.x, lane = t & 31, grp = t >> 5; i64 blk = i / 256; i64 nb = blk / {cb}LL, ch = (blk % {cb}LL) * 32 + lane;
-  float sd = (float)p2[0]; {zd}
-  float acc = 0.f;
-  if (ch < {c}LL) {{ const {xc}* x = p0 + nb*{hw}LL*{c}LL + ch; for (i64 j = grp; j < {hw}LL; j += 8) {{ float v = __fmul_rn((float)((i64)x[j*{c}LL] - zd), sd); acc += v; }} }}
-  sh[t] = acc; __syncthreads();
-  if (grp == 0) {{ for (int k = 1; k < 8; ++k) {{ float v = sh[k*32 + lane]; acc += v; }}
-    if (ch < {c}LL) {{ float s = (float)p3[0]; {zq} float mean = acc / {hw}.f; {yc} q; {quant} p1[nb*{c}LL + ch] = q; }} }}",
-            xc = ctype(xt),
-            yc = ctype(yt),
-            quant = quantize_code("mean", yt, lo, hi),
+        let body = reduce.body(
+            &format!("float sd = (float)p2[0]; {zd}"),
+            &format!(
+                "float s = (float)p3[0]; {zq} float mean = acc / {hw}.f; {} q; {} p1[nb*{c}LL + ch] = q;",
+                ctype(yt),
+                quantize_code("mean", yt, lo, hi)
+            ),
         );
-        Ok(self.kernel(&params, n * cb * 256, &body))
+        Ok(self.kernel(&params, reduce.threads(n), &body))
     }
 
     fn expand(&mut self, g: &Graph, node: &Node) -> Result<GenKernel> {
