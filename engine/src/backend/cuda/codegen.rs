@@ -12,9 +12,11 @@ use crate::ir::{
 
 use crate::backend::resize_taps::{taps, Tap};
 
+mod halo;
 mod igemm;
 mod quant;
 mod space_to_depth;
+pub use halo::{halo_fits, HALO_TILINGS};
 pub use igemm::{igemm_fits, igemm_smem, Tiling, TILINGS, WG_TILINGS};
 pub use quant::QConvParts;
 pub use space_to_depth::space_to_depth_bytes;

@@ -11,9 +11,9 @@ use cudarc::cudnn::{result as dnn, sys as dnn_sys};
 use cudarc::driver::{result as drv, sys, CudaContext, CudaEvent, CudaGraph, CudaStream};
 
 use super::codegen::{
-    dequantize_pool_quantize_fits, igemm_fits, igemm_smem, quantize_transpose_fits,
-    space_to_depth_bytes, Arg, Gen, GenKernel, Im2col, LaunchDims, QConvParts, Tiling, TILINGS,
-    WG_TILINGS,
+    dequantize_pool_quantize_fits, halo_fits, igemm_fits, igemm_smem, quantize_transpose_fits,
+    space_to_depth_bytes, Arg, Gen, GenKernel, Im2col, LaunchDims, QConvParts, Tiling,
+    HALO_TILINGS, TILINGS, WG_TILINGS,
 };
 use super::device::{
     alloc_arena, drv_err, igemm_capable, programmatic_launch_capable, Arena, DeviceBuffer,
@@ -393,6 +393,13 @@ struct Builder<'a> {
     /// by default, as no ResNet-50 convolution took them on the H200; `1` times them too,
     /// `force` only those where they apply).
     persist: PathMode,
+    /// Whether long-K wgmma tilings may also run warp-specialized, loader warps beside the
+    /// math ones (`VIGIL_CUDA_WS`: off unless `1` measures them or `force` takes only those
+    /// where they apply; on ResNet-50 they never beat the block-barrier loop on the H200).
+    ws: PathMode,
+    /// Whether 3x3 convolutions that fit may run over halo tiles on Hopper (`VIGIL_CUDA_HALO`:
+    /// `0` never, `force` only those where they apply).
+    halo: PathMode,
 }
 
 /// An optional kernel path's switch, from an environment variable (`VIGIL_CUDA_LT` for the
@@ -1306,6 +1313,43 @@ impl Builder<'_> {
             .collect()
     }
 
+    /// Warp-specialized versions of `tilings` worth timing for `parts`: the 128×128, 128×64
+    /// and 64×128 wgmma tilings and their partial-sum K splits with two loader warps, and the
+    /// 128×128 one with four, for K of 8 tiles of 64 or more (the 3x3 convolutions and the
+    /// widest 1x1s), where the block barrier per K tile might hold up the tensor cores.
+    fn ws_tilings(&self, parts: &QConvParts, tilings: &[Tiling]) -> Vec<Tiling> {
+        let c = parts.geom;
+        let kt = (c.kh * c.kw * parts.c4).div_ceil(64);
+        if self.ws == PathMode::Off || self.wgmma == PathMode::Off || kt < 8 {
+            return Vec::new();
+        }
+        let base = [WG_TILINGS[1], WG_TILINGS[2], WG_TILINGS[3]];
+        let splits = tilings
+            .iter()
+            .filter(|t| t.wgmma && t.partials() && base.contains(&t.split(1)));
+        // Two loader warps keep two 128×128 blocks within an SM's registers; four load faster.
+        let mut ws: Vec<Tiling> = base
+            .iter()
+            .chain(splits)
+            .map(|t| t.warp_specialized(2))
+            .collect();
+        ws.push(WG_TILINGS[1].warp_specialized(4));
+        ws
+    }
+
+    /// Halo tilings worth timing for `parts` (see [`super::codegen::halo_fits`]): those whose
+    /// channel block divides its output channels.
+    fn halo_tilings(&self, parts: &QConvParts) -> Vec<Tiling> {
+        if self.halo == PathMode::Off || self.wgmma == PathMode::Off || !halo_fits(parts) {
+            return Vec::new();
+        }
+        HALO_TILINGS
+            .iter()
+            .filter(|t| parts.geom.cout.is_multiple_of(t.bn()))
+            .copied()
+            .collect()
+    }
+
     /// The fastest implicit-GEMM tiling for QConv `parts` and its measured milliseconds (each
     /// tiling compiled on its own thread, as NVRTC takes most of the time, then loaded and
     /// timed in turn; memoised per geometry, residual and tiling set, process-wide).
@@ -1327,14 +1371,26 @@ impl Builder<'_> {
             tilings.clear();
         }
         tilings.extend(persistent);
+        let ws = self.ws_tilings(parts, &tilings);
+        if self.ws == PathMode::Force && !ws.is_empty() {
+            tilings.clear();
+        }
+        tilings.extend(ws);
+        let halo = self.halo_tilings(parts);
+        if self.halo == PathMode::Force && !halo.is_empty() {
+            tilings.clear();
+        }
+        tilings.extend(halo);
         tilings.retain(|&t| igemm_smem(parts, t) <= self.smem_per_block);
         let key = format!(
-            "{c:?} {} {:?} {:?} {:?} {:?}",
+            "{c:?} {} {:?} {:?} {:?} {:?} {:?} {:?}",
             parts.residual.is_some(),
             self.wgmma,
             self.splitk,
             self.persist,
-            self.cluster
+            self.cluster,
+            self.ws,
+            self.halo
         );
         memoised(&CACHE, key.clone(), || {
             // The disk cache's choice, where it is one of this convolution's candidates.
@@ -1759,6 +1815,8 @@ impl CudaExecutable {
             },
             s2d: std::env::var("VIGIL_CUDA_S2D").map_or(true, |v| v != "0"),
             persist: PathMode::opt_in("VIGIL_CUDA_PERSIST"),
+            ws: PathMode::opt_in("VIGIL_CUDA_WS"),
+            halo: PathMode::from_var("VIGIL_CUDA_HALO"),
             device_id: format!(
                 "{} cc{} sms{sms}",
                 ctx.name().unwrap_or_default(),

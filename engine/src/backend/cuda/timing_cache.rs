@@ -34,10 +34,10 @@ pub struct TimingCache {
     current: bool,
 }
 
-/// The tiling as the cache stores it: nine space-separated integers.
+/// The tiling as the cache stores it: eleven space-separated integers.
 fn tiling_fields(t: &Tiling) -> String {
     format!(
-        "{} {} {} {} {} {} {} {} {}",
+        "{} {} {} {} {} {} {} {} {} {} {}",
         t.warps_m,
         t.warps_n,
         t.wm,
@@ -46,18 +46,26 @@ fn tiling_fields(t: &Tiling) -> String {
         u8::from(t.wgmma),
         t.splits,
         t.ctas,
-        u8::from(t.cluster)
+        u8::from(t.cluster),
+        t.loaders,
+        u8::from(t.halo)
     )
 }
 
-/// Parses [`tiling_fields`]' form (None for anything else).
+/// Parses [`tiling_fields`]' form, or the nine fields written before warp-specialized and
+/// halo tilings (neither); None for anything else.
 fn parse_tiling(s: &str) -> Option<Tiling> {
     let v: Vec<usize> = s
         .split(' ')
         .map(str::parse)
         .collect::<Result<_, _>>()
         .ok()?;
-    let [warps_m, warps_n, wm, wn, stages, wgmma, splits, ctas, cluster] = v[..] else {
+    let (nine, loaders, halo) = match v.len() {
+        9 => (&v[..], 0, 0),
+        11 => (&v[..9], v[9], v[10]),
+        _ => return None,
+    };
+    let [warps_m, warps_n, wm, wn, stages, wgmma, splits, ctas, cluster] = nine[..] else {
         return None;
     };
     let flag = |v: usize| match v {
@@ -75,6 +83,8 @@ fn parse_tiling(s: &str) -> Option<Tiling> {
         splits,
         ctas,
         cluster: flag(cluster)?,
+        loaders,
+        halo: flag(halo)?,
     })
 }
 
@@ -152,7 +162,7 @@ pub fn process_cache() -> Option<&'static Mutex<TimingCache>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cuda::codegen::{TILINGS, WG_TILINGS};
+    use crate::backend::cuda::codegen::{HALO_TILINGS, TILINGS, WG_TILINGS};
 
     fn temp(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("vigil-timing-{}-{name}", std::process::id()));
@@ -175,6 +185,10 @@ mod tests {
             .expect("write");
         c.record("Orin cc8.7", "conv a", (TILINGS[0].persistent(32), 1.25))
             .expect("write");
+        let ws = WG_TILINGS[1].warp_specialized(2).split(2);
+        c.record("H200 cc9.0", "conv d", (ws, 0.03)).expect("write");
+        c.record("H200 cc9.0", "conv e", (HALO_TILINGS[2], 0.04))
+            .expect("write");
         let again = TimingCache::open(&path);
         assert_eq!(again.get("H200 cc9.0", "conv a"), Some((split, 0.0102)));
         assert_eq!(again.get("H200 cc9.0", "conv\tb"), Some((TILINGS[2], 0.5)));
@@ -185,6 +199,12 @@ mod tests {
             Some((TILINGS[0].persistent(32), 1.25))
         );
         assert!(again.get("A100 cc8.0", "conv a").is_none());
+        assert_eq!(again.get("H200 cc9.0", "conv d"), Some((ws, 0.03)));
+        assert_ne!(ws, WG_TILINGS[1].split(2));
+        assert_eq!(
+            again.get("H200 cc9.0", "conv e"),
+            Some((HALO_TILINGS[2], 0.04))
+        );
         let _ = std::fs::remove_file(&path);
     }
 
@@ -192,8 +212,11 @@ mod tests {
     fn other_versions_and_broken_lines_are_ignored() {
         let path = temp("broken");
         let good = format!("dev\tk\t{}\t0.25", tiling_fields(&TILINGS[1]));
+        // A line from before warp-specialized tilings: nine fields, read as not one.
+        let fields = tiling_fields(&WG_TILINGS[2]);
+        let nine = fields.split(' ').take(9).collect::<Vec<_>>().join(" ");
         let body = format!(
-            "dev\tshort\t1 2 3\t0.1\ndev\tbad\t{}\tfast\n{good}\n",
+            "dev\tshort\t1 2 3\t0.1\ndev\tbad\t{}\tfast\ndev\tnine\t{nine}\t0.5\n{good}\n",
             tiling_fields(&TILINGS[1])
         );
         std::fs::write(&path, format!("{}\n{body}", header())).expect("write");
@@ -201,6 +224,7 @@ mod tests {
         assert_eq!(c.get("dev", "k"), Some((TILINGS[1], 0.25)));
         assert!(c.get("dev", "short").is_none());
         assert!(c.get("dev", "bad").is_none());
+        assert_eq!(c.get("dev", "nine"), Some((WG_TILINGS[2], 0.5)));
         // Another version's file: nothing is read, and the first record starts it afresh.
         std::fs::write(&path, format!("vigil-cuda-timing-cache 0 old\n{good}\n")).expect("write");
         let mut c = TimingCache::open(&path);

@@ -42,6 +42,12 @@ pub struct Tiling {
     /// Persistent blocks: `ctas` blocks loop over the output tiles, loading the next tile (and
     /// its residual) while the current one is requantized and stored (0: a block per tile).
     pub ctas: usize,
+    /// Warp-specialized (wgmma only) when nonzero: this many more warps only load the ring,
+    /// and the warpgroups that multiply wait on per-slot mbarriers, not a block barrier.
+    pub loaders: usize,
+    /// A 3x3 convolution over halo tiles ([`super::halo`]): `warps_m / 4` squares of 8×8
+    /// output pixels, each loaded once with its one-pixel border for all nine taps.
+    pub halo: bool,
 }
 
 impl Tiling {
@@ -53,9 +59,21 @@ impl Tiling {
     pub fn bn(&self) -> usize {
         self.warps_n * self.wn * 8
     }
-    /// Threads per block.
+    /// Threads per block: those that multiply, plus a warp-specialized tiling's loaders.
     pub fn threads(&self) -> usize {
+        self.math_threads() + 32 * self.loaders
+    }
+    /// Threads that hold accumulators (warps `0..warps_m·warps_n`).
+    pub(super) fn math_threads(&self) -> usize {
         32 * self.warps_m * self.warps_n
+    }
+    /// Threads that fill the ring: the loader warpgroup of a warp-specialized tiling, else all.
+    fn load_threads(&self) -> usize {
+        if self.loaders > 0 {
+            32 * self.loaders
+        } else {
+            self.math_threads()
+        }
     }
     /// The launch grid for `m` pixels and `n` channels.
     pub fn grid(&self, m: usize, n: usize) -> (usize, usize) {
@@ -69,6 +87,14 @@ impl Tiling {
     /// wgmma swizzle is address-based).
     pub fn smem(&self) -> usize {
         self.stages * self.stage_bytes() + 1024
+    }
+    /// Bytes of a warp-specialized tiling's mbarriers: a "full" and an "empty" one per slot.
+    fn barrier_bytes(&self) -> usize {
+        if self.loaders > 0 {
+            16 * self.stages
+        } else {
+            0
+        }
     }
     /// This tiling with its ring cut to what `kcnt` K tiles per block can fill (a 1x1
     /// convolution over 64 channels has one): less shared memory, more blocks per SM.
@@ -100,6 +126,8 @@ impl Tiling {
             splits: 1,
             cluster: false,
             ctas: 0,
+            loaders: 0,
+            halo: false,
         }
     }
     /// A wgmma tiling: `groups` warpgroups along M, each `m64 × bn`, over `stages` stages.
@@ -114,6 +142,8 @@ impl Tiling {
             splits: 1,
             cluster: false,
             ctas: 0,
+            loaders: 0,
+            halo: false,
         }
     }
     /// This tiling with K split `s` ways.
@@ -132,6 +162,13 @@ impl Tiling {
     pub fn partials(&self) -> bool {
         self.splits > 1 && !self.cluster
     }
+    /// This wgmma tiling warp-specialized with `warps` loader warps (see [`Tiling::loaders`]).
+    pub fn warp_specialized(self, warps: usize) -> Tiling {
+        Tiling {
+            loaders: if self.wgmma { warps } else { 0 },
+            ..self
+        }
+    }
     /// This tiling as `ctas` persistent blocks (see [`Tiling::ctas`]).
     pub fn persistent(self, ctas: usize) -> Tiling {
         Tiling { ctas, ..self }
@@ -148,10 +185,12 @@ impl Tiling {
 }
 
 impl std::fmt::Display for Tiling {
-    /// `BMxBN` (mma.sync) or `wgBMxBN/stages` (wgmma), plus any K split, as the profile's
-    /// notes show it.
+    /// `BMxBN` (mma.sync), `wgBMxBN/stages` (wgmma) or `haloBMxBN/stages`, plus any K split,
+    /// as the profile's notes show it.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.wgmma {
+        if self.halo {
+            write!(f, "halo{}x{}/{}", self.bm(), self.bn(), self.stages)?;
+        } else if self.wgmma {
             write!(f, "wg{}x{}/{}", self.bm(), self.bn(), self.stages)?;
         } else {
             write!(f, "{}x{}", self.bm(), self.bn())?;
@@ -164,6 +203,9 @@ impl std::fmt::Display for Tiling {
         }
         if self.ctas > 0 {
             write!(f, " persistent {}", self.ctas)?;
+        }
+        if self.loaders > 0 && !self.halo {
+            write!(f, " ws{}", self.loaders)?;
         }
         Ok(())
     }
@@ -215,7 +257,7 @@ fn gathers(p: &QConvParts) -> bool {
 
 /// The kernels' shared memory: dynamic, its base rounded up to 1024 bytes so the wgmma
 /// hardware's address-based 64-byte swizzle matches the stored XOR pattern.
-fn ring_smem() -> String {
+pub(super) fn ring_smem() -> String {
     "  extern __shared__ __align__(16) u8 smem_raw[];\n  unsigned int sraw;\n  \
      asm(\"{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }\" : \"=r\"(sraw) : \"l\"(smem_raw));\n  \
      const unsigned int sbase = (sraw + 1023u) & ~1023u;\n  \
@@ -223,13 +265,12 @@ fn ring_smem() -> String {
         .into()
 }
 
-/// The K loop of a wgmma tiling: each warpgroup multiplies its 64 rows of A by all of B with
-/// two `m64nBNk32` wgmmas per 64-byte K tile, from shared-memory descriptors (64-byte swizzle,
-/// 8-row groups 512 bytes apart). One tile's wgmmas stay in flight while the next are issued;
-/// the slot read two tiles back is refilled once the barrier shows every warpgroup done with it.
-fn wgmma_loop(t: Tiling, tile: usize) -> String {
-    let (bm, bn, st) = (t.bm(), t.bn(), t.stages);
-    let regs = bn / 2;
+/// The multiply of one ring slot by a warpgroup: `steps` `m64nBNk32` wgmmas, the `ks`-th
+/// reading the shared-memory descriptors `da` and `db` that `descs` declares, committed as
+/// one group; it returns once the previous slot's group is done, so one group stays in
+/// flight. The accumulators are fenced on both sides.
+pub(super) fn wgmma_multiply(t: Tiling, steps: usize, descs: &str) -> String {
+    let regs = t.bn() / 2;
     let acc = |i: usize| format!("\"+r\"(acc[0][{}][{}])", i / 4, i % 4);
     let outs = (0..regs).map(acc).collect::<Vec<_>>().join(", ");
     let list = (0..regs)
@@ -238,38 +279,134 @@ fn wgmma_loop(t: Tiling, tile: usize) -> String {
         .join(", ");
     let fence = format!("asm volatile(\"\" : {outs} :: \"memory\");");
     format!(
-        r#"  auto gdesc = [](unsigned int a) -> unsigned long long {{
-    return (unsigned long long)((a & 0x3FFFFu) >> 4) | (1ull << 16) | (32ull << 32) | (2ull << 62);
-  }};
-  const unsigned int wg_off = (warp >> 2) * 64 * 64;
-  for (int it = 0; it < kcnt; ++it) {{
-    asm volatile("cp.async.wait_group {wait};" ::: "memory");
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    __syncthreads();
-    if (it + {ahead} < kcnt) load((it + {ahead}) % {st}, kbeg + it + {ahead});
-    asm volatile("cp.async.commit_group;");
-    const unsigned int sa = sbase + (it % {st}) * {tile};
-    const unsigned int sb = sa + {bm} * 64;
-    {fence}
+        r#"    {fence}
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-    for (int ks = 0; ks < 2; ++ks) {{
-      const unsigned long long da = gdesc(sa + wg_off + ks * 32), db = gdesc(sb + ks * 32);
+    for (int ks = 0; ks < {steps}; ++ks) {{
+      {descs}
       asm volatile("{{ .reg .pred p; setp.ne.b32 p, %{p}, 0; wgmma.mma_async.sync.aligned.m64n{bn}k32.s32.s8.s8 {{{list}}}, %{da}, %{db}, p; }}"
                    : {outs} : "l"(da), "l"(db), "r"(1) : "memory");
     }}
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
     {fence}
-  }}
-  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-  {fence}
 "#,
-        ahead = t.ahead(),
-        wait = t.ahead() - 1,
+        bn = t.bn(),
         p = regs + 2,
         da = regs,
         db = regs + 1,
+    )
+}
+
+/// The implicit GEMM's multiply of a slot at `sa`: two k32 steps through its 64-byte rows
+/// (64-byte swizzle, 8-row groups 512 bytes apart).
+fn igemm_multiply(t: Tiling) -> String {
+    let descs =
+        "const unsigned long long da = gdesc(sa + wg_off + ks * 32), db = gdesc(sb + ks * 32);";
+    format!(
+        "    const unsigned int sb = sa + {} * 64;\n{}",
+        t.bm(),
+        wgmma_multiply(t, 2, descs)
+    )
+}
+
+/// What a wgmma K loop needs first: the shared-memory descriptor of a tile address and the
+/// warpgroup's offset into the A tile.
+const WGMMA_PRELUDE: &str = r#"  auto gdesc = [](unsigned int a) -> unsigned long long {
+    return (unsigned long long)((a & 0x3FFFFu) >> 4) | (1ull << 16) | (32ull << 32) | (2ull << 62);
+  };
+  const unsigned int wg_off = (warp >> 2) * 64 * 64;
+"#;
+
+/// Waits for the last wgmma group and fences the accumulators after it.
+pub(super) fn wgmma_drain(t: Tiling) -> String {
+    let regs = t.bn() / 2;
+    let outs = (0..regs)
+        .map(|i| format!("\"+r\"(acc[0][{}][{}])", i / 4, i % 4))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "  asm volatile(\"wgmma.wait_group.sync.aligned 0;\" ::: \"memory\");\n  asm volatile(\"\" : {outs} :: \"memory\");\n"
+    )
+}
+
+/// The K loop of a wgmma tiling: each warpgroup multiplies its 64 rows of A by all of B per
+/// 64-byte K tile ([`wgmma_multiply`]); every thread loads, and the slot read two tiles back
+/// is refilled once the block barrier shows every warpgroup done with it.
+fn wgmma_loop(t: Tiling, tile: usize) -> String {
+    format!(
+        r#"{WGMMA_PRELUDE}  for (int it = 0; it < kcnt; ++it) {{
+    asm volatile("cp.async.wait_group {wait};" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    __syncthreads();
+    if (it + {ahead} < kcnt) load((it + {ahead}) % {st}, kbeg + it + {ahead});
+    asm volatile("cp.async.commit_group;");
+    const unsigned int sa = sbase + (it % {st}) * {tile};
+{multiply}  }}
+{drain}"#,
+        ahead = t.ahead(),
+        wait = t.ahead() - 1,
+        st = t.stages,
+        multiply = igemm_multiply(t),
+        drain = wgmma_drain(t),
+    )
+}
+
+/// A warp-specialized tiling's mbarriers at `bar0` (shared offset `at` past the base): slot
+/// `s`'s "full" one at `bar0 + 8s` completes when the loaders' copies into it have landed
+/// (each loader arrives once for its `cp.async`s, once for its plain stores of padding), its
+/// "empty" one at `bar0 + 8(stages + s)` when every math warp is done reading it.
+pub(super) fn ws_barriers(t: Tiling, at: usize) -> String {
+    format!(
+        r#"  const unsigned int bar0 = sbase + {at};
+  auto bar_wait = [](unsigned int bar, unsigned int parity) {{
+    asm volatile("{{ .reg .pred P; WAIT: mbarrier.try_wait.parity.shared::cta.b64 P, [%0], %1; @!P bra WAIT; }}" :: "r"(bar), "r"(parity) : "memory");
+  }};
+  if (tid == 0) {{
+    for (int s = 0; s < {st}; ++s) {{
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar0 + s * 8), "r"({full}));
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar0 + ({st} + s) * 8), "r"({empty}));
+    }}
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }}
+  __syncthreads();
+"#,
+        st = t.stages,
+        full = 2 * t.load_threads(),
+        empty = t.math_threads() / 32,
+    )
+}
+
+/// The K loop of a warp-specialized wgmma tiling: the loader warps fill slot `it % stages`
+/// (`load(slot, k step)`) once the math warps have released it and signal its "full" barrier;
+/// the math warpgroups wait on that barrier alone (no block barrier), `multiply` the slot at
+/// `sa` ([`wgmma_multiply`]) and release the slot before, whose wgmmas are then done. So the
+/// loads' address arithmetic never stalls the tensor cores, and the loaders run up to
+/// `stages - 1` slots ahead. Needs `bar_wait` and `bar0` ([`ws_barriers`]).
+pub(super) fn ws_loop(t: Tiling, tile: usize, multiply: &str) -> String {
+    format!(
+        r#"  if (warp >= {mw}) {{
+    for (int it = 0; it < kcnt; ++it) {{
+      const int s = it % {st};
+      if (it >= {st}) bar_wait(bar0 + ({st} + s) * 8, ((it / {st}) - 1) & 1);
+      load(s, kbeg + it);
+      asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"(bar0 + s * 8) : "memory");
+      asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" :: "r"(bar0 + s * 8) : "memory");
+    }}
+  }} else {{
+    for (int it = 0; it < kcnt; ++it) {{
+      const int s = it % {st};
+      bar_wait(bar0 + s * 8, (it / {st}) & 1);
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      const unsigned int sa = sbase + s * {tile};
+{multiply}      if (it > 0 && lane == 0)
+        asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" :: "r"(bar0 + ({st} + (it - 1) % {st}) * 8) : "memory");
+    }}
+{drain}  }}
+"#,
+        mw = t.math_threads() / 32,
+        st = t.stages,
+        drain = wgmma_drain(t),
     )
 }
 
@@ -323,11 +460,12 @@ fn cluster_sum(t: Tiling) -> String {
 
 /// The loops over a thread's accumulator fragments (the mma and wgmma layouts agree): `body`
 /// sees the fragment pair's tile column `cl` (columns past `n` skipped) and tile row `rl`, and
-/// reads `acc[i][j][hh * 2 + e]` for `e` in 0..2.
-fn fragment_loops(t: Tiling, n: usize, body: &str) -> String {
+/// reads `acc[i][j][hh * 2 + e]` for `e` in 0..2. A warp-specialized block's loaders hold no
+/// accumulators and skip them.
+pub(super) fn fragment_loops(t: Tiling, n: usize, body: &str) -> String {
     format!(
         r#"#pragma unroll
-  for (int j = 0; j < {wn}; ++j) {{
+  for (int j = 0; j < {wn}; ++j) {{{math_only}
     const int cl = wni * {wn8} + j * 8 + (lane & 3) * 2;
     if (n0 + cl >= {n}) continue;
 #pragma unroll
@@ -338,11 +476,47 @@ fn fragment_loops(t: Tiling, n: usize, body: &str) -> String {
 {body}
       }}
   }}"#,
+        math_only = if t.loaders > 0 {
+            format!("\n    if (warp >= {}) break;", t.math_threads() / 32)
+        } else {
+            String::new()
+        },
         wn = t.wn,
         wm = t.wm,
         wn8 = t.wn * 8,
         wm16 = t.wm * 16,
     )
+}
+
+/// Requantizes a thread's accumulators into the shared output tile `tile` (rows of `ts`
+/// bytes), two channels to a 2-byte cell; a residual is read from the cell it replaces. Needs
+/// `n0` (the tile's first channel), `bias2` and `mult` in scope.
+pub(super) fn requant_into_tile(t: Tiling, p: &QConvParts, ts: usize) -> String {
+    let body = format!(
+        r#"        unsigned short* cell = (unsigned short*)(tile + rl * {ts} + cl);
+        {rz}
+        int code[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {{
+          const int co = n0 + cl + e;
+          int t = (int)((unsigned int)acc[i][j][hh * 2 + e] + (unsigned int)bias2[co]);
+          {value}
+          code[e] = q;
+        }}
+        *cell = (unsigned short)__byte_perm(code[0], code[1], 0x0040);"#,
+        rz = if p.residual.is_some() {
+            "const unsigned int rz = *cell;"
+        } else {
+            ""
+        },
+        value = requant_value(
+            &p.epi,
+            p.residual
+                .as_ref()
+                .map(|r| (r, "(signed char)(rz >> (8 * e))"))
+        ),
+    );
+    fragment_loops(t, p.geom.cout, &body)
 }
 
 /// How a kernel of a tiling uses shared memory for one convolution.
@@ -356,6 +530,8 @@ struct SmemPlan {
     prefetch: bool,
     /// Where the output tile starts (0: it reuses the ring).
     zsm: usize,
+    /// Where a warp-specialized tiling's mbarriers start: after everything else.
+    bars: usize,
     /// Dynamic shared-memory bytes the kernel asks for.
     smem: usize,
 }
@@ -364,7 +540,11 @@ impl SmemPlan {
     fn new(p: &QConvParts, t: Tiling) -> SmemPlan {
         let c = &p.geom;
         let kt = (c.kh * c.kw * p.c4).div_ceil(64);
-        let t = t.for_k_tiles(kt.div_ceil(t.splits));
+        let mut t = t.for_k_tiles(kt.div_ceil(t.splits));
+        // Persistent blocks and cluster splits keep the block-barrier loop.
+        if !t.wgmma || t.ctas > 0 || t.cluster {
+            t.loaders = 0;
+        }
         let persist = t.ctas > 0 && t.splits == 1;
         let prefetch = p.residual.is_some() && t.splits == 1 && (persist || kt <= PREFETCH_K_TILES);
         let ring = t.stages * t.stage_bytes();
@@ -378,12 +558,14 @@ impl SmemPlan {
         } else {
             (0, t.smem())
         };
+        // `smem` counts the 1024 bytes of alignment slack the base may use up.
         SmemPlan {
             t,
             persist,
             prefetch,
             zsm,
-            smem,
+            bars: smem - 1024,
+            smem: smem + t.barrier_bytes(),
         }
     }
 }
@@ -391,6 +573,9 @@ impl SmemPlan {
 /// Dynamic shared-memory bytes the implicit-GEMM kernel of `p` with tiling `t` asks for (the
 /// device must allow one block that much).
 pub fn igemm_smem(p: &QConvParts, t: Tiling) -> usize {
+    if t.halo {
+        return super::halo::HaloPlan::new(p, t).smem;
+    }
     SmemPlan::new(p, t).smem
 }
 
@@ -399,6 +584,9 @@ impl Gen {
     /// space-to-depth copy in scratch) into `y` with block shape `t` (see the module docs);
     /// check [`igemm_fits`] first.
     pub fn qigemm(&mut self, x: Arg, y: ValueId, p: &QConvParts, t: Tiling) -> GenKernel {
+        if t.halo {
+            return self.qhalo(x, y, p, t);
+        }
         let c = &p.geom;
         let (m, n, k) = (c.n * c.oh * c.ow, c.cout, c.kh * c.kw * p.c4);
         let kt = k.div_ceil(64);
@@ -407,6 +595,7 @@ impl Gen {
             persist,
             prefetch,
             zsm,
+            bars,
             smem,
         } = SmemPlan::new(p, t);
         let partials = t.partials();
@@ -449,13 +638,15 @@ impl Gen {
             (8, "uint2")
         };
         let (bnv, ts) = (bn / v, bn + 16);
-        let (al, bl) = ((bm * 4).div_ceil(th), (bn * 4).div_ceil(th));
+        // The loaders: rows of 64 bytes, four threads (16 bytes each) to a row.
+        let lth = t.load_threads();
+        let (al, bl) = ((bm * 4).div_ceil(lth), (bn * 4).div_ceil(lth));
         let a_loader = if gathers(p) {
             format!(
                 r#"
 #pragma unroll
     for (int r = 0; r < {al}; ++r) {{
-      const int row = (tid >> 2) + r * {th4};
+      const int row = (lt >> 2) + r * {th4};
       if (row < {bm}) {{
         const unsigned int dst = sa + row * 64 + ((col ^ ((row >> 1) & 3)) << 4);
         unsigned int wv[4];
@@ -482,7 +673,7 @@ impl Gen {
     }}
 "#,
                 flip = if p.flip { "0x80" } else { "0" },
-                th4 = th / 4,
+                th4 = lth / 4,
             )
         } else {
             format!(
@@ -490,7 +681,7 @@ impl Gen {
     const int tap = k / {cin}, ci = k - tap * {cin}, ky = tap / {kw}, kx = tap - ky * {kw};
 #pragma unroll
     for (int r = 0; r < {al}; ++r) {{
-      const int row = (tid >> 2) + r * {th4};
+      const int row = (lt >> 2) + r * {th4};
       if (row < {bm}) {{
         const unsigned int dst = sa + row * 64 + ((col ^ ((row >> 1) & 3)) << 4);
         const int iy = a_iy[r] + ky * {dh}, ix = a_ix[r] + kx * {dw};
@@ -503,7 +694,7 @@ impl Gen {
       }}
     }}
 "#,
-                th4 = th / 4,
+                th4 = lth / 4,
             )
         };
         // Walks the tile at (`m0`, `n0`) `v` bytes per thread and step, unrolled: `body` sees
@@ -547,7 +738,9 @@ impl Gen {
         };
         let tile = t.stage_bytes();
         let zbytes = t.out_tile_bytes();
-        let mainloop = if t.wgmma {
+        let mainloop = if t.loaders > 0 {
+            format!("{WGMMA_PRELUDE}{}", ws_loop(t, tile, &igemm_multiply(t)))
+        } else if t.wgmma {
             wgmma_loop(t, tile)
         } else {
             format!(
@@ -617,34 +810,7 @@ impl Gen {
   __syncthreads();
   {ystore}
 "#,
-                requant = fragment_loops(
-                    t,
-                    n,
-                    &format!(
-                        r#"        unsigned short* cell = (unsigned short*)(tile + rl * {ts} + cl);
-        {rz}
-        int code[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {{
-          const int co = n0 + cl + e;
-          int t = (int)((unsigned int)acc[i][j][hh * 2 + e] + (unsigned int)bias2[co]);
-          {value}
-          code[e] = q;
-        }}
-        *cell = (unsigned short)__byte_perm(code[0], code[1], 0x0040);"#,
-                        rz = if p.residual.is_some() {
-                            "const unsigned int rz = *cell;"
-                        } else {
-                            ""
-                        },
-                        value = requant_value(
-                            &p.epi,
-                            p.residual
-                                .as_ref()
-                                .map(|r| (r, "(signed char)(rz >> (8 * e))"))
-                        ),
-                    )
-                ),
+                requant = requant_into_tile(t, p, ts),
                 zpar = if persist {
                     format!(" + par * {zbytes}")
                 } else {
@@ -682,15 +848,20 @@ impl Gen {
                 String::new()
             }
         };
-        let prologue = format!(
-            r#"#pragma unroll
+        // A warp-specialized block's loaders start on their own (see [`ws_loop`]).
+        let prologue = if t.loaders > 0 {
+            String::new()
+        } else {
+            format!(
+                r#"#pragma unroll
   for (int s = 0; s < {ahead}; ++s) {{
     if (s < kcnt) load(s, kbeg + s);
     asm volatile("cp.async.commit_group;");
   }}
 "#,
-            ahead = t.ahead()
-        );
+                ahead = t.ahead()
+            )
+        };
         let tile_body = format!(
             r#"  int acc[{wm}][{wn}][4];
 #pragma unroll
@@ -699,7 +870,7 @@ impl Gen {
     for (int j = 0; j < {wn}; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[i][j][e] = 0;
-{mainloop}  asm volatile("cp.async.wait_group 0;" ::: "memory");
+{mainloop}  asm volatile("cp.async.wait_all;" ::: "memory");
   __syncthreads();
 "#
         );
@@ -754,7 +925,8 @@ extern "C" __global__ void __launch_bounds__({th}){cluster_dims} {name}({plist})
 {smem_decl}
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wmi = warp % {warps_m}, wni = warp / {warps_m};
-  const int col = tid & 3;
+  // The thread's place among the loaders (negative in a warp-specialized block's math warps).
+  const int lt = tid - {lt0}, col = lt & 3;
   int a_pix[{al}], a_iy[{al}], a_ix[{al}];
   int lm0 = 0, ln0 = 0;
   // The tile at output pixel tm, channel tn becomes the one the loaders read.
@@ -763,7 +935,7 @@ extern "C" __global__ void __launch_bounds__({th}){cluster_dims} {name}({plist})
     ln0 = tn;
 #pragma unroll
     for (int r = 0; r < {al}; ++r) {{
-      int m = tm + (tid >> 2) + r * {th4};
+      int m = tm + (lt >> 2) + r * {th4};
       int img = m / {ohw}, rem = m - img * {ohw}, oy = rem / {ow}, ox = rem - oy * {ow};
       bool live = m < {m};
       a_pix[r] = img * {hw};
@@ -777,7 +949,7 @@ extern "C" __global__ void __launch_bounds__({th}){cluster_dims} {name}({plist})
     const int k = kt * 64 + col * 16;
 {a_loader}#pragma unroll
     for (int r = 0; r < {bl}; ++r) {{
-      const int row = (tid >> 2) + r * {th4};
+      const int row = (lt >> 2) + r * {th4};
       if (row < {bn}) {{
         const unsigned int dst = sb + row * 64 + ((col ^ ((row >> 1) & 3)) << 4);
         const bool ok = ln0 + row < {n};
@@ -786,9 +958,15 @@ extern "C" __global__ void __launch_bounds__({th}){cluster_dims} {name}({plist})
       }}
     }}
   }};
-{zfetch}{body}}}
+{zfetch}{barriers}{body}}}
 "#,
-            th4 = th / 4,
+            th4 = lth / 4,
+            lt0 = th - lth,
+            barriers = if t.loaders > 0 {
+                ws_barriers(t, bars)
+            } else {
+                String::new()
+            },
             cluster_dims = if t.cluster {
                 format!(" __cluster_dims__(1, 1, {})", t.splits)
             } else {
@@ -973,6 +1151,44 @@ mod tests {
         let mut short = parts(64, 64, 64, false);
         (short.geom.kh, short.geom.kw, short.geom.pt, short.geom.pl) = (1, 1, 0, 0);
         assert_eq!(igemm_smem(&short, WG_TILINGS[1]), 3 * 16384 + 1024);
+    }
+
+    #[test]
+    fn warp_specialized_blocks_add_loader_warps_and_slot_barriers() {
+        // K = 9 x 256 = 2304 bytes: 36 tiles.
+        let mut p = parts(256, 256, 128, false);
+        p.residual = residual();
+        let t = WG_TILINGS[1].warp_specialized(2);
+        let mut g = Gen::new(false);
+        let k = g.qigemm(Arg::Val(0), 1, &p, t);
+        let d = k.launch.expect("tiled launch");
+        // 256 math threads and 64 loaders; a full and an empty barrier per slot after the ring.
+        assert_eq!(d.block, 320);
+        assert_eq!(d.smem as usize, t.smem() + 16 * t.stages);
+        assert_eq!(d.smem as usize, igemm_smem(&p, t));
+        assert!(g.src.contains(&format!(
+            "const unsigned int bar0 = sbase + {};",
+            t.stages * t.stage_bytes()
+        )));
+        // Each loader arrives twice per slot (its copies, its plain stores); each math warp once.
+        assert!(g.src.contains(r#""r"(bar0 + s * 8), "r"(128));"#));
+        assert!(g.src.contains(r#""r"(bar0 + (6 + s) * 8), "r"(8));"#));
+        assert!(g.src.contains("const int lt = tid - 256, col = lt & 3;"));
+        assert!(g.src.contains("if (warp >= 8) {"));
+        assert!(g.src.contains("if (warp >= 8) break;"));
+        assert!(!g.src.contains("__syncthreads();\n    if (it + "));
+        assert_eq!(t.to_string(), "wg128x128/6 ws2");
+        // Plain tilings have no loader warps; mma.sync tilings never become warp-specialized.
+        let mut g = Gen::new(false);
+        g.qigemm(Arg::Val(0), 1, &p, WG_TILINGS[1]);
+        assert!(g.src.contains("const int lt = tid - 0, col = lt & 3;"));
+        assert!(!g.src.contains("bar0"));
+        assert_eq!(TILINGS[0].warp_specialized(2), TILINGS[0]);
+        // Persistent blocks keep the block-barrier loop.
+        let mut g = Gen::new(false);
+        let k = g.qigemm(Arg::Val(0), 1, &p, t.persistent(9));
+        assert_eq!(k.launch.expect("tiled launch").block, 256);
+        assert!(!g.src.contains("bar0"));
     }
 
     #[test]
