@@ -9,11 +9,6 @@
 set -o pipefail
 D=${D:-.gpu/s16}
 . "$(dirname "$0")/int8-setup.sh"
-binbench() { # LABEL CACHE PRECISION LIST [ENV...]
-  local label=$1 cache=$2 prec=$3 list=$4; shift 4
-  env "$@" VIGIL_CUDA_TIMING_CACHE=$OUT/$cache VIGIL_CUDA_PRECISIONS=$prec VIGIL_CUDA_BENCH="$list" timeout 240 $T bench_listed_models --nocapture 2>&1 \
-    | tee -a "$OUT/bench.txt" | grep -E "BENCH|panicked|error" | sed "s/^/$label /"
-}
 if [ "$PART" != bench ]; then
 echo "=== ResNet-50 s8 against the CPU, halo forced, fusions off ($SECONDS s)"
 VIGIL_CUDA_HALO=force VIGIL_CUDA_QFUSE=0 VIGIL_CUDA_IGEMM=force VIGIL_CUDA_TIMING_CACHE=$OUT/cache-forced.txt VIGIL_CUDA_COMPARE="$S8:2" timeout 200 $T listed_models_match_cpu --nocapture > $OUT/forced.txt 2>&1; echo "rc $?"
@@ -22,11 +17,11 @@ grep -c "halo" $OUT/cache-forced.txt
 fi
 if [ "$PART" != check ]; then
 echo "=== bench ($SECONDS s)"
-binbench halo cache-halo.txt int8 "$S8:32,$U8:32"
-binbench nohalo cache-nohalo.txt int8 "$S8:32" VIGIL_CUDA_HALO=0
-binbench halo2 cache-halo.txt int8 "$S8:32,$S8:1"
-binbench nohalo2 cache-nohalo.txt int8 "$S8:32" VIGIL_CUDA_HALO=0
-binbench fp16 cache-halo.txt fp16 "/tmp/onnx/resnet50.onnx:32"
+bench halo int8 "$S8:32,$U8:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-halo.txt
+bench nohalo int8 "$S8:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-nohalo.txt VIGIL_CUDA_HALO=0
+bench halo2 int8 "$S8:32,$S8:1" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-halo.txt
+bench nohalo2 int8 "$S8:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-nohalo.txt VIGIL_CUDA_HALO=0
+bench fp16 fp16 "/tmp/onnx/resnet50.onnx:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-halo.txt
 echo "=== profile ($SECONDS s)"
 VIGIL_CUDA_TIMING_CACHE=$OUT/cache-halo.txt VIGIL_CUDA_PROFILE=1 VIGIL_CUDA_BENCH_ITERS=20 VIGIL_CUDA_PRECISIONS=int8 VIGIL_CUDA_BENCH="$S8:32" timeout 60 $T bench_listed_models --nocapture > $OUT/prof.txt 2>&1
 grep -E "^PROFILE|^PKIND" $OUT/prof.txt | head -4

@@ -10,11 +10,6 @@
 set -o pipefail
 D=${D:-.gpu/s16}
 . "$(dirname "$0")/int8-setup.sh"
-binbench() { # LABEL CACHE PRECISION LIST [ENV...]
-  local label=$1 cache=$2 prec=$3 list=$4; shift 4
-  env "$@" VIGIL_CUDA_TIMING_CACHE=$OUT/$cache VIGIL_CUDA_PRECISIONS=$prec VIGIL_CUDA_BENCH="$list" timeout 240 $T bench_listed_models --nocapture 2>&1 \
-    | tee -a "$OUT/bench.txt" | grep -E "BENCH|panicked|error" | sed "s/^/$label /"
-}
 if [ "$PART" != bench ]; then
 echo "=== exact, warp-specialized tilings forced ($SECONDS s)"
 VIGIL_CUDA_WS=force VIGIL_CUDA_QFUSE=0 VIGIL_CUDA_IGEMM=force VIGIL_CUDA_TIMING_CACHE=$OUT/cache-forced.txt timeout 150 $T int8_qdq_models_match_cpu_int8 --nocapture > $OUT/forced.txt 2>&1; echo "rc $?"
@@ -23,11 +18,11 @@ grep -c " ws[0-9]" $OUT/forced.txt
 fi
 if [ "$PART" != check ]; then
 echo "=== bench ($SECONDS s)"
-binbench ws cache-ws.txt int8 "$S8:32,$U8:32" VIGIL_CUDA_WS=1
-binbench nows cache-nows.txt int8 "$S8:32,$U8:32" VIGIL_CUDA_WS=0
-binbench ws2 cache-ws.txt int8 "$S8:32,$S8:1" VIGIL_CUDA_WS=1
-binbench nows2 cache-nows.txt int8 "$S8:32" VIGIL_CUDA_WS=0
-binbench fp16 cache-ws.txt fp16 "/tmp/onnx/resnet50.onnx:32"
+bench ws int8 "$S8:32,$U8:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-ws.txt VIGIL_CUDA_WS=1
+bench nows int8 "$S8:32,$U8:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-nows.txt VIGIL_CUDA_WS=0
+bench ws2 int8 "$S8:32,$S8:1" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-ws.txt VIGIL_CUDA_WS=1
+bench nows2 int8 "$S8:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-nows.txt VIGIL_CUDA_WS=0
+bench fp16 fp16 "/tmp/onnx/resnet50.onnx:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-ws.txt
 echo "=== profile ($SECONDS s)"
 VIGIL_CUDA_WS=1 VIGIL_CUDA_TIMING_CACHE=$OUT/cache-ws.txt VIGIL_CUDA_PROFILE=1 VIGIL_CUDA_BENCH_ITERS=20 VIGIL_CUDA_PRECISIONS=int8 VIGIL_CUDA_BENCH="$S8:32" timeout 60 $T bench_listed_models --nocapture > $OUT/prof.txt 2>&1
 grep -E "^PROFILE|^PKIND" $OUT/prof.txt | head -8

@@ -15,8 +15,8 @@
 //! multiply them ([`super::igemm::ws_loop`]); the requantization is the implicit GEMM's.
 
 use super::igemm::{requant_into_tile, ring_smem, wgmma_multiply, ws_barriers, ws_loop, Tiling};
-use super::quant::{i32_bytes, QConvParts};
-use super::{f32_bytes, Arg, Gen, GenKernel, LaunchDims};
+use super::quant::QConvParts;
+use super::{Arg, Gen, GenKernel, LaunchDims};
 use crate::ir::ValueId;
 
 /// Input channels per K step (two 16-byte chunks).
@@ -43,17 +43,9 @@ pub fn halo_fits(p: &QConvParts) -> bool {
 /// `stages` slots, with a warpgroup of loaders.
 pub const fn halo_tiling(squares: usize, bn: usize, stages: usize) -> Tiling {
     Tiling {
-        warps_m: 4 * squares,
-        warps_n: 1,
-        wm: 1,
-        wn: bn / 8,
-        stages,
-        wgmma: true,
-        splits: 1,
-        cluster: false,
-        ctas: 0,
         loaders: 4,
         halo: true,
+        ..Tiling::wg(squares, bn, stages)
     }
 }
 
@@ -107,20 +99,12 @@ impl Gen {
             bars,
             smem,
         } = HaloPlan::new(p, t);
-        let (n, cin, k) = (c.cout, c.cin, 9 * c.cin);
+        let (n, cin) = (c.cout, c.cin);
         let (h, w) = (c.h, c.w);
         let (bm, bn, th) = (t.bm(), t.bn(), t.threads());
         let sq = t.warps_m / 4;
         let lth = 32 * t.loaders;
-        // Weight rows padded with zeros to whole 64-byte K tiles, as the implicit GEMM's.
-        let kp = k.next_multiple_of(64);
-        let mut padded = vec![0u8; n * kp];
-        for (dst, src) in padded.chunks_exact_mut(kp).zip(p.packed.chunks_exact(k)) {
-            dst[..k].copy_from_slice(src);
-        }
-        let wt = self.extra(padded);
-        let bt = self.extra(i32_bytes(&p.bias));
-        let mt = self.extra(f32_bytes(&p.mult));
+        let (kp, wt, bt, mt) = self.igemm_tables(p);
         let params = [
             (x, "const u8"),
             (Arg::Val(y), "u8"),
@@ -265,32 +249,12 @@ extern "C" __global__ void __launch_bounds__({th}) {name}({plist}) {{
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cpu::kernels::ConvGeometry;
 
     /// A 3x3 same-size QConv over `cin` channels of `n` images of `hw`×`hw` into `cout`.
     fn parts(n: usize, hw: usize, cin: usize, cout: usize) -> QConvParts {
-        let geom = ConvGeometry {
-            n,
-            cin,
-            h: hw,
-            w: hw,
-            cout,
-            oh: hw,
-            ow: hw,
-            kh: 3,
-            kw: 3,
-            sh: 1,
-            sw: 1,
-            dh: 1,
-            dw: 1,
-            pt: 1,
-            pl: 1,
-            groups: 1,
-            cin_g: cin,
-            cout_g: cout,
-        };
-        let packed = (0..cout * 9 * cin).map(|i| (i % 253) as u8).collect();
-        QConvParts::for_test(geom, packed, cin, 0, false)
+        let mut p = super::super::igemm::tests::parts(cin, cin, cout, false);
+        (p.geom.n, p.geom.h, p.geom.w, p.geom.oh, p.geom.ow) = (n, hw, hw, hw, hw);
+        p
     }
 
     #[test]

@@ -131,7 +131,7 @@ impl Tiling {
         }
     }
     /// A wgmma tiling: `groups` warpgroups along M, each `m64 × bn`, over `stages` stages.
-    const fn wg(groups: usize, bn: usize, stages: usize) -> Tiling {
+    pub(super) const fn wg(groups: usize, bn: usize, stages: usize) -> Tiling {
         Tiling {
             warps_m: 4 * groups,
             warps_n: 1,
@@ -580,6 +580,22 @@ pub fn igemm_smem(p: &QConvParts, t: Tiling) -> usize {
 }
 
 impl Gen {
+    /// The tables of QConv `p` that the tensor-core kernels read, as extras: the packed weight
+    /// rows padded with zeros to `kp` bytes (whole 64-byte K tiles, so every 16-byte copy is
+    /// aligned), the int32 bias and the f32 multiplier; returns `kp` and the three.
+    pub(super) fn igemm_tables(&mut self, p: &QConvParts) -> (usize, Arg, Arg, Arg) {
+        let k = p.geom.kh * p.geom.kw * p.c4;
+        let kp = k.next_multiple_of(64);
+        let mut padded = vec![0u8; p.geom.cout * kp];
+        for (dst, src) in padded.chunks_exact_mut(kp).zip(p.packed.chunks_exact(k)) {
+            dst[..k].copy_from_slice(src);
+        }
+        let wt = self.extra(padded);
+        let bt = self.extra(i32_bytes(&p.bias));
+        let mt = self.extra(f32_bytes(&p.mult));
+        (kp, wt, bt, mt)
+    }
+
     /// The implicit-GEMM kernel of QConv `parts` from NHWC int8 `x` (a value, or the
     /// space-to-depth copy in scratch) into `y` with block shape `t` (see the module docs);
     /// check [`igemm_fits`] first.
@@ -601,15 +617,7 @@ impl Gen {
         let partials = t.partials();
         let (bm, bn, th, st) = (t.bm(), t.bn(), t.threads(), t.stages);
         let (wm, wn, warps_m) = (t.wm, t.wn, t.warps_m);
-        // Weight rows padded with zeros to whole 64-byte K tiles (aligned 16-byte copies).
-        let kp = k.next_multiple_of(64);
-        let mut padded = vec![0u8; n * kp];
-        for (dst, src) in padded.chunks_exact_mut(kp).zip(p.packed.chunks_exact(k)) {
-            dst[..k].copy_from_slice(src);
-        }
-        let wt = self.extra(padded);
-        let bt = self.extra(i32_bytes(&p.bias));
-        let mt = self.extra(f32_bytes(&p.mult));
+        let (kp, wt, bt, mt) = self.igemm_tables(p);
         // A split K writes int32 partial sums into the node's scratch instead of `y`.
         let out = if partials {
             Arg::ScratchAt(0)
@@ -996,7 +1004,7 @@ extern "C" __global__ void __launch_bounds__({th}){cluster_dims} {name}({plist})
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::backend::cpu::kernels::ConvGeometry;
 
@@ -1010,7 +1018,12 @@ mod tests {
     }
 
     /// A QConv's parts with `cin` channels (padded to `c4`), `cout` outputs and a 3x3 kernel.
-    fn parts(cin: usize, c4: usize, cout: usize, flip: bool) -> QConvParts {
+    pub(in crate::backend::cuda::codegen) fn parts(
+        cin: usize,
+        c4: usize,
+        cout: usize,
+        flip: bool,
+    ) -> QConvParts {
         let geom = ConvGeometry {
             n: 2,
             cin,
