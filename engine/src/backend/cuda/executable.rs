@@ -423,6 +423,15 @@ impl PathMode {
         }
     }
 
+    /// Adds this path's candidates `more` to `tilings`, or puts them in their place when the
+    /// path is forced and has any (an empty list means it does not apply).
+    fn add_candidates(self, tilings: &mut Vec<Tiling>, more: Vec<Tiling>) {
+        if self == PathMode::Force && !more.is_empty() {
+            tilings.clear();
+        }
+        tilings.extend(more);
+    }
+
     /// A path that is off unless asked for: `1` measures it, `force` takes it.
     fn opt_in(name: &str) -> Self {
         match std::env::var(name).as_deref() {
@@ -1361,26 +1370,14 @@ impl Builder<'_> {
             PathMode::Measured => TILINGS.iter().chain(&WG_TILINGS).copied().collect(),
             PathMode::Force => WG_TILINGS.to_vec(),
         };
-        let split = self.split_tilings(parts);
-        if self.splitk == PathMode::Force && !split.is_empty() {
-            tilings.clear();
-        }
-        tilings.extend(split);
-        let persistent = self.persistent_tilings(parts);
-        if self.persist == PathMode::Force && !persistent.is_empty() {
-            tilings.clear();
-        }
-        tilings.extend(persistent);
+        self.splitk
+            .add_candidates(&mut tilings, self.split_tilings(parts));
+        self.persist
+            .add_candidates(&mut tilings, self.persistent_tilings(parts));
         let ws = self.ws_tilings(parts, &tilings);
-        if self.ws == PathMode::Force && !ws.is_empty() {
-            tilings.clear();
-        }
-        tilings.extend(ws);
-        let halo = self.halo_tilings(parts);
-        if self.halo == PathMode::Force && !halo.is_empty() {
-            tilings.clear();
-        }
-        tilings.extend(halo);
+        self.ws.add_candidates(&mut tilings, ws);
+        self.halo
+            .add_candidates(&mut tilings, self.halo_tilings(parts));
         tilings.retain(|&t| igemm_smem(parts, t) <= self.smem_per_block);
         let key = format!(
             "{c:?} {} {:?} {:?} {:?} {:?} {:?} {:?}",

@@ -67,7 +67,7 @@ impl Tiling {
     pub(super) fn math_threads(&self) -> usize {
         32 * self.warps_m * self.warps_n
     }
-    /// Threads that fill the ring: the loader warpgroup of a warp-specialized tiling, else all.
+    /// Threads that fill the ring: a warp-specialized tiling's loader warps, else all.
     fn load_threads(&self) -> usize {
         if self.loaders > 0 {
             32 * self.loaders
@@ -271,8 +271,7 @@ pub(super) fn ring_smem() -> String {
 /// flight. The accumulators are fenced on both sides.
 pub(super) fn wgmma_multiply(t: Tiling, steps: usize, descs: &str) -> String {
     let regs = t.bn() / 2;
-    let acc = |i: usize| format!("\"+r\"(acc[0][{}][{}])", i / 4, i % 4);
-    let outs = (0..regs).map(acc).collect::<Vec<_>>().join(", ");
+    let outs = wgmma_acc_operands(t);
     let list = (0..regs)
         .map(|i| format!("%{i}"))
         .collect::<Vec<_>>()
@@ -318,13 +317,17 @@ const WGMMA_PRELUDE: &str = r#"  auto gdesc = [](unsigned int a) -> unsigned lon
   const unsigned int wg_off = (warp >> 2) * 64 * 64;
 "#;
 
-/// Waits for the last wgmma group and fences the accumulators after it.
-pub(super) fn wgmma_drain(t: Tiling) -> String {
-    let regs = t.bn() / 2;
-    let outs = (0..regs)
+/// A warpgroup's `m64nBN` accumulators as inline-asm read-write operands (`BN / 2` registers).
+fn wgmma_acc_operands(t: Tiling) -> String {
+    (0..t.bn() / 2)
         .map(|i| format!("\"+r\"(acc[0][{}][{}])", i / 4, i % 4))
         .collect::<Vec<_>>()
-        .join(", ");
+        .join(", ")
+}
+
+/// Waits for the last wgmma group and fences the accumulators after it.
+fn wgmma_drain(t: Tiling) -> String {
+    let outs = wgmma_acc_operands(t);
     format!(
         "  asm volatile(\"wgmma.wait_group.sync.aligned 0;\" ::: \"memory\");\n  asm volatile(\"\" : {outs} :: \"memory\");\n"
     )
@@ -462,7 +465,7 @@ fn cluster_sum(t: Tiling) -> String {
 /// sees the fragment pair's tile column `cl` (columns past `n` skipped) and tile row `rl`, and
 /// reads `acc[i][j][hh * 2 + e]` for `e` in 0..2. A warp-specialized block's loaders hold no
 /// accumulators and skip them.
-pub(super) fn fragment_loops(t: Tiling, n: usize, body: &str) -> String {
+fn fragment_loops(t: Tiling, n: usize, body: &str) -> String {
     format!(
         r#"#pragma unroll
   for (int j = 0; j < {wn}; ++j) {{{math_only}
