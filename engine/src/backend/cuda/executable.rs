@@ -400,6 +400,11 @@ struct Builder<'a> {
     /// Whether 3x3 convolutions that fit may run over halo tiles on Hopper (`VIGIL_CUDA_HALO`:
     /// `0` never, `force` only those where they apply).
     halo: PathMode,
+    /// Whether the implicit GEMM also times its workhorse tilings compiled for more resident
+    /// blocks per SM (shallower rings, registers capped by `__launch_bounds__`), to hide load
+    /// latency with more blocks (`VIGIL_CUDA_RESIDENT`: off unless `1` measures them or
+    /// `force` takes only those; on ResNet-50 they tied the others on the H200).
+    resident: PathMode,
 }
 
 /// An optional kernel path's switch, from an environment variable (`VIGIL_CUDA_LT` for the
@@ -1359,6 +1364,30 @@ impl Builder<'_> {
             .collect()
     }
 
+    /// Resident-block versions worth timing for `parts`: the 64×128 and 128×64 `mma.sync`
+    /// tilings over 3-stage rings and the 128×64 wgmma one over 4 stages, each for 4 blocks
+    /// per SM (at most 64 registers a thread: ptxas spills a few `mma.sync` ones, and rejects
+    /// the wgmma tilings' caps below their accumulators, so 5 blocks and the 128×128 wgmma
+    /// tiling are not tried); each only where its shared memory lets that many blocks in.
+    fn resident_tilings(&self, parts: &QConvParts) -> Vec<Tiling> {
+        if self.resident == PathMode::Off {
+            return Vec::new();
+        }
+        let mut base = vec![(TILINGS[1], 3, 4), (TILINGS[3], 3, 4)];
+        if self.wgmma != PathMode::Off {
+            base.push((WG_TILINGS[2], 4, 4));
+        }
+        base.into_iter()
+            .map(|(t, stages, blocks)| Tiling { stages, ..t }.resident(blocks))
+            .filter(|t| {
+                // Each block also costs 1 KiB of shared memory the system reserves (a device
+                // that does not say how much it has keeps every candidate).
+                self.smem_per_sm == 0
+                    || self.smem_per_sm / (igemm_smem(parts, *t) + 1024) >= t.min_blocks
+            })
+            .collect()
+    }
+
     /// The fastest implicit-GEMM tiling for QConv `parts` and its measured milliseconds (each
     /// tiling compiled on its own thread, as NVRTC takes most of the time, then loaded and
     /// timed in turn; memoised per geometry, residual and tiling set, process-wide).
@@ -1378,16 +1407,19 @@ impl Builder<'_> {
         self.ws.add_candidates(&mut tilings, ws);
         self.halo
             .add_candidates(&mut tilings, self.halo_tilings(parts));
+        self.resident
+            .add_candidates(&mut tilings, self.resident_tilings(parts));
         tilings.retain(|&t| igemm_smem(parts, t) <= self.smem_per_block);
         let key = format!(
-            "{c:?} {} {:?} {:?} {:?} {:?} {:?} {:?}",
+            "{c:?} {} {:?} {:?} {:?} {:?} {:?} {:?} {:?}",
             parts.residual.is_some(),
             self.wgmma,
             self.splitk,
             self.persist,
             self.cluster,
             self.ws,
-            self.halo
+            self.halo,
+            self.resident
         );
         memoised(&CACHE, key.clone(), || {
             // The disk cache's choice, where it is one of this convolution's candidates.
@@ -1419,7 +1451,15 @@ impl Builder<'_> {
             let buf = self.tmp(xb + pb + yb + 3 * ALIGNMENT)?.div_ceil(256) * 256;
             let mut best: Option<(Tiling, f32)> = None;
             for ((t, g, k), ptx) in gens.into_iter().zip(ptx) {
-                let module = Module::load(ctx, &ptx?)?;
+                // A candidate this device's compiler rejects (say, registers capped below
+                // what its wgmma accumulators need) is left out, not fatal.
+                let module = match ptx.and_then(|ptx| Module::load(ctx, &ptx)) {
+                    Ok(module) => module,
+                    Err(e) => {
+                        tracing::warn!("implicit-GEMM tiling {t} left out: {e}");
+                        continue;
+                    }
+                };
                 let f = module.function(&k.name)?;
                 // The kernel's tables are its three extras (weights, bias, multiplier).
                 let tables = g
@@ -1814,6 +1854,7 @@ impl CudaExecutable {
             persist: PathMode::opt_in("VIGIL_CUDA_PERSIST"),
             ws: PathMode::opt_in("VIGIL_CUDA_WS"),
             halo: PathMode::from_var("VIGIL_CUDA_HALO"),
+            resident: PathMode::opt_in("VIGIL_CUDA_RESIDENT"),
             device_id: format!(
                 "{} cc{} sms{sms}",
                 ctx.name().unwrap_or_default(),

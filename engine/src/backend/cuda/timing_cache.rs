@@ -34,10 +34,10 @@ pub struct TimingCache {
     current: bool,
 }
 
-/// The tiling as the cache stores it: eleven space-separated integers.
+/// The tiling as the cache stores it: twelve space-separated integers.
 fn tiling_fields(t: &Tiling) -> String {
     format!(
-        "{} {} {} {} {} {} {} {} {} {} {}",
+        "{} {} {} {} {} {} {} {} {} {} {} {}",
         t.warps_m,
         t.warps_n,
         t.wm,
@@ -48,21 +48,24 @@ fn tiling_fields(t: &Tiling) -> String {
         t.ctas,
         u8::from(t.cluster),
         t.loaders,
-        u8::from(t.halo)
+        u8::from(t.halo),
+        t.min_blocks
     )
 }
 
-/// Parses [`tiling_fields`]' form, or the nine fields written before warp-specialized and
-/// halo tilings (neither); None for anything else.
+/// Parses [`tiling_fields`]' form, the eleven fields written before [`Tiling::min_blocks`]
+/// (none), or the nine written before warp-specialized and halo tilings (neither); None for
+/// anything else.
 fn parse_tiling(s: &str) -> Option<Tiling> {
     let v: Vec<usize> = s
         .split(' ')
         .map(str::parse)
         .collect::<Result<_, _>>()
         .ok()?;
-    let (nine, loaders, halo) = match v.len() {
-        9 => (&v[..], 0, 0),
-        11 => (&v[..9], v[9], v[10]),
+    let (nine, loaders, halo, min_blocks) = match v.len() {
+        9 => (&v[..], 0, 0, 0),
+        11 => (&v[..9], v[9], v[10], 0),
+        12 => (&v[..9], v[9], v[10], v[11]),
         _ => return None,
     };
     let [warps_m, warps_n, wm, wn, stages, wgmma, splits, ctas, cluster] = nine[..] else {
@@ -85,6 +88,7 @@ fn parse_tiling(s: &str) -> Option<Tiling> {
         cluster: flag(cluster)?,
         loaders,
         halo: flag(halo)?,
+        min_blocks,
     })
 }
 
@@ -189,6 +193,9 @@ mod tests {
         c.record("H200 cc9.0", "conv d", (ws, 0.03)).expect("write");
         c.record("H200 cc9.0", "conv e", (HALO_TILINGS[2], 0.04))
             .expect("write");
+        let resident = TILINGS[1].resident(6);
+        c.record("H200 cc9.0", "conv f", (resident, 0.05))
+            .expect("write");
         let again = TimingCache::open(&path);
         assert_eq!(again.get("H200 cc9.0", "conv a"), Some((split, 0.0102)));
         assert_eq!(again.get("H200 cc9.0", "conv\tb"), Some((TILINGS[2], 0.5)));
@@ -205,6 +212,8 @@ mod tests {
             again.get("H200 cc9.0", "conv e"),
             Some((HALO_TILINGS[2], 0.04))
         );
+        assert_eq!(again.get("H200 cc9.0", "conv f"), Some((resident, 0.05)));
+        assert_ne!(resident, TILINGS[1]);
         let _ = std::fs::remove_file(&path);
     }
 
@@ -212,11 +221,15 @@ mod tests {
     fn other_versions_and_broken_lines_are_ignored() {
         let path = temp("broken");
         let good = format!("dev\tk\t{}\t0.25", tiling_fields(&TILINGS[1]));
-        // A line from before warp-specialized tilings: nine fields, read as not one.
+        // Lines from before warp-specialized tilings (nine fields, read as not one) and from
+        // before resident-block bounds (eleven fields, read as none).
         let fields = tiling_fields(&WG_TILINGS[2]);
         let nine = fields.split(' ').take(9).collect::<Vec<_>>().join(" ");
+        let halo = tiling_fields(&HALO_TILINGS[1]);
+        let eleven = halo.split(' ').take(11).collect::<Vec<_>>().join(" ");
         let body = format!(
-            "dev\tshort\t1 2 3\t0.1\ndev\tbad\t{}\tfast\ndev\tnine\t{nine}\t0.5\n{good}\n",
+            "dev\tshort\t1 2 3\t0.1\ndev\tbad\t{}\tfast\ndev\tnine\t{nine}\t0.5\n\
+             dev\televen\t{eleven}\t0.6\n{good}\n",
             tiling_fields(&TILINGS[1])
         );
         std::fs::write(&path, format!("{}\n{body}", header())).expect("write");
@@ -225,6 +238,7 @@ mod tests {
         assert!(c.get("dev", "short").is_none());
         assert!(c.get("dev", "bad").is_none());
         assert_eq!(c.get("dev", "nine"), Some((WG_TILINGS[2], 0.5)));
+        assert_eq!(c.get("dev", "eleven"), Some((HALO_TILINGS[1], 0.6)));
         // Another version's file: nothing is read, and the first record starts it afresh.
         std::fs::write(&path, format!("vigil-cuda-timing-cache 0 old\n{good}\n")).expect("write");
         let mut c = TimingCache::open(&path);

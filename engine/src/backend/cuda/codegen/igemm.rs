@@ -48,6 +48,9 @@ pub struct Tiling {
     /// A 3x3 convolution over halo tiles ([`super::halo`]): `warps_m / 4` squares of 8×8
     /// output pixels, each loaded once with its one-pixel border for all nine taps.
     pub halo: bool,
+    /// Blocks per SM the kernel is compiled for (`__launch_bounds__`' second argument, which
+    /// caps registers so they fit; 0: the compiler's choice).
+    pub min_blocks: usize,
 }
 
 impl Tiling {
@@ -128,6 +131,7 @@ impl Tiling {
             ctas: 0,
             loaders: 0,
             halo: false,
+            min_blocks: 0,
         }
     }
     /// A wgmma tiling: `groups` warpgroups along M, each `m64 × bn`, over `stages` stages.
@@ -144,6 +148,7 @@ impl Tiling {
             ctas: 0,
             loaders: 0,
             halo: false,
+            min_blocks: 0,
         }
     }
     /// This tiling with K split `s` ways.
@@ -167,6 +172,20 @@ impl Tiling {
         Tiling {
             loaders: if self.wgmma { warps } else { 0 },
             ..self
+        }
+    }
+    /// This tiling compiled for `blocks` blocks per SM (see [`Tiling::min_blocks`]).
+    pub fn resident(self, blocks: usize) -> Tiling {
+        Tiling {
+            min_blocks: blocks,
+            ..self
+        }
+    }
+    /// The kernel's `__launch_bounds__` arguments.
+    pub(super) fn launch_bounds(&self) -> String {
+        match self.min_blocks {
+            0 => self.threads().to_string(),
+            b => format!("{}, {b}", self.threads()),
         }
     }
     /// This tiling as `ctas` persistent blocks (see [`Tiling::ctas`]).
@@ -206,6 +225,9 @@ impl std::fmt::Display for Tiling {
         }
         if self.loaders > 0 && !self.halo {
             write!(f, " ws{}", self.loaders)?;
+        }
+        if self.min_blocks > 0 {
+            write!(f, " x{}", self.min_blocks)?;
         }
         Ok(())
     }
@@ -932,7 +954,7 @@ impl Gen {
         let _ = write!(
             s,
             r#"
-extern "C" __global__ void __launch_bounds__({th}){cluster_dims} {name}({plist}) {{
+extern "C" __global__ void __launch_bounds__({bounds}){cluster_dims} {name}({plist}) {{
 {smem_decl}
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wmi = warp % {warps_m}, wni = warp / {warps_m};
@@ -973,6 +995,7 @@ extern "C" __global__ void __launch_bounds__({th}){cluster_dims} {name}({plist})
 "#,
             th4 = lth / 4,
             lt0 = th - lth,
+            bounds = t.launch_bounds(),
             barriers = if t.loaders > 0 {
                 ws_barriers(t, bars)
             } else {
@@ -1111,6 +1134,23 @@ pub(super) mod tests {
             let first = g.src.find("load(s, kbeg + s)").expect("prologue");
             assert!(wait < fetch && fetch < first, "{t}");
         }
+    }
+
+    #[test]
+    fn resident_tilings_bound_registers_for_their_blocks_and_nothing_else() {
+        let p = parts(64, 64, 128, false);
+        for t in [TILINGS[1], WG_TILINGS[2]] {
+            let (mut plain, mut resident) = (Gen::new(false), Gen::new(false));
+            plain.qigemm(Arg::Val(0), 1, &p, t);
+            resident.qigemm(Arg::Val(0), 1, &p, t.resident(5));
+            let bounds = format!("__launch_bounds__({}, 5)", t.threads());
+            assert!(resident.src.contains(&bounds), "{t}");
+            assert!(!plain.src.contains(&bounds), "{t}");
+            // The kernels differ only in that bound.
+            let unbound = format!("__launch_bounds__({})", t.threads());
+            assert_eq!(resident.src.replace(&bounds, &unbound), plain.src, "{t}");
+        }
+        assert_eq!(TILINGS[1].resident(5).to_string(), "64x128 x5");
     }
 
     #[test]

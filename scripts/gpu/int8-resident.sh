@@ -1,0 +1,33 @@
+#!/bin/bash
+# Twelfth session: resident-block tilings (Tiling::min_blocks; shallower rings compiled with
+# __launch_bounds__(threads, blocks)). Checks ResNet-50 s8 and EfficientNet-Lite0 against the
+# CPU with them forced (fusions off, implicit GEMM forced: outputs must be identical), then
+# benches the binary with them measured against the same binary without them
+# (VIGIL_CUDA_RESIDENT=0), interleaved, each with its own timing cache, plus FP16, and
+# per-step profiles the shipped choice.
+# run(command="bash scripts/gpu/int8-resident.sh", carry=[".gpu/s17", ".gpu/cuda3/eval"])
+set -o pipefail
+D=${D:-.gpu/s17}
+. "$(dirname "$0")/int8-setup.sh"
+if [ "$PART" != bench ]; then
+echo "=== ResNet-50 s8 and the shared models against the CPU, resident forced, fusions off ($SECONDS s)"
+VIGIL_CUDA_RESIDENT=force VIGIL_CUDA_QFUSE=0 VIGIL_CUDA_IGEMM=force VIGIL_CUDA_TIMING_CACHE=$OUT/cache-forced.txt VIGIL_CUDA_COMPARE="$S8:2" timeout 200 $T listed_models_match_cpu --nocapture > $OUT/forced.txt 2>&1; echo "rc $?"
+grep -E "^test |test result|rel diff|panicked" $OUT/forced.txt | cut -c1-200 | head -12
+VIGIL_CUDA_RESIDENT=force VIGIL_CUDA_QFUSE=0 VIGIL_CUDA_IGEMM=force VIGIL_CUDA_TIMING_CACHE=$OUT/cache-forced.txt timeout 200 $T int8_qdq --nocapture > $OUT/forced-qdq.txt 2>&1; echo "rc $?"
+grep -E "^test |test result|panicked|identical|matched|cosine" $OUT/forced-qdq.txt | cut -c1-200 | head -12
+grep -c " x[0-9]" $OUT/cache-forced.txt
+fi
+if [ "$PART" != check ]; then
+echo "=== bench ($SECONDS s)"
+bench res int8 "$S8:32,$U8:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-res.txt
+bench nores int8 "$S8:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-nores.txt VIGIL_CUDA_RESIDENT=0
+bench res2 int8 "$S8:32,$S8:1" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-res.txt
+bench nores2 int8 "$S8:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-nores.txt VIGIL_CUDA_RESIDENT=0
+bench fp16 fp16 "/tmp/onnx/resnet50.onnx:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-res.txt
+echo "=== profile ($SECONDS s)"
+VIGIL_CUDA_TIMING_CACHE=$OUT/cache-res.txt VIGIL_CUDA_PROFILE=1 VIGIL_CUDA_BENCH_ITERS=20 VIGIL_CUDA_PRECISIONS=int8 VIGIL_CUDA_BENCH="$S8:32" timeout 60 $T bench_listed_models --nocapture > $OUT/prof.txt 2>&1
+grep -E "^PROFILE|^PKIND" $OUT/prof.txt | head -4
+grep -E "^PSTEP.* x[0-9]" $OUT/prof.txt | cut -c1-170 | head -40
+fi
+echo "done ($SECONDS s)"
+cd $OUT && tar czf all.tgz --remove-files $(ls | grep -v all.tgz)
