@@ -1,42 +1,113 @@
-//! The int8 3x3 convolution over halo tiles (stride 1, padding 1), for Hopper's wgmma.
+//! The int8 convolution over halo tiles (stride 1), for Hopper's wgmma: 3x3 convolutions
+//! with padding 1, and the space-to-depth stems' even-sided kernels over 16 channels.
 //!
 //! The implicit GEMM ([`super::igemm`]) reads each input pixel once per tap, nine times for
 //! a 3x3 kernel, and on ResNet-50's 3x3 layers its time goes to moving those bytes from L2.
 //! Here a block's output pixels are 8×8 squares, one per math warpgroup (one `m64` wgmma tile).
-//! For each 32-channel K step the loaders copy every square's 10×10 input pixels (the square
-//! and its one-pixel border) once, and each of the nine taps multiplies a shifted view of them:
-//! in the unswizzled K-major layout a wgmma operand is 8-row groups of 16-byte rows, and the
-//! square's rows are its 8-pixel lines, so tap (ky, kx) is the same descriptor moved by
-//! `(10·ky + kx)·16` bytes. The nine taps' weight tiles follow in the same layout.
+//! For each K step the loaders copy every square's input pixels (the square and its border:
+//! `7 + k` pixels a side for a `k`×`k` kernel) once, and each tap multiplies a shifted view of
+//! them: in the unswizzled K-major layout a wgmma operand is 8-row groups of 16-byte rows, and
+//! the square's rows are its 8-pixel lines, so tap (ky, kx) is the same descriptor moved by
+//! `(side·ky + kx)·16` bytes. The taps' weight tiles follow in the same layout.
 //!
-//! A slot holds, per square, the 32 channels as two 16-byte chunks of 100 pixels
-//! (`chunk · 1600 + (10·hy + hx) · 16`), then per tap the weights as two chunks of `BN` rows
-//! (`tap · 32·BN + chunk · 16·BN + row · 16`). Loader warps fill the slots and math warpgroups
-//! multiply them ([`super::igemm::ws_loop`]); the requantization is the implicit GEMM's.
+//! A slot holds per square two 16-byte chunks of `side²` pixels (`chunk · side² · 16 +
+//! (side·hy + hx) · 16`), the wgmma's two 16-byte K halves. With 32 channels a step they are
+//! a pixel's two channel halves and a wgmma's K is one tap. With 16 channels (a space-to-depth
+//! stem) chunk 1 holds the halo one pixel to the right, so a wgmma's K is two neighbouring
+//! taps of one kernel row. Per wgmma the weights are two chunks of `BN` rows
+//! (`i · 32·BN + chunk · 16·BN + row · 16`). Loader warps fill the slots
+//! and math warpgroups multiply them ([`super::igemm::ws_loop`]); the requantization is the
+//! implicit GEMM's.
 
 use super::igemm::{requant_into_tile, ring_smem, wgmma_multiply, ws_barriers, ws_loop, Tiling};
 use super::quant::QConvParts;
 use super::{Arg, Gen, GenKernel, LaunchDims};
 use crate::ir::ValueId;
 
-/// Input channels per K step (two 16-byte chunks).
-const STEP: usize = 32;
-/// Bytes of one square's halo in a slot: 10×10 pixels of `STEP` channels.
-const SQUARE_BYTES: usize = 100 * STEP;
+/// The halo geometry of a convolution: kernel side, padding and how a K step's channels
+/// fill each wgmma's 32-byte K.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct HaloShape {
+    /// Kernel side (square kernels only).
+    k: usize,
+    /// Padding on every side.
+    pad: usize,
+    /// Channels' 16-byte chunks per pixel and K step: 2 (32 channels, a tap per wgmma) or 1
+    /// (16 channels; the slot's second chunk is the next pixel's, for two taps per wgmma).
+    chunks: usize,
+}
 
-/// Whether `p` fits the halo kernel: a dense 3x3, stride 1, padding 1 convolution of signed
-/// NHWC int8 (output as large as the input) over a multiple of 32 channels into a multiple of
-/// 64, with no fused residual, every index within 31 bits.
+impl HaloShape {
+    /// The shape of `p`, or None unless it fits: a dense, square, stride-1 convolution of
+    /// signed NHWC int8, with no fused residual, into a multiple of 64 channels, either 3x3
+    /// with padding 1 over a multiple of 32 channels or 2x2/4x4 without padding over 16 (a
+    /// space-to-depth stem), every index within 31 bits.
+    fn of(p: &QConvParts) -> Option<HaloShape> {
+        let c = &p.geom;
+        let (k, pad) = (c.kh, c.pt);
+        let same = c.kw == k
+            && (c.sh, c.sw, c.dh, c.dw) == (1, 1, 1, 1)
+            && c.pl == pad
+            && c.oh + k == c.h + 2 * pad + 1
+            && c.ow + k == c.w + 2 * pad + 1;
+        if !(super::igemm_fits(p)
+            && same
+            && p.c4 == c.cin
+            && c.cout.is_multiple_of(64)
+            && !p.flip
+            && p.residual.is_none())
+        {
+            return None;
+        }
+        let chunks = if (k, pad) == (3, 1) && c.cin.is_multiple_of(32) {
+            2
+        } else if pad == 0 && c.cin == 16 && matches!(k, 2 | 4) {
+            1
+        } else {
+            return None;
+        };
+        Some(HaloShape { k, pad, chunks })
+    }
+    /// Pixels along a square's halo side.
+    fn side(&self) -> usize {
+        7 + self.k
+    }
+    /// Pixels of a square's halo.
+    fn pixels(&self) -> usize {
+        self.side() * self.side()
+    }
+    /// Input channels per K step.
+    fn step(&self) -> usize {
+        16 * self.chunks
+    }
+    /// Bytes of one square's halo in a slot: two 16-byte chunks a pixel.
+    fn square_bytes(&self) -> usize {
+        self.pixels() * 32
+    }
+    /// wgmmas per square and K step: one per tap, or per pair of taps.
+    fn wgmmas(&self) -> usize {
+        self.k * self.k * self.chunks / 2
+    }
+    /// Bytes one weight row skips from a wgmma's K to the next one's: a tap's channels, or a
+    /// pair of taps' (the stem's one K step).
+    fn tap_bytes(&self, cin: usize) -> usize {
+        if self.chunks == 2 {
+            cin
+        } else {
+            32
+        }
+    }
+    /// The 3x3 shape: what [`HaloPlan`] sizes a convolution that does not fit as.
+    const THREE_BY_THREE: HaloShape = HaloShape {
+        k: 3,
+        pad: 1,
+        chunks: 2,
+    };
+}
+
+/// Whether `p` fits the halo kernel (see [`HaloShape::of`]).
 pub fn halo_fits(p: &QConvParts) -> bool {
-    let c = &p.geom;
-    super::igemm_fits(p)
-        && (c.kh, c.kw, c.sh, c.sw, c.dh, c.dw, c.pt, c.pl) == (3, 3, 1, 1, 1, 1, 1, 1)
-        && (c.oh, c.ow) == (c.h, c.w)
-        && c.cin.is_multiple_of(STEP)
-        && p.c4 == c.cin
-        && c.cout.is_multiple_of(64)
-        && !p.flip
-        && p.residual.is_none()
+    HaloShape::of(p).is_some()
 }
 
 /// A halo tiling: `squares` 8×8 output squares (a math warpgroup each) by `bn` channels, over
@@ -62,6 +133,8 @@ pub const HALO_TILINGS: [Tiling; 4] = [
 pub(super) struct HaloPlan {
     /// The tiling with its ring cut to the K steps (at least two slots: see `ws_loop`).
     t: Tiling,
+    /// The convolution's halo geometry.
+    shape: HaloShape,
     /// Bytes of one slot: the squares' halos, then the nine taps' weights.
     slot: usize,
     /// Where the mbarriers start, after the ring (which the output tile reuses).
@@ -72,15 +145,18 @@ pub(super) struct HaloPlan {
 
 impl HaloPlan {
     pub(super) fn new(p: &QConvParts, t: Tiling) -> HaloPlan {
-        let steps = p.geom.cin / STEP;
+        // Callers check `halo_fits` first; one that does not fit is sized as a 3x3.
+        let shape = HaloShape::of(p).unwrap_or(HaloShape::THREE_BY_THREE);
+        let steps = p.geom.cin / shape.step();
         let t = Tiling {
             stages: t.stages.min(steps).max(2),
             ..t
         };
-        let slot = t.warps_m / 4 * SQUARE_BYTES + 9 * STEP * t.bn();
+        let slot = t.warps_m / 4 * shape.square_bytes() + shape.wgmmas() * 32 * t.bn();
         let bars = (t.stages * slot).max(t.bm() * (t.bn() + 16));
         HaloPlan {
             t,
+            shape,
             slot,
             bars,
             smem: bars + 16 * t.stages + 1024,
@@ -95,12 +171,20 @@ impl Gen {
         let c = &p.geom;
         let HaloPlan {
             t,
+            shape,
             slot,
             bars,
             smem,
         } = HaloPlan::new(p, t);
         let (n, cin) = (c.cout, c.cin);
-        let (h, w) = (c.h, c.w);
+        let (h, w, oh, ow) = (c.h, c.w, c.oh, c.ow);
+        let (side, px_count, chunks, sqb) = (
+            shape.side(),
+            shape.pixels(),
+            shape.chunks,
+            shape.square_bytes(),
+        );
+        let (pad, wgmmas, tap_bytes) = (shape.pad, shape.wgmmas(), shape.tap_bytes(cin));
         let (bm, bn, th) = (t.bm(), t.bn(), t.threads());
         let sq = t.warps_m / 4;
         let lth = 32 * t.loaders;
@@ -115,23 +199,36 @@ impl Gen {
         let name = self.next_name();
         let plist = Self::param_list(&params);
         let pad_word = u32::from(p.pad_s as i8 as u8) * 0x0101_0101;
-        // Squares: per image ceil(h/8) rows of ceil(w/8).
-        let (sy, sx) = (h.div_ceil(8), w.div_ceil(8));
+        // Squares: per image ceil(oh/8) rows of ceil(ow/8).
+        let (sy, sx) = (oh.div_ceil(8), ow.div_ceil(8));
         let squares = c.n * sy * sx;
-        let a_bytes = sq * SQUARE_BYTES;
-        let (ai, bi) = ((sq * 200).div_ceil(lth), (18 * bn).div_ceil(lth));
-        let kcnt = cin / STEP;
-        let descs = "const unsigned long long da = adesc(qa + ((ks / 3) * 10 + ks % 3) * 16), \
-                     db = bdesc(qb + ks * (32 * BN));";
-        let multiply = format!(
-            "    const unsigned int qa = sa + (warp >> 2) * {SQUARE_BYTES}, qb = sa + {a_bytes};\n{}",
-            wgmma_multiply(t, 9, descs)
+        let a_bytes = sq * sqb;
+        let pieces_a = px_count * 2;
+        let (ai, bi) = (
+            (sq * pieces_a).div_ceil(lth),
+            (2 * wgmmas * bn).div_ceil(lth),
         );
+        let (step, kcnt) = (shape.step(), cin / shape.step());
+        // The wgmma's first row: tap (ky, kx) of the kernel, or the pair starting at (ky, 2j).
+        let tap = if chunks == 2 {
+            format!("(ks / {k}) * {side} + ks % {k}", k = shape.k)
+        } else {
+            format!("(ks / {h}) * {side} + (ks % {h}) * 2", h = shape.k / 2)
+        };
+        let descs = format!(
+            "const unsigned long long da = adesc(qa + ({tap}) * 16), db = bdesc(qb + ks * (32 * BN));"
+        );
+        let multiply = format!(
+            "    const unsigned int qa = sa + (warp >> 2) * {sqb}, qb = sa + {a_bytes};\n{}",
+            wgmma_multiply(t, wgmmas, &descs)
+        );
+        // A piece's second chunk: the pixel's other 16 channels, or the next pixel's 16.
+        let (shift, chunk_ch) = if chunks == 2 { (0, 16) } else { (1, 0) };
         let ts = bn + 16;
         let pieces = bm * bn / 16;
         let src = format!(
             r#"
-extern "C" __global__ void __launch_bounds__({th}) {name}({plist}) {{
+extern "C" __global__ void __launch_bounds__({bounds}) {name}({plist}) {{
 {smem_decl}
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wmi = warp % {warps_m}, wni = 0;
@@ -147,25 +244,25 @@ extern "C" __global__ void __launch_bounds__({th}) {name}({plist}) {{
     x0 = (rem % {sx}) * 8;
   }};
   // Each loader's halo pieces: source offset without the K step's channels (-1: padding,
-  // -2: none) and slot offset. Neighbouring loaders take a pixel's two chunks, so each
-  // pair reads one whole 32-byte sector.
+  // -2: none) and slot offset. Neighbouring loaders take a pixel's two chunks (with 32
+  // channels, each pair reads one whole 32-byte sector).
   int a_src[{ai}], a_dst[{ai}];
 #pragma unroll
   for (int i = 0; i < {ai}; ++i) {{
     const int idx = lt + i * {lth};
-    const int q = idx / 200, r = idx - q * 200, px = r >> 1, ch = r & 1;
-    const int hy = px / 10, hx = px - hy * 10;
+    const int q = idx / {pieces_a}, r = idx - q * {pieces_a}, px = r >> 1, ch = r & 1;
+    const int hy = px / {side}, hx = px - hy * {side} + ch * {shift};
     int img, y0, x0;
     square(q, img, y0, x0);
-    const int iy = y0 - 1 + hy, ix = x0 - 1 + hx;
-    a_dst[i] = q * {SQUARE_BYTES} + ch * 1600 + px * 16;
-    a_src[i] = (lt < 0 || idx >= {sq} * 200) ? -2
-             : (img >= 0 && (unsigned)iy < {h}u && (unsigned)ix < {w}u) ? ((img * {h} + iy) * {w} + ix) * {cin} + ch * 16
+    const int iy = y0 - {pad} + hy, ix = x0 - {pad} + hx;
+    a_dst[i] = q * {sqb} + ch * {chunk_bytes} + px * 16;
+    a_src[i] = (lt < 0 || idx >= {sq} * {pieces_a}) ? -2
+             : (img >= 0 && hx < {side} && (unsigned)iy < {h}u && (unsigned)ix < {w}u) ? ((img * {h} + iy) * {w} + ix) * {cin} + ch * {chunk_ch}
              : -1;
   }}
   auto load = [&](int stage, int ks) {{
     const unsigned int sa = sbase + stage * {slot};
-    const int c0 = ks * {STEP};
+    const int c0 = ks * {step};
 #pragma unroll
     for (int i = 0; i < {ai}; ++i) {{
       if (a_src[i] >= 0) {{
@@ -178,17 +275,18 @@ extern "C" __global__ void __launch_bounds__({th}) {name}({plist}) {{
     for (int i = 0; i < {bi}; ++i) {{
       const int idx = lt + i * {lth};
       const int tap = idx / (2 * BN), r = idx - tap * (2 * BN), row = r >> 1, ch = r & 1;
-      if (idx < 18 * BN) {{
+      if (idx < {b_pieces}) {{
         const unsigned int dst = sa + {a_bytes} + tap * (32 * BN) + ch * (16 * BN) + row * 16;
-        const u8* src = p2 + (i64)(n0 + row) * {kp} + tap * {cin} + c0 + ch * 16;
+        const u8* src = p2 + (i64)(n0 + row) * {kp} + tap * {tap_bytes} + c0 + ch * 16;
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(src));
       }}
     }}
   }};
-  // Unswizzled K-major descriptors: a square's 8-pixel lines are 8-row groups 160 bytes apart,
-  // its chunks 1600; the weights' 8-row groups are 128 bytes apart, their chunks 16·BN.
+  // Unswizzled K-major descriptors: a square's 8-pixel lines are 8-row groups {side} 16-byte
+  // rows apart, its chunks {px_count}; the weights' 8-row groups are 128 bytes apart, their
+  // chunks 16·BN.
   auto adesc = [](unsigned int a) -> unsigned long long {{
-    return (unsigned long long)((a & 0x3FFFFu) >> 4) | (100ull << 16) | (10ull << 32);
+    return (unsigned long long)((a & 0x3FFFFu) >> 4) | ({px_count}ull << 16) | ({side}ull << 32);
   }};
   auto bdesc = [](unsigned int a) -> unsigned long long {{
     return (unsigned long long)((a & 0x3FFFFu) >> 4) | ((unsigned long long)BN << 16) | (8ull << 32);
@@ -216,8 +314,8 @@ extern "C" __global__ void __launch_bounds__({th}) {name}({plist}) {{
     int img, y0, x0;
     square(r >> 6, img, y0, x0);
     const int y = y0 + ((r >> 3) & 7), x = x0 + (r & 7);
-    if (q < {pieces} && img >= 0 && y < {h} && x < {w})
-      *(uint4*)(p1 + (i64)((img * {h} + y) * {w} + x) * {n} + n0 + cpos) = *(const uint4*)(tile + r * {ts} + cpos);
+    if (q < {pieces} && img >= 0 && y < {oh} && x < {ow})
+      *(uint4*)(p1 + (i64)((img * {oh} + y) * {ow} + x) * {n} + n0 + cpos) = *(const uint4*)(tile + r * {ts} + cpos);
   }}
 }}
 "#,
@@ -231,6 +329,9 @@ extern "C" __global__ void __launch_bounds__({th}) {name}({plist}) {{
             requant = requant_into_tile(t, p, ts),
             iters = pieces.div_ceil(th),
             bnv = bn / 16,
+            bounds = t.launch_bounds(),
+            chunk_bytes = px_count * 16,
+            b_pieces = 2 * wgmmas * bn,
         );
         self.src.push_str(&src);
         GenKernel {
@@ -312,5 +413,71 @@ mod tests {
             assert_eq!(one.t.stages, 2);
             assert!(one.bars >= one.t.bm() * (one.t.bn() + 16));
         }
+    }
+
+    /// ResNet's 7x7 stride-2 stem over 3 channels of `n` images of 224×224, into 64.
+    fn stem(n: usize) -> QConvParts {
+        let mut p = super::super::igemm::tests::parts(3, 4, 64, true);
+        let g = &mut p.geom;
+        (g.n, g.h, g.w, g.kh, g.kw, g.sh, g.sw, g.pt, g.pl) = (n, 224, 224, 7, 7, 2, 2, 3, 3);
+        (g.oh, g.ow) = (112, 112);
+        p.packed = vec![1; 64 * 7 * 7 * 4];
+        p
+    }
+
+    #[test]
+    fn space_to_depth_stems_fit_as_tap_pairs_over_16_channels() {
+        // The stem itself (u8, stride 2) does not fit; its space-to-depth form (4x4 over 16
+        // signed channels of 115x115, no padding) does.
+        let p = stem(2);
+        assert!(!halo_fits(&p));
+        let s = p.space_to_depth().expect("stem");
+        let shape = HaloShape::of(&s).expect("fits");
+        assert_eq!(
+            shape,
+            HaloShape {
+                k: 4,
+                pad: 0,
+                chunks: 1
+            }
+        );
+        assert_eq!(
+            (shape.side(), shape.wgmmas(), shape.square_bytes()),
+            (11, 8, 121 * 32)
+        );
+        // Odd kernels over 16 channels, 3x3 over 16, and padded 4x4 do not.
+        let mut odd = p.space_to_depth().expect("stem");
+        (odd.geom.kh, odd.geom.kw, odd.geom.h, odd.geom.w) = (3, 3, 114, 114);
+        assert!(!halo_fits(&odd));
+        let mut padded = p.space_to_depth().expect("stem");
+        (padded.geom.pt, padded.geom.pl, padded.geom.h, padded.geom.w) = (1, 1, 113, 113);
+        assert!(!halo_fits(&padded));
+
+        let t = HALO_TILINGS[2];
+        let mut g = Gen::new(false);
+        let k = g.qhalo(Arg::ScratchAt(0), 1, &s, t);
+        let d = k.launch.expect("tiled launch");
+        // 2 images of 14x14 squares, 4 per block; 64 channels.
+        assert_eq!(d.grid, (98, 1, 1));
+        // One K step (two slots): 4 halos of 121 pixels in two chunks and 8 weight tiles of
+        // 64 x 32 bytes.
+        let slot = 4 * 121 * 32 + 8 * 32 * 64;
+        assert_eq!(d.smem as usize, super::super::igemm_smem(&s, t));
+        assert!(g
+            .src
+            .contains(&format!("const unsigned int sa = sbase + stage * {slot};")));
+        // Pair j of kernel row ky starts at halo pixel (ky, 2j); its second K half is the
+        // second chunk (121 16-byte rows on), which holds each pixel's right neighbour; the
+        // 8-row groups are one 11-pixel halo row apart.
+        assert!(g
+            .src
+            .contains("adesc(qa + ((ks / 2) * 11 + (ks % 2) * 2) * 16)"));
+        assert!(g.src.contains("for (int ks = 0; ks < 8; ++ks)"));
+        assert!(g.src.contains("(121ull << 16) | (11ull << 32)"));
+        assert!(g.src.contains("hx = px - hy * 11 + ch * 1;"));
+        assert!(g.src.contains("+ ch * 0\n"));
+        // Weights: a pair's 32 bytes follow the previous pair's in each 256-byte row.
+        assert!(g.src.contains("tap * 32 + c0 + ch * 16"));
+        assert!(g.src.contains("const int iy = y0 - 0 + hy"));
     }
 }
