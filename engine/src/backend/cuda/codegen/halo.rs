@@ -445,6 +445,14 @@ mod tests {
             (shape.side(), shape.wgmmas(), shape.square_bytes()),
             (11, 8, 121 * 32)
         );
+        // A 3x3 stride-2 stem (EfficientNet's, with 64 outputs) becomes 2x2: one pair a row.
+        let mut small = stem(1);
+        let g = &mut small.geom;
+        (g.kh, g.kw, g.pt, g.pl) = (3, 3, 1, 1);
+        small.packed = vec![1; 64 * 3 * 3 * 4];
+        let small = small.space_to_depth().expect("stem");
+        let shape = HaloShape::of(&small).expect("fits");
+        assert_eq!((shape.k, shape.side(), shape.wgmmas()), (2, 9, 2));
         // Odd kernels over 16 channels, 3x3 over 16, and padded 4x4 do not.
         let mut odd = p.space_to_depth().expect("stem");
         (odd.geom.kh, odd.geom.kw, odd.geom.h, odd.geom.w) = (3, 3, 114, 114);

@@ -1,0 +1,17 @@
+#!/bin/bash
+# The whole cuda_backend suite on the device (benches skipped), as shipped: FP32/FP16 against
+# the CPU, INT8 QDQ models against the CPU (EfficientNet-Lite0, NanoDet-m, both ResNet-50 QDQ
+# exports at batch 2 through VIGIL_CUDA_COMPARE), concurrent contexts, the pool, no device
+# allocations in the steady state and ONNX's node conformance cases (.gpu/cuda/node.txz, the
+# onnx==1.22.0 package's backend/test/data/node, packed).
+# run(command="bash scripts/gpu/suite.sh", carry=[".gpu/s17f", ".gpu/cuda", ".gpu/cuda3/eval"])
+set -o pipefail
+D=${D:-.gpu/s17f}
+. "$(dirname "$0")/int8-setup.sh"
+mkdir -p /tmp/node && xz -dc .gpu/cuda/node.txz | tar xf - -C /tmp/node
+echo "=== suite ($SECONDS s)"
+VIGIL_ONNX_NODE_TESTS=/tmp/node/node VIGIL_CUDA_TIMING_CACHE=$OUT/cache.txt VIGIL_CUDA_COMPARE="$CMP,$PWD/models/nanodet-m-416.onnx:2" \
+  timeout $((590 - SECONDS)) $T --skip bench_ --test-threads=1 --nocapture > "$OUT/tests.txt" 2>&1; echo "rc $?"
+grep -E "^test |test result|conformance|passed|panicked" "$OUT/tests.txt" | cut -c1-200 | tail -25
+echo "done ($SECONDS s)"
+cd $OUT && tar czf all.tgz --remove-files $(ls | grep -v all.tgz)
