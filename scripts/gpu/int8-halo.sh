@@ -16,15 +16,7 @@ grep -E "^test |test result|rel diff|panicked" $OUT/forced.txt | cut -c1-200 | h
 grep -c "halo" $OUT/cache-forced.txt
 fi
 if [ "$PART" != check ]; then
-echo "=== bench ($SECONDS s)"
-bench halo int8 "$S8:32,$U8:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-halo.txt
-bench nohalo int8 "$S8:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-nohalo.txt VIGIL_CUDA_HALO=0
-bench halo2 int8 "$S8:32,$S8:1" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-halo.txt
-bench nohalo2 int8 "$S8:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-nohalo.txt VIGIL_CUDA_HALO=0
-bench fp16 fp16 "/tmp/onnx/resnet50.onnx:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-halo.txt
-echo "=== profile ($SECONDS s)"
-VIGIL_CUDA_TIMING_CACHE=$OUT/cache-halo.txt VIGIL_CUDA_PROFILE=1 VIGIL_CUDA_BENCH_ITERS=20 VIGIL_CUDA_PRECISIONS=int8 VIGIL_CUDA_BENCH="$S8:32" timeout 60 $T bench_listed_models --nocapture > $OUT/prof.txt 2>&1
-grep -E "^PROFILE|^PKIND" $OUT/prof.txt | head -4
+ab halo VIGIL_CUDA_HALO=1 VIGIL_CUDA_HALO=0
 grep -E "^PSTEP.*(conv2|halo)" $OUT/prof.txt | cut -c1-150 | head -20
 fi
 echo "done ($SECONDS s)"

@@ -2,9 +2,9 @@
 # Twelfth session: resident-block tilings (Tiling::min_blocks; shallower rings compiled with
 # __launch_bounds__(threads, blocks)). Checks ResNet-50 s8 and EfficientNet-Lite0 against the
 # CPU with them forced (fusions off, implicit GEMM forced: outputs must be identical), then
-# benches the binary with them measured against the same binary without them
-# (VIGIL_CUDA_RESIDENT=0), interleaved, each with its own timing cache, plus FP16, and
-# per-step profiles the shipped choice.
+# benches the binary with them measured (VIGIL_CUDA_RESIDENT=1) against the same binary
+# without them (VIGIL_CUDA_RESIDENT=0), interleaved, each with its own timing cache, plus FP16,
+# and per-step profiles the first arm's choice.
 # run(command="bash scripts/gpu/int8-resident.sh", carry=[".gpu/s17", ".gpu/cuda3/eval"])
 set -o pipefail
 D=${D:-.gpu/s17}
@@ -18,15 +18,7 @@ grep -E "^test |test result|panicked|identical|matched|cosine" $OUT/forced-qdq.t
 grep -c " x[0-9]" $OUT/cache-forced.txt
 fi
 if [ "$PART" != check ]; then
-echo "=== bench ($SECONDS s)"
-bench res int8 "$S8:32,$U8:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-res.txt
-bench nores int8 "$S8:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-nores.txt VIGIL_CUDA_RESIDENT=0
-bench res2 int8 "$S8:32,$S8:1" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-res.txt
-bench nores2 int8 "$S8:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-nores.txt VIGIL_CUDA_RESIDENT=0
-bench fp16 fp16 "/tmp/onnx/resnet50.onnx:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-res.txt
-echo "=== profile ($SECONDS s)"
-VIGIL_CUDA_TIMING_CACHE=$OUT/cache-res.txt VIGIL_CUDA_PROFILE=1 VIGIL_CUDA_BENCH_ITERS=20 VIGIL_CUDA_PRECISIONS=int8 VIGIL_CUDA_BENCH="$S8:32" timeout 60 $T bench_listed_models --nocapture > $OUT/prof.txt 2>&1
-grep -E "^PROFILE|^PKIND" $OUT/prof.txt | head -4
+ab res VIGIL_CUDA_RESIDENT=1 VIGIL_CUDA_RESIDENT=0
 grep -E "^PSTEP.* x[0-9]" $OUT/prof.txt | cut -c1-170 | head -40
 fi
 echo "done ($SECONDS s)"

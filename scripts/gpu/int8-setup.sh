@@ -22,3 +22,20 @@ bench() {
   env "$@" VIGIL_CUDA_PRECISIONS=$prec VIGIL_CUDA_BENCH="$list" timeout 200 $T bench_listed_models --nocapture 2>&1 \
     | tee -a "$OUT/bench.txt" | grep -E "BENCH|panicked|error" | sed "s/^/$label /"
 }
+# `ab NAME ON OFF`: a session's kernels measured (ON, an environment assignment) against the
+# same binary without them (OFF), ResNet-50 at batch 32 interleaved, each arm with its own
+# timing cache ($OUT/cache-NAME.txt, $OUT/cache-noNAME.txt); then FP16 and the ON arm's
+# per-step profile ($OUT/prof.txt).
+ab() {
+  local name=$1 on=$2 off=$3
+  echo "=== bench ($SECONDS s)"
+  bench $name int8 "$S8:32,$U8:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-$name.txt $on
+  bench no$name int8 "$S8:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-no$name.txt $off
+  bench ${name}2 int8 "$S8:32,$S8:1" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-$name.txt $on
+  bench no${name}2 int8 "$S8:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-no$name.txt $off
+  bench fp16 fp16 "/tmp/onnx/resnet50.onnx:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-$name.txt $on
+  echo "=== profile ($SECONDS s)"
+  env $on VIGIL_CUDA_TIMING_CACHE=$OUT/cache-$name.txt VIGIL_CUDA_PROFILE=1 VIGIL_CUDA_BENCH_ITERS=20 VIGIL_CUDA_PRECISIONS=int8 VIGIL_CUDA_BENCH="$S8:32" \
+    timeout 60 $T bench_listed_models --nocapture > $OUT/prof.txt 2>&1
+  grep -E "^PROFILE|^PKIND" $OUT/prof.txt | head -4
+}
