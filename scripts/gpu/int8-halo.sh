@@ -10,9 +10,7 @@ set -o pipefail
 D=${D:-.gpu/s16}
 . "$(dirname "$0")/int8-setup.sh"
 if [ "$PART" != bench ]; then
-echo "=== ResNet-50 s8 against the CPU, halo forced, fusions off ($SECONDS s)"
-VIGIL_CUDA_HALO=force VIGIL_CUDA_QFUSE=0 VIGIL_CUDA_IGEMM=force VIGIL_CUDA_TIMING_CACHE=$OUT/cache-forced.txt VIGIL_CUDA_COMPARE="$S8:2" timeout 200 $T listed_models_match_cpu --nocapture > $OUT/forced.txt 2>&1; echo "rc $?"
-grep -E "^test |test result|rel diff|panicked" $OUT/forced.txt | cut -c1-200 | head -12
+forced_exact VIGIL_CUDA_HALO=force
 grep -c "halo" $OUT/cache-forced.txt
 fi
 if [ "$PART" != check ]; then

@@ -10,9 +10,7 @@ set -o pipefail
 D=${D:-.gpu/s17}
 . "$(dirname "$0")/int8-setup.sh"
 if [ "$PART" != bench ]; then
-echo "=== ResNet-50 s8 and the shared models against the CPU, resident forced, fusions off ($SECONDS s)"
-VIGIL_CUDA_RESIDENT=force VIGIL_CUDA_QFUSE=0 VIGIL_CUDA_IGEMM=force VIGIL_CUDA_TIMING_CACHE=$OUT/cache-forced.txt VIGIL_CUDA_COMPARE="$S8:2" timeout 200 $T listed_models_match_cpu --nocapture > $OUT/forced.txt 2>&1; echo "rc $?"
-grep -E "^test |test result|rel diff|panicked" $OUT/forced.txt | cut -c1-200 | head -12
+forced_exact VIGIL_CUDA_RESIDENT=force
 VIGIL_CUDA_RESIDENT=force VIGIL_CUDA_QFUSE=0 VIGIL_CUDA_IGEMM=force VIGIL_CUDA_TIMING_CACHE=$OUT/cache-forced.txt timeout 200 $T int8_qdq --nocapture > $OUT/forced-qdq.txt 2>&1; echo "rc $?"
 grep -E "^test |test result|panicked|identical|matched|cosine" $OUT/forced-qdq.txt | cut -c1-200 | head -12
 grep -c " x[0-9]" $OUT/cache-forced.txt

@@ -39,3 +39,12 @@ ab() {
     timeout 60 $T bench_listed_models --nocapture > $OUT/prof.txt 2>&1
   grep -E "^PROFILE|^PKIND" $OUT/prof.txt | head -4
 }
+# `forced_exact ENV...`: ResNet-50 s8 at batch 2 against the CPU with the fusions off, the
+# implicit GEMM forced and ENV (a path forced); the outputs must be identical. Timing cache
+# $OUT/cache-forced.txt, output $OUT/forced.txt.
+forced_exact() {
+  echo "=== ResNet-50 s8 against the CPU, fusions off, $* ($SECONDS s)"
+  env "$@" VIGIL_CUDA_QFUSE=0 VIGIL_CUDA_IGEMM=force VIGIL_CUDA_TIMING_CACHE=$OUT/cache-forced.txt VIGIL_CUDA_COMPARE="$S8:2" \
+    timeout 200 $T listed_models_match_cpu --nocapture > $OUT/forced.txt 2>&1; echo "rc $?"
+  grep -E "^test |test result|rel diff|panicked" $OUT/forced.txt | cut -c1-200 | head -12
+}
