@@ -17,5 +17,4 @@ if [ "$PART" != check ]; then
 ab halo VIGIL_CUDA_HALO=1 VIGIL_CUDA_HALO=0
 grep -E "^PSTEP.*(conv2|halo)" $OUT/prof.txt | cut -c1-150 | head -20
 fi
-echo "done ($SECONDS s)"
-cd $OUT && tar czf all.tgz --remove-files $(ls | grep -v all.tgz)
+finish

@@ -19,5 +19,4 @@ if [ "$PART" != check ]; then
 ab res VIGIL_CUDA_RESIDENT=1 VIGIL_CUDA_RESIDENT=0
 grep -E "^PSTEP.* x[0-9]" $OUT/prof.txt | cut -c1-170 | head -40
 fi
-echo "done ($SECONDS s)"
-cd $OUT && tar czf all.tgz --remove-files $(ls | grep -v all.tgz)
+finish

@@ -22,22 +22,28 @@ bench() {
   env "$@" VIGIL_CUDA_PRECISIONS=$prec VIGIL_CUDA_BENCH="$list" timeout 200 $T bench_listed_models --nocapture 2>&1 \
     | tee -a "$OUT/bench.txt" | grep -E "BENCH|panicked|error" | sed "s/^/$label /"
 }
+# `profile CACHE [ENV...]`: ResNet-50 s8 at batch 32 profiled step by step (an event per
+# step) with timing cache CACHE, into $OUT/prof.txt; prints the totals per kind.
+profile() {
+  local cache=$1; shift
+  echo "=== profile ($SECONDS s)"
+  env "$@" VIGIL_CUDA_TIMING_CACHE=$cache VIGIL_CUDA_PROFILE=1 VIGIL_CUDA_BENCH_ITERS=20 VIGIL_CUDA_PRECISIONS=int8 VIGIL_CUDA_BENCH="$S8:32" \
+    timeout 60 $T bench_listed_models --nocapture > $OUT/prof.txt 2>&1
+  grep -E "^PROFILE|^PKIND" $OUT/prof.txt | head -12
+}
 # `ab NAME ON OFF`: a session's kernels measured (ON, an environment assignment) against the
-# same binary without them (OFF), ResNet-50 at batch 32 interleaved, each arm with its own
-# timing cache ($OUT/cache-NAME.txt, $OUT/cache-noNAME.txt); then FP16 and the ON arm's
-# per-step profile ($OUT/prof.txt).
+# same binary without them (OFF) — or against the binary OFF_T, when set — ResNet-50 at batch
+# 32 interleaved, each arm with its own timing cache ($OUT/cache-NAME.txt,
+# $OUT/cache-noNAME.txt); then FP16 and the ON arm's per-step profile.
 ab() {
-  local name=$1 on=$2 off=$3
+  local name=$1 on=$2 off=$3 t_off=${OFF_T:-$T}
   echo "=== bench ($SECONDS s)"
   bench $name int8 "$S8:32,$U8:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-$name.txt $on
-  bench no$name int8 "$S8:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-no$name.txt $off
+  T=$t_off bench no$name int8 "$S8:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-no$name.txt $off
   bench ${name}2 int8 "$S8:32,$S8:1" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-$name.txt $on
-  bench no${name}2 int8 "$S8:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-no$name.txt $off
+  T=$t_off bench no${name}2 int8 "$S8:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-no$name.txt $off
   bench fp16 fp16 "/tmp/onnx/resnet50.onnx:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-$name.txt $on
-  echo "=== profile ($SECONDS s)"
-  env $on VIGIL_CUDA_TIMING_CACHE=$OUT/cache-$name.txt VIGIL_CUDA_PROFILE=1 VIGIL_CUDA_BENCH_ITERS=20 VIGIL_CUDA_PRECISIONS=int8 VIGIL_CUDA_BENCH="$S8:32" \
-    timeout 60 $T bench_listed_models --nocapture > $OUT/prof.txt 2>&1
-  grep -E "^PROFILE|^PKIND" $OUT/prof.txt | head -4
+  profile $OUT/cache-$name.txt $on
 }
 # `forced_exact ENV...`: ResNet-50 s8 at batch 2 against the CPU with the fusions off, the
 # implicit GEMM forced and ENV (a path forced); the outputs must be identical. Timing cache
@@ -47,4 +53,9 @@ forced_exact() {
   env "$@" VIGIL_CUDA_QFUSE=0 VIGIL_CUDA_IGEMM=force VIGIL_CUDA_TIMING_CACHE=$OUT/cache-forced.txt VIGIL_CUDA_COMPARE="$S8:2" \
     timeout 200 $T listed_models_match_cpu --nocapture > $OUT/forced.txt 2>&1; echo "rc $?"
   grep -E "^test |test result|rel diff|panicked" $OUT/forced.txt | cut -c1-200 | head -12
+}
+# `finish`: packs what the run left in $OUT into one archive.
+finish() {
+  echo "done ($SECONDS s)"
+  cd $OUT && tar czf all.tgz --remove-files $(ls | grep -v all.tgz)
 }

@@ -11,9 +11,7 @@ echo "=== bench ($SECONDS s)"
 bench s8 int8 "$S8:32,$U8:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache.txt
 bench s8b int8 "$S8:32,$S8:1" VIGIL_CUDA_TIMING_CACHE=$OUT/cache.txt
 bench fp16 fp16 "/tmp/onnx/resnet50.onnx:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache.txt
-echo "=== profile ($SECONDS s)"
-VIGIL_CUDA_TIMING_CACHE=$OUT/cache.txt VIGIL_CUDA_PROFILE=1 VIGIL_CUDA_BENCH_ITERS=20 VIGIL_CUDA_PRECISIONS=int8 VIGIL_CUDA_BENCH="$S8:32" timeout 60 $T bench_listed_models --nocapture > $OUT/prof.txt 2>&1
-grep -E "^PROFILE|^PKIND" $OUT/prof.txt | head -12
+profile $OUT/cache.txt
 NCU=$(which ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 echo "=== ncu ($SECONDS s)"
 VIGIL_CUDA_TIMING_CACHE=$OUT/cache.txt VIGIL_CUDA_PROFILE=1 VIGIL_CUDA_BENCH_ITERS=4 VIGIL_CUDA_PRECISIONS=int8 VIGIL_CUDA_BENCH="$S8:32" \
@@ -21,5 +19,4 @@ VIGIL_CUDA_TIMING_CACHE=$OUT/cache.txt VIGIL_CUDA_PROFILE=1 VIGIL_CUDA_BENCH_ITE
   --section SpeedOfLight --section Occupancy --section LaunchStats \
   --csv --page details --log-file $OUT/ncu-details.csv $T bench_listed_models --nocapture > $OUT/ncu-prog.txt 2>&1
 echo "rc $?"; wc -l $OUT/ncu-details.csv
-echo "done ($SECONDS s)"
-cd $OUT && tar czf all.tgz --remove-files $(ls | grep -v all.tgz)
+finish

@@ -13,5 +13,4 @@ echo "=== suite ($SECONDS s)"
 VIGIL_ONNX_NODE_TESTS=/tmp/node/node VIGIL_CUDA_TIMING_CACHE=$OUT/cache.txt VIGIL_CUDA_COMPARE="$CMP,$PWD/models/nanodet-m-416.onnx:2" \
   timeout $((590 - SECONDS)) $T --skip bench_ --test-threads=1 --nocapture > "$OUT/tests.txt" 2>&1; echo "rc $?"
 grep -E "^test |test result|conformance|passed|panicked" "$OUT/tests.txt" | cut -c1-200 | tail -25
-echo "done ($SECONDS s)"
-cd $OUT && tar czf all.tgz --remove-files $(ls | grep -v all.tgz)
+finish

@@ -1318,8 +1318,7 @@ impl Builder<'_> {
         };
         base.iter()
             .map(|t| {
-                // Each block also costs 1 KiB of shared memory the system reserves.
-                let by_smem = self.smem_per_sm / (t.persistent_smem(kt) + 1024);
+                let by_smem = self.smem_blocks(t.persistent_smem(kt)).unwrap_or(0);
                 let by_regs = if t.threads() > 128 { 2 } else { 4 };
                 let per_sm = by_smem.min(2048 / t.threads()).min(by_regs).max(1);
                 t.persistent(self.sms * per_sm)
@@ -1380,12 +1379,16 @@ impl Builder<'_> {
         base.into_iter()
             .map(|(t, stages, blocks)| Tiling { stages, ..t }.resident(blocks))
             .filter(|t| {
-                // Each block also costs 1 KiB of shared memory the system reserves (a device
-                // that does not say how much it has keeps every candidate).
-                self.smem_per_sm == 0
-                    || self.smem_per_sm / (igemm_smem(parts, *t) + 1024) >= t.min_blocks
+                self.smem_blocks(igemm_smem(parts, *t))
+                    .is_none_or(|b| b >= t.min_blocks)
             })
             .collect()
+    }
+
+    /// Blocks of `bytes` dynamic shared memory one SM holds (each also costs 1 KiB the system
+    /// reserves); None when the device does not say how much it has.
+    fn smem_blocks(&self, bytes: usize) -> Option<usize> {
+        (self.smem_per_sm > 0).then(|| self.smem_per_sm / (bytes + 1024))
     }
 
     /// The fastest implicit-GEMM tiling for QConv `parts` and its measured milliseconds (each
