@@ -533,11 +533,141 @@ mod device {
         Ok(())
     }
 
+    /// How the driver's page-move cost scales with the handle and mapping shape (µs, median of
+    /// `reps`): whether bigger physical handles or a second mapping of a still-mapped page would
+    /// make the paged pool's moves cheaper (mappings at an offset into a handle are unsupported).
+    pub fn vmm_shapes(ctx: &Arc<CudaContext>, reps: usize) -> Result<(), String> {
+        let e = |what: &str, r: sys::CUresult| r.result().map_err(|x| format!("{what}: {x}"));
+        ctx.bind_to_thread().map_err(|x| x.to_string())?;
+        let prop = sys::CUmemAllocationProp {
+            type_: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+            requestedHandleTypes: sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
+            location: sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: 0,
+            },
+            win32HandleMetaData: std::ptr::null_mut(),
+            allocFlags: unsafe { std::mem::zeroed() },
+        };
+        let desc = sys::CUmemAccessDesc {
+            location: prop.location,
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        const BIG: usize = 32; // pages in the largest handle (64 MiB)
+        let mut small = 0u64;
+        let mut h16 = 0u64;
+        let mut h64 = 0u64;
+        let mut va: sys::CUdeviceptr = 0;
+        unsafe {
+            e(
+                "cuMemCreate 2M",
+                sys::cuMemCreate(&mut small, PAGE, &prop, 0),
+            )?;
+            e(
+                "cuMemCreate 16M",
+                sys::cuMemCreate(&mut h16, 8 * PAGE, &prop, 0),
+            )?;
+            e(
+                "cuMemCreate 64M",
+                sys::cuMemCreate(&mut h64, BIG * PAGE, &prop, 0),
+            )?;
+            e(
+                "cuMemAddressReserve",
+                sys::cuMemAddressReserve(&mut va, 4 * BIG * PAGE, PAGE, 0, 0),
+            )?;
+        }
+        let at = |i: usize| va + (i * PAGE) as u64;
+        let us = |t0: Instant| t0.elapsed().as_nanos() as f64 / 1e3;
+        // (name, [map, setAccess, unmap]) per shape.
+        let mut t: Vec<[Vec<f64>; 3]> = (0..4).map(|_| Default::default()).collect();
+        for r in 0..reps {
+            let o = (r % 3) * BIG;
+            unsafe {
+                // 0, 1, 2: one handle of 1, 8 or 32 pages in one mapping.
+                for (s, (h, n)) in [(small, 1), (h16, 8), (h64, BIG)].into_iter().enumerate() {
+                    let t0 = Instant::now();
+                    e("cuMemMap", sys::cuMemMap(at(o), n * PAGE, 0, h, 0))?;
+                    t[s][0].push(us(t0));
+                    let t0 = Instant::now();
+                    e(
+                        "cuMemSetAccess",
+                        sys::cuMemSetAccess(at(o), n * PAGE, &desc, 1),
+                    )?;
+                    t[s][1].push(us(t0));
+                    let t0 = Instant::now();
+                    e("cuMemUnmap", sys::cuMemUnmap(at(o), n * PAGE))?;
+                    t[s][2].push(us(t0));
+                }
+                // 3: a second mapping of a page that stays mapped (and accessible) elsewhere.
+                e("cuMemMap", sys::cuMemMap(at(o), PAGE, 0, small, 0))?;
+                e("cuMemSetAccess", sys::cuMemSetAccess(at(o), PAGE, &desc, 1))?;
+                let t0 = Instant::now();
+                e(
+                    "cuMemMap alias",
+                    sys::cuMemMap(at(o + 1), PAGE, 0, small, 0),
+                )?;
+                t[3][0].push(us(t0));
+                let t0 = Instant::now();
+                e(
+                    "cuMemSetAccess alias",
+                    sys::cuMemSetAccess(at(o + 1), PAGE, &desc, 1),
+                )?;
+                t[3][1].push(us(t0));
+                let t0 = Instant::now();
+                e("cuMemUnmap alias", sys::cuMemUnmap(at(o + 1), PAGE))?;
+                t[3][2].push(us(t0));
+                e("cuMemUnmap", sys::cuMemUnmap(at(o), PAGE))?;
+            }
+        }
+        // Does a page mapped again where access was once set keep that access?
+        let remapped = unsafe {
+            e("cuMemMap", sys::cuMemMap(at(0), PAGE, 0, small, 0))?;
+            e("cuMemSetAccess", sys::cuMemSetAccess(at(0), PAGE, &desc, 1))?;
+            e("cuMemUnmap", sys::cuMemUnmap(at(0), PAGE))?;
+            e("cuMemMap", sys::cuMemMap(at(0), PAGE, 0, small, 0))?;
+            let mut flags = 0u64;
+            let loc = prop.location;
+            let r = sys::cuMemGetAccess(&mut flags, &loc, at(0));
+            let _ = sys::cuMemUnmap(at(0), PAGE);
+            format!("{r:?}, flags {flags}")
+        };
+        unsafe {
+            let _ = sys::cuMemAddressFree(va, 4 * BIG * PAGE);
+            for h in [small, h16, h64] {
+                let _ = sys::cuMemRelease(h);
+            }
+        }
+        let names = [
+            "one 2 MiB handle, one mapping",
+            "one 16 MiB handle, one mapping",
+            "one 64 MiB handle, one mapping",
+            "second mapping of a mapped 2 MiB page",
+        ];
+        println!("driver call shapes, µs (median of {reps}): map / setAccess / unmap");
+        for (n, v) in names.iter().zip(t) {
+            let [a, b, c] = v;
+            println!(
+                "  {n}: {:.1} / {:.1} / {:.1}",
+                median(a),
+                median(b),
+                median(c)
+            );
+        }
+        println!("  access after unmap and map again (no setAccess): {remapped}");
+        Ok(())
+    }
+
     pub fn rows(w: &Workload, iters: usize, rows: &mut Vec<Row>) -> Result<(), String> {
         vigil_engine::backend::cuda::probe(0).map_err(|e| e.to_string())?;
         let ctx = CudaContext::new(0).map_err(|e| e.to_string())?;
         if let Err(e) = vmm_costs(&ctx, 200) {
             println!("driver call costs not measured: {e}");
+        }
+        if let Err(e) = vmm_shapes(&ctx, 100) {
+            println!("driver call shapes not measured: {e}");
+        }
+        if std::env::var("POOL_BENCH_ROWS").is_ok_and(|v| v == "vmm") {
+            return Ok(());
         }
         let streams: Vec<Arc<CudaStream>> = (0..2)
             .map(|_| ctx.new_stream().map_err(|e| e.to_string()))
