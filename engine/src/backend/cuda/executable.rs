@@ -1351,15 +1351,30 @@ impl Builder<'_> {
     }
 
     /// Halo tilings worth timing for `parts` (see [`super::codegen::halo_fits`]): those whose
-    /// channel block divides its output channels.
+    /// channel block divides its output channels, and the 64-channel ones as persistent
+    /// blocks, as many as the SMs hold at once (by shared memory, threads and about 80
+    /// registers a thread), which load a tile while they store the one before (only those
+    /// with `VIGIL_CUDA_PERSIST=force`).
     fn halo_tilings(&self, parts: &QConvParts) -> Vec<Tiling> {
         if self.halo == PathMode::Off || self.wgmma == PathMode::Off || !halo_fits(parts) {
             return Vec::new();
         }
+        let fits = |t: &&Tiling| parts.geom.cout.is_multiple_of(t.bn());
+        let persistent = [HALO_TILINGS[0], HALO_TILINGS[2]];
+        let persistent = persistent.iter().filter(fits).map(|t| {
+            let by_smem = self.smem_blocks(igemm_smem(parts, t.persistent(1)));
+            let by_regs = 65536 / (80 * t.threads());
+            let per_sm = by_smem.unwrap_or(1).min(by_regs).max(1);
+            t.persistent(self.sms * per_sm)
+        });
+        if self.persist == PathMode::Force {
+            return persistent.collect();
+        }
         HALO_TILINGS
             .iter()
-            .filter(|t| parts.geom.cout.is_multiple_of(t.bn()))
+            .filter(fits)
             .copied()
+            .chain(persistent)
             .collect()
     }
 

@@ -19,7 +19,9 @@
 //! and math warpgroups multiply them ([`super::igemm::ws_loop`]); the requantization is the
 //! implicit GEMM's.
 
-use super::igemm::{requant_into_tile, ring_smem, wgmma_multiply, ws_barriers, ws_loop, Tiling};
+use super::igemm::{
+    requant_into_tile, ring_smem, wgmma_multiply, ws_barriers, ws_loop, ws_tile_loop, Tiling,
+};
 use super::quant::QConvParts;
 use super::{Arg, Gen, GenKernel, LaunchDims};
 use crate::ir::ValueId;
@@ -129,15 +131,26 @@ pub const HALO_TILINGS: [Tiling; 4] = [
     halo_tiling(4, 128, 4),
 ];
 
+/// Most bytes of weights a persistent halo block keeps for all its tiles.
+const STAY_BYTES: usize = 48 << 10;
+
 /// How the halo kernel of one convolution uses shared memory.
 pub(super) struct HaloPlan {
-    /// The tiling with its ring cut to the K steps (at least two slots: see `ws_loop`).
+    /// The tiling with its ring cut to the K steps (at least two slots: see `ws_loop`);
+    /// persistent blocks keep theirs, as their slots run on into the next tile.
     t: Tiling,
     /// The convolution's halo geometry.
     shape: HaloShape,
-    /// Bytes of one slot: the squares' halos, then the nine taps' weights.
+    /// Bytes of one slot: the squares' halos, then the taps' weights unless they stay.
     slot: usize,
-    /// Where the mbarriers start, after the ring (which the output tile reuses).
+    /// Where the output tile starts: over the ring (free after the K loop), or after it in
+    /// a persistent block (whose ring then holds the next tile's loads).
+    out: usize,
+    /// Where a persistent block's weights stay for all its tiles, loaded once, K step after
+    /// K step: with one channel block (the stems, layer 1's 3x3s) every tile multiplies the
+    /// same weights, if they fit in [`STAY_BYTES`].
+    weights: Option<usize>,
+    /// Where the mbarriers start.
     bars: usize,
     /// Dynamic shared-memory bytes the kernel asks for (with 1024 bytes of alignment slack).
     pub(super) smem: usize,
@@ -148,16 +161,38 @@ impl HaloPlan {
         // Callers check `halo_fits` first; one that does not fit is sized as a 3x3.
         let shape = HaloShape::of(p).unwrap_or(HaloShape::THREE_BY_THREE);
         let steps = p.geom.cin / shape.step();
+        let persist = t.ctas > 0;
         let t = Tiling {
-            stages: t.stages.min(steps).max(2),
+            stages: if persist {
+                t.stages.max(2)
+            } else {
+                t.stages.min(steps).max(2)
+            },
             ..t
         };
-        let slot = t.warps_m / 4 * shape.square_bytes() + shape.wgmmas() * 32 * t.bn();
-        let bars = (t.stages * slot).max(t.bm() * (t.bn() + 16));
+        let halos = t.warps_m / 4 * shape.square_bytes();
+        let taps = shape.wgmmas() * 32 * t.bn();
+        let stay = persist && p.geom.cout == t.bn() && steps * taps <= STAY_BYTES;
+        let slot = if stay { halos } else { halos + taps };
+        let ring = t.stages * slot;
+        let tile = t.bm() * (t.bn() + 16);
+        let (out, weights, bars) = if persist {
+            let out = ring.next_multiple_of(128);
+            let after = (out + tile).next_multiple_of(128);
+            if stay {
+                (out, Some(after), after + steps * taps)
+            } else {
+                (out, None, after)
+            }
+        } else {
+            (0, None, ring.max(tile))
+        };
         HaloPlan {
             t,
             shape,
             slot,
+            out,
+            weights,
             bars,
             smem: bars + 16 * t.stages + 1024,
         }
@@ -166,16 +201,20 @@ impl HaloPlan {
 
 impl Gen {
     /// The halo kernel of QConv `parts` from NHWC int8 `x` into `y` with halo tiling `t` (see
-    /// the module docs); check [`halo_fits`] first.
+    /// the module docs), a block per tile, or persistent blocks looping over the tiles when
+    /// `t.ctas` is set; check [`halo_fits`] first.
     pub fn qhalo(&mut self, x: Arg, y: ValueId, p: &QConvParts, t: Tiling) -> GenKernel {
         let c = &p.geom;
         let HaloPlan {
             t,
             shape,
             slot,
+            out,
+            weights,
             bars,
             smem,
         } = HaloPlan::new(p, t);
+        let persist = t.ctas > 0;
         let (n, cin) = (c.cout, c.cin);
         let (h, w, oh, ow) = (c.h, c.w, c.oh, c.ow);
         let (side, px_count, chunks, sqb) = (
@@ -202,6 +241,7 @@ impl Gen {
         // Squares: per image ceil(oh/8) rows of ceil(ow/8).
         let (sy, sx) = (oh.div_ceil(8), ow.div_ceil(8));
         let squares = c.n * sy * sx;
+        let (gx, gy) = (squares.div_ceil(sq), n / bn);
         let a_bytes = sq * sqb;
         let pieces_a = px_count * 2;
         let (ai, bi) = (
@@ -218,14 +258,110 @@ impl Gen {
         let descs = format!(
             "const unsigned long long da = adesc(qa + ({tap}) * 16), db = bdesc(qb + ks * (32 * BN));"
         );
+        let qb = match weights {
+            Some(at) => format!("sbase + {at} + kk * {}", wgmmas * 32 * bn),
+            None => format!("sa + {a_bytes}"),
+        };
         let multiply = format!(
-            "    const unsigned int qa = sa + (warp >> 2) * {sqb}, qb = sa + {a_bytes};\n{}",
+            "    const unsigned int qa = sa + (warp >> 2) * {sqb}, qb = {qb};\n{}",
             wgmma_multiply(t, wgmmas, &descs)
         );
         // A piece's second chunk: the pixel's other 16 channels, or the next pixel's 16.
         let (shift, chunk_ch) = if chunks == 2 { (0, 16) } else { (1, 0) };
         let ts = bn + 16;
         let pieces = bm * bn / 16;
+        // The output tile of square group `bx` leaves in 16-byte pieces to each row's pixel
+        // (rows of squares past the image are dropped): `count` pieces from piece `first`,
+        // `threads` threads at a time, from thread `lead`.
+        let store = |first: &str, lead: &str, count: usize, threads: usize| {
+            format!(
+                r#"#pragma unroll
+  for (int pc = 0; pc < {iters}; ++pc) {{
+    const int q = {first} + {lead} + pc * {threads};
+    const int r = q / {bnv}, cpos = (q % {bnv}) * 16;
+    int img, y0, x0;
+    square(bx, r >> 6, img, y0, x0);
+    const int y = y0 + ((r >> 3) & 7), x = x0 + (r & 7);
+    if (q < {pieces} && img >= 0 && y < {oh} && x < {ow})
+      *(uint4*)(p1 + (i64)((img * {oh} + y) * {ow} + x) * {n} + n0 + cpos) = *(const uint4*)(tile + r * {ts} + cpos);
+  }}"#,
+                iters = count.div_ceil(threads),
+                bnv = bn / 16,
+            )
+        };
+        let requant = requant_into_tile(t, p, ts);
+        let body = if persist {
+            // Each warpgroup requantizes and stores its own square's 64 rows, so one can
+            // multiply while another stores.
+            let rows = 64 * bn / 16;
+            let epilogue = format!(
+                r#"      // The output tile has its own shared memory: the ring is already taking the
+      // next tile's loads. The first barrier waits for the warpgroup's last stores to leave it.
+      asm volatile("bar.sync %0, 128;" :: "r"(1 + (warp >> 2)) : "memory");
+{requant}
+      asm volatile("bar.sync %0, 128;" :: "r"(1 + (warp >> 2)) : "memory");
+{store}"#,
+                store = store(&format!("(warp >> 2) * {rows}"), "(tid & 127)", rows, 128),
+            );
+            let stay = match weights {
+                Some(at) => format!(
+                    "  if (lt >= 0)\n    for (int k = 0; k < {kcnt}; ++k) load_taps(sbase + {at} + k * {}, k * {step});\n  asm volatile(\"cp.async.wait_all;\" ::: \"memory\");\n",
+                    wgmmas * 32 * bn
+                ),
+                None => String::new(),
+            };
+            format!(
+                r#"  u8* tile = smem + {out};
+  const int* bias2 = (const int*)p3;
+  const float* mult = (const float*)p4;
+  const int tiles = {tiles}, kcnt = {kcnt};
+{stay}{barriers}  GRID_SYNC();
+{tile_loop}"#,
+                tiles = gx * gy,
+                barriers = ws_barriers(t, bars),
+                tile_loop = ws_tile_loop(
+                    t,
+                    slot,
+                    &multiply,
+                    (
+                        &format!("      setup(tt / {gy}, (tt % {gy}) * BN);"),
+                        &format!("      const int bx = tt / {gy}, n0 = (tt % {gy}) * BN;"),
+                        &epilogue,
+                    ),
+                ),
+            )
+        } else {
+            format!(
+                r#"  const int bx = blockIdx.x, n0 = blockIdx.y * {bn};
+  setup(bx, n0);
+{barriers}  const int kbeg = 0, kcnt = {kcnt};
+  GRID_SYNC();
+  int acc[1][{wn}][4];
+#pragma unroll
+  for (int j = 0; j < {wn}; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[0][j][e] = 0;
+{mainloop}  asm volatile("cp.async.wait_all;" ::: "memory");
+  __syncthreads();
+  // The output tile goes through shared memory ([BM][BN + 16] bytes over the free ring).
+  u8* tile = smem;
+  const int* bias2 = (const int*)p3;
+  const float* mult = (const float*)p4;
+{requant}
+  __syncthreads();
+{store}
+"#,
+                wn = t.wn,
+                barriers = ws_barriers(t, bars),
+                mainloop = ws_loop(t, slot, &multiply),
+                store = store("0", "tid", pieces, th),
+            )
+        };
+        let load_taps = if weights.is_some() {
+            String::new()
+        } else {
+            format!("    load_taps(sa + {a_bytes}, c0);\n")
+        };
         let src = format!(
             r#"
 extern "C" __global__ void __launch_bounds__({bounds}) {name}({plist}) {{
@@ -233,11 +369,10 @@ extern "C" __global__ void __launch_bounds__({bounds}) {name}({plist}) {{
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wmi = warp % {warps_m}, wni = 0;
   const int lt = tid - {math};
-  const int n0 = blockIdx.y * {bn};
   constexpr int BN = {bn};
-  // The square of tile row block q: its image and top-left output pixel (img < 0: none).
-  auto square = [&](int q, int& img, int& y0, int& x0) {{
-    const int s = blockIdx.x * {sq} + q;
+  // Square `q` of square group `bx`: its image and top-left output pixel (img < 0: none).
+  auto square = [&](int bx, int q, int& img, int& y0, int& x0) {{
+    const int s = bx * {sq} + q;
     img = s < {squares} ? s / {syx} : -1;
     const int rem = s - img * {syx};
     y0 = (rem / {sx}) * 8;
@@ -247,19 +382,37 @@ extern "C" __global__ void __launch_bounds__({bounds}) {name}({plist}) {{
   // -2: none) and slot offset. Neighbouring loaders take a pixel's two chunks (with 32
   // channels, each pair reads one whole 32-byte sector).
   int a_src[{ai}], a_dst[{ai}];
+  int ln0 = 0;
+  // The tile of square group `bx` and channels from `nb` becomes the one the loaders read.
+  auto setup = [&](int bx, int nb) {{
+    ln0 = nb;
 #pragma unroll
-  for (int i = 0; i < {ai}; ++i) {{
-    const int idx = lt + i * {lth};
-    const int q = idx / {pieces_a}, r = idx - q * {pieces_a}, px = r >> 1, ch = r & 1;
-    const int hy = px / {side}, hx = px - hy * {side} + ch * {shift};
-    int img, y0, x0;
-    square(q, img, y0, x0);
-    const int iy = y0 - {pad} + hy, ix = x0 - {pad} + hx;
-    a_dst[i] = q * {sqb} + ch * {chunk_bytes} + px * 16;
-    a_src[i] = (lt < 0 || idx >= {sq} * {pieces_a}) ? -2
-             : (img >= 0 && hx < {side} && (unsigned)iy < {h}u && (unsigned)ix < {w}u) ? ((img * {h} + iy) * {w} + ix) * {cin} + ch * {chunk_ch}
-             : -1;
-  }}
+    for (int i = 0; i < {ai}; ++i) {{
+      const int idx = lt + i * {lth};
+      const int q = idx / {pieces_a}, r = idx - q * {pieces_a}, px = r >> 1, ch = r & 1;
+      const int hy = px / {side}, hx = px - hy * {side} + ch * {shift};
+      int img, y0, x0;
+      square(bx, q, img, y0, x0);
+      const int iy = y0 - {pad} + hy, ix = x0 - {pad} + hx;
+      a_dst[i] = q * {sqb} + ch * {chunk_bytes} + px * 16;
+      a_src[i] = (lt < 0 || idx >= {sq} * {pieces_a}) ? -2
+               : (img >= 0 && hx < {side} && (unsigned)iy < {h}u && (unsigned)ix < {w}u) ? ((img * {h} + iy) * {w} + ix) * {cin} + ch * {chunk_ch}
+               : -1;
+    }}
+  }};
+  // The taps' weight tiles of K step channels `c0` on, for channels from `ln0`, at `sb`.
+  auto load_taps = [&](unsigned int sb, int c0) {{
+#pragma unroll
+    for (int i = 0; i < {bi}; ++i) {{
+      const int idx = lt + i * {lth};
+      const int tap = idx / (2 * BN), r = idx - tap * (2 * BN), row = r >> 1, ch = r & 1;
+      if (idx < {b_pieces}) {{
+        const unsigned int dst = sb + tap * (32 * BN) + ch * (16 * BN) + row * 16;
+        const u8* src = p2 + (i64)(ln0 + row) * {kp} + tap * {tap_bytes} + c0 + ch * 16;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(src));
+      }}
+    }}
+  }};
   auto load = [&](int stage, int ks) {{
     const unsigned int sa = sbase + stage * {slot};
     const int c0 = ks * {step};
@@ -271,17 +424,7 @@ extern "C" __global__ void __launch_bounds__({bounds}) {name}({plist}) {{
         asm volatile("st.shared.v4.u32 [%0], {{%1, %1, %1, %1}};" :: "r"(sa + a_dst[i]), "r"({pad_word}u));
       }}
     }}
-#pragma unroll
-    for (int i = 0; i < {bi}; ++i) {{
-      const int idx = lt + i * {lth};
-      const int tap = idx / (2 * BN), r = idx - tap * (2 * BN), row = r >> 1, ch = r & 1;
-      if (idx < {b_pieces}) {{
-        const unsigned int dst = sa + {a_bytes} + tap * (32 * BN) + ch * (16 * BN) + row * 16;
-        const u8* src = p2 + (i64)(n0 + row) * {kp} + tap * {tap_bytes} + c0 + ch * 16;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(src));
-      }}
-    }}
-  }};
+{load_taps}  }};
   // Unswizzled K-major descriptors: a square's 8-pixel lines are 8-row groups {side} 16-byte
   // rows apart, its chunks {px_count}; the weights' 8-row groups are 128 bytes apart, their
   // chunks 16·BN.
@@ -291,55 +434,28 @@ extern "C" __global__ void __launch_bounds__({bounds}) {name}({plist}) {{
   auto bdesc = [](unsigned int a) -> unsigned long long {{
     return (unsigned long long)((a & 0x3FFFFu) >> 4) | ((unsigned long long)BN << 16) | (8ull << 32);
   }};
-{barriers}  const int kbeg = 0, kcnt = {kcnt};
-  GRID_SYNC();
-  int acc[1][{wn}][4];
-#pragma unroll
-  for (int j = 0; j < {wn}; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[0][j][e] = 0;
-{mainloop}  asm volatile("cp.async.wait_all;" ::: "memory");
-  __syncthreads();
-  // The output tile goes through shared memory ([BM][BN + 16] bytes over the free ring) and
-  // leaves in 16-byte pieces to each row's pixel (rows of squares past the image are dropped).
-  u8* tile = smem;
-  const int* bias2 = (const int*)p3;
-  const float* mult = (const float*)p4;
-{requant}
-  __syncthreads();
-#pragma unroll
-  for (int it = 0; it < {iters}; ++it) {{
-    const int q = tid + it * {th};
-    const int r = q / {bnv}, cpos = (q % {bnv}) * 16;
-    int img, y0, x0;
-    square(r >> 6, img, y0, x0);
-    const int y = y0 + ((r >> 3) & 7), x = x0 + (r & 7);
-    if (q < {pieces} && img >= 0 && y < {oh} && x < {ow})
-      *(uint4*)(p1 + (i64)((img * {oh} + y) * {ow} + x) * {n} + n0 + cpos) = *(const uint4*)(tile + r * {ts} + cpos);
-  }}
-}}
+{body}}}
 "#,
             smem_decl = ring_smem(),
             warps_m = t.warps_m,
             math = t.math_threads(),
             syx = sy * sx,
-            wn = t.wn,
-            barriers = ws_barriers(t, bars),
-            mainloop = ws_loop(t, slot, &multiply),
-            requant = requant_into_tile(t, p, ts),
-            iters = pieces.div_ceil(th),
-            bnv = bn / 16,
             bounds = t.launch_bounds(),
             chunk_bytes = px_count * 16,
             b_pieces = 2 * wgmmas * bn,
         );
         self.src.push_str(&src);
+        let grid = if persist {
+            ((t.ctas.min(gx * gy)) as u32, 1, 1)
+        } else {
+            (gx as u32, gy as u32, 1)
+        };
         GenKernel {
             name,
             threads: c.n * c.oh * c.ow * n,
             args: params.iter().map(|(a, _)| *a).collect(),
             launch: Some(LaunchDims {
-                grid: (squares.div_ceil(sq) as u32, (n / bn) as u32, 1),
+                grid,
                 block: th as u32,
                 smem: smem as u32,
             }),
@@ -487,5 +603,74 @@ mod tests {
         // Weights: a pair's 32 bytes follow the previous pair's in each 256-byte row.
         assert!(g.src.contains("tap * 32 + c0 + ch * 16"));
         assert!(g.src.contains("const int iy = y0 - 0 + hy"));
+    }
+
+    #[test]
+    fn persistent_blocks_keep_a_stems_weights_and_store_from_their_own_tile() {
+        // 32 images' stems: 14x14 squares each, 2 per tile -> 3136 tiles over 264 blocks.
+        let s = stem(32).space_to_depth().expect("stem");
+        let t = HALO_TILINGS[0].persistent(264);
+        let plan = HaloPlan::new(&s, t);
+        // Four slots of two halos only; the output tile and the weights (8 pairs of taps x
+        // 64 rows x 32 bytes) after the ring, then the mbarriers.
+        let slot = 2 * 121 * 32;
+        assert_eq!((plan.t.stages, plan.slot), (4, slot));
+        assert_eq!(plan.out, (4 * slot).next_multiple_of(128));
+        let weights = (plan.out + 128 * 80).next_multiple_of(128);
+        assert_eq!(plan.weights, Some(weights));
+        assert_eq!(plan.bars, weights + 8 * 32 * 64);
+        assert_eq!(plan.smem, super::super::igemm_smem(&s, t));
+        let mut g = Gen::new(false);
+        let d = g.qhalo(Arg::ScratchAt(0), 1, &s, t).launch.expect("launch");
+        assert_eq!(
+            (d.grid, d.block, d.smem as usize),
+            ((264, 1, 1), 384, plan.smem)
+        );
+        // The weights load once, before the loop; the slots hold halos alone.
+        assert!(g.src.contains(&format!(
+            "for (int k = 0; k < 1; ++k) load_taps(sbase + {weights} + k * 16384, k * 16);"
+        )));
+        assert!(g
+            .src
+            .contains(&format!("qb = sbase + {weights} + kk * 16384;")));
+        assert!(!g.src.contains("load_taps(sa +"));
+        assert!(g.src.contains("const int tiles = 3136, kcnt = 1;"));
+        assert!(g.src.contains(&format!("u8* tile = smem + {};", plan.out)));
+        // Each math warpgroup stores its own square's rows, after a barrier of its own.
+        assert!(g
+            .src
+            .contains(r#"bar.sync %0, 128;" :: "r"(1 + (warp >> 2))"#));
+        assert!(g
+            .src
+            .contains("const int q = (warp >> 2) * 256 + (tid & 127) + pc * 128;"));
+
+        // Layer 1's 3x3 (64 channels into 64, 56x56): two K steps of nine taps' weights
+        // (2 x 9 x 32 x 64 bytes) stay; the slots hold the two K steps' halos.
+        let p = parts(32, 56, 64, 64);
+        let plan = HaloPlan::new(&p, t);
+        let weights = (plan.out + 128 * 80).next_multiple_of(128);
+        assert_eq!((plan.slot, plan.weights), (2 * 3200, Some(weights)));
+        assert_eq!(plan.bars, weights + 2 * 9 * 32 * 64);
+        let mut g = Gen::new(false);
+        g.qhalo(Arg::ScratchAt(0), 1, &p, t);
+        assert!(g.src.contains(&format!(
+            "for (int k = 0; k < 2; ++k) load_taps(sbase + {weights} + k * 18432, k * 32);"
+        )));
+        assert!(g
+            .src
+            .contains(&format!("qb = sbase + {weights} + kk * 18432;")));
+
+        // A 3x3 over 256 channels into 256: 8 K steps and four channel blocks, so the
+        // weights stay in the slots and tiles walk the channel blocks fastest.
+        let p = parts(32, 14, 256, 256);
+        let plan = HaloPlan::new(&p, t);
+        assert_eq!(plan.weights, None);
+        assert_eq!(plan.slot, 2 * 3200 + 9 * 32 * 64);
+        let mut g = Gen::new(false);
+        let d = g.qhalo(Arg::ScratchAt(0), 1, &p, t).launch.expect("launch");
+        // 32 x 4 squares in pairs, by 4 channel blocks: 256 tiles, fewer than the 264 asked.
+        assert_eq!(d.grid, (256, 1, 1));
+        assert!(g.src.contains("load_taps(sa + 6400, c0);"));
+        assert!(g.src.contains("setup(tt / 4, (tt % 4) * BN);"));
     }
 }

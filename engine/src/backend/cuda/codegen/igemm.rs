@@ -435,6 +435,62 @@ pub(super) fn ws_loop(t: Tiling, tile: usize, multiply: &str) -> String {
     )
 }
 
+/// The tile loop of a persistent warp-specialized wgmma kernel: block `b` takes tiles `b`,
+/// `b + gridDim.x`, ... of `tiles` (a C expression), each `kcnt` K steps. The loaders run
+/// [`ws_loop`]'s protocol over the block's K steps of all its tiles in one sequence, so
+/// they fill the next tile's first slots while the math warpgroups requantize and store the
+/// current one. `setup` (loaders) and `enter` (math warps) start a tile `tt`; `epilogue`
+/// (math warps only, their accumulators drained and every slot released) finishes it. Needs
+/// `bar_wait` and `bar0` ([`ws_barriers`]).
+pub(super) fn ws_tile_loop(
+    t: Tiling,
+    slot: usize,
+    multiply: &str,
+    (setup, enter, epilogue): (&str, &str, &str),
+) -> String {
+    format!(
+        r#"  if (warp >= {mw}) {{
+    int it = 0;
+    for (int tt = blockIdx.x; tt < tiles; tt += gridDim.x) {{
+{setup}
+      for (int kk = 0; kk < kcnt; ++kk, ++it) {{
+        const int s = it % {st};
+        if (it >= {st}) bar_wait(bar0 + ({st} + s) * 8, ((it / {st}) - 1) & 1);
+        load(s, kk);
+        asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"(bar0 + s * 8) : "memory");
+        asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" :: "r"(bar0 + s * 8) : "memory");
+      }}
+    }}
+  }} else {{
+    int it = 0;
+    for (int tt = blockIdx.x; tt < tiles; tt += gridDim.x) {{
+{enter}
+      int acc[1][{wn}][4];
+#pragma unroll
+      for (int j = 0; j < {wn}; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[0][j][e] = 0;
+      for (int kk = 0; kk < kcnt; ++kk, ++it) {{
+        const int s = it % {st};
+        bar_wait(bar0 + s * 8, (it / {st}) & 1);
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        const unsigned int sa = sbase + s * {slot};
+{multiply}        if (kk > 0 && lane == 0)
+          asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" :: "r"(bar0 + ({st} + (it - 1) % {st}) * 8) : "memory");
+      }}
+{drain}      if (lane == 0)
+        asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" :: "r"(bar0 + ({st} + (it - 1) % {st}) * 8) : "memory");
+{epilogue}
+    }}
+  }}
+"#,
+        mw = t.math_threads() / 32,
+        st = t.stages,
+        wn = t.wn,
+        drain = wgmma_drain(t),
+    )
+}
+
 /// Shared bytes a block of a cluster K split leaves its int32 sums in (a thread's sums are
 /// `BM·BN / threads` integers).
 fn cluster_sum_bytes(t: Tiling) -> usize {
