@@ -132,7 +132,7 @@ pub const HALO_TILINGS: [Tiling; 4] = [
 ];
 
 /// Most bytes of weights a persistent halo block keeps for all its tiles.
-const STAY_BYTES: usize = 48 << 10;
+const STAY_BYTES: usize = 80 << 10;
 
 /// How the halo kernel of one convolution uses shared memory.
 pub(super) struct HaloPlan {
@@ -147,9 +147,12 @@ pub(super) struct HaloPlan {
     /// a persistent block (whose ring then holds the next tile's loads).
     out: usize,
     /// Where a persistent block's weights stay for all its tiles, loaded once, K step after
-    /// K step: with one channel block (the stems, layer 1's 3x3s) every tile multiplies the
-    /// same weights, if they fit in [`STAY_BYTES`].
+    /// K step: when the blocks are a multiple of the channel blocks, every tile of a block
+    /// has the same channels (tiles go channel block fastest), so it multiplies the same
+    /// weights, if they fit in [`STAY_BYTES`] (the stems, layers 1 and 2's 3x3s).
     weights: Option<usize>,
+    /// Square groups (`warps_m / 4` squares each) and channel blocks: the tiles.
+    tiles: (usize, usize),
     /// Where the mbarriers start.
     bars: usize,
     /// Dynamic shared-memory bytes the kernel asks for (with 1024 bytes of alignment slack).
@@ -170,9 +173,13 @@ impl HaloPlan {
             },
             ..t
         };
+        let c = &p.geom;
+        let squares = c.n * c.oh.div_ceil(8) * c.ow.div_ceil(8);
+        let tiles = (squares.div_ceil(t.warps_m / 4), c.cout / t.bn());
         let halos = t.warps_m / 4 * shape.square_bytes();
         let taps = shape.wgmmas() * 32 * t.bn();
-        let stay = persist && p.geom.cout == t.bn() && steps * taps <= STAY_BYTES;
+        let blocks = t.ctas.min(tiles.0 * tiles.1);
+        let stay = persist && blocks.is_multiple_of(tiles.1) && steps * taps <= STAY_BYTES;
         let slot = if stay { halos } else { halos + taps };
         let ring = t.stages * slot;
         let tile = t.bm() * (t.bn() + 16);
@@ -193,6 +200,7 @@ impl HaloPlan {
             slot,
             out,
             weights,
+            tiles,
             bars,
             smem: bars + 16 * t.stages + 1024,
         }
@@ -211,6 +219,7 @@ impl Gen {
             slot,
             out,
             weights,
+            tiles: (gx, gy),
             bars,
             smem,
         } = HaloPlan::new(p, t);
@@ -241,7 +250,6 @@ impl Gen {
         // Squares: per image ceil(oh/8) rows of ceil(ow/8).
         let (sy, sx) = (oh.div_ceil(8), ow.div_ceil(8));
         let squares = c.n * sy * sx;
-        let (gx, gy) = (squares.div_ceil(sq), n / bn);
         let a_bytes = sq * sqb;
         let pieces_a = px_count * 2;
         let (ai, bi) = (
@@ -305,7 +313,7 @@ impl Gen {
             );
             let stay = match weights {
                 Some(at) => format!(
-                    "  if (lt >= 0)\n    for (int k = 0; k < {kcnt}; ++k) load_taps(sbase + {at} + k * {}, k * {step});\n  asm volatile(\"cp.async.wait_all;\" ::: \"memory\");\n",
+                    "  ln0 = (blockIdx.x % {gy}) * BN;\n  if (lt >= 0)\n    for (int k = 0; k < {kcnt}; ++k) load_taps(sbase + {at} + k * {}, k * {step});\n  asm volatile(\"cp.async.wait_all;\" ::: \"memory\");\n",
                     wgmmas * 32 * bn
                 ),
                 None => String::new(),
@@ -660,8 +668,23 @@ mod tests {
             .src
             .contains(&format!("qb = sbase + {weights} + kk * 18432;")));
 
-        // A 3x3 over 256 channels into 256: 8 K steps and four channel blocks, so the
-        // weights stay in the slots and tiles walk the channel blocks fastest.
+        // Layer 2's 3x3 (128 into 128, 28x28): 512 tiles over two channel blocks. With 264
+        // blocks each keeps one channel block, whose four K steps' weights stay; with 263
+        // blocks a block's tiles change channel block, so they load with the halos.
+        let p = parts(32, 28, 128, 128);
+        let plan = HaloPlan::new(&p, t);
+        assert_eq!(plan.tiles, (256, 2));
+        assert_eq!(plan.bars - plan.weights.expect("stays"), 4 * 9 * 32 * 64);
+        let mut g = Gen::new(false);
+        g.qhalo(Arg::ScratchAt(0), 1, &p, t);
+        assert!(g.src.contains("ln0 = (blockIdx.x % 2) * BN;"));
+        assert_eq!(
+            HaloPlan::new(&p, HALO_TILINGS[0].persistent(263)).weights,
+            None
+        );
+
+        // A 3x3 over 256 channels into 256: 8 K steps of weights (147 KiB) do not stay;
+        // they load into the slots, and tiles walk the channel blocks fastest.
         let p = parts(32, 14, 256, 256);
         let plan = HaloPlan::new(&p, t);
         assert_eq!(plan.weights, None);
