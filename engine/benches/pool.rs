@@ -433,11 +433,9 @@ mod device {
         }
     }
 
-    /// What the paged device region's driver calls cost (µs, median of `reps`), so the paged
-    /// rows' window time can be split into placement and page moves.
-    pub fn vmm_costs(ctx: &Arc<CudaContext>, reps: usize) -> Result<(), String> {
-        let e = |what: &str, r: sys::CUresult| r.result().map_err(|x| format!("{what}: {x}"));
-        ctx.bind_to_thread().map_err(|x| x.to_string())?;
+    /// Device 0's pinned physical allocations, and read-write access to them from it: what
+    /// the driver-cost measurements create and map.
+    fn vmm_props() -> (sys::CUmemAllocationProp, sys::CUmemAccessDesc) {
         let prop = sys::CUmemAllocationProp {
             type_: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
             requestedHandleTypes: sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
@@ -446,12 +444,22 @@ mod device {
                 id: 0,
             },
             win32HandleMetaData: std::ptr::null_mut(),
+            // SAFETY: the flags are a plain C struct of integers; zero is "no flags".
             allocFlags: unsafe { std::mem::zeroed() },
         };
         let desc = sys::CUmemAccessDesc {
             location: prop.location,
             flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };
+        (prop, desc)
+    }
+
+    /// What the paged device region's driver calls cost (µs, median of `reps`), so the paged
+    /// rows' window time can be split into placement and page moves.
+    pub fn vmm_costs(ctx: &Arc<CudaContext>, reps: usize) -> Result<(), String> {
+        let e = |what: &str, r: sys::CUresult| r.result().map_err(|x| format!("{what}: {x}"));
+        ctx.bind_to_thread().map_err(|x| x.to_string())?;
+        let (prop, desc) = vmm_props();
         const N: usize = 8;
         let mut handles = [0u64; N];
         let mut va: sys::CUdeviceptr = 0;
@@ -539,20 +547,7 @@ mod device {
     pub fn vmm_shapes(ctx: &Arc<CudaContext>, reps: usize) -> Result<(), String> {
         let e = |what: &str, r: sys::CUresult| r.result().map_err(|x| format!("{what}: {x}"));
         ctx.bind_to_thread().map_err(|x| x.to_string())?;
-        let prop = sys::CUmemAllocationProp {
-            type_: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
-            requestedHandleTypes: sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
-            location: sys::CUmemLocation {
-                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-                id: 0,
-            },
-            win32HandleMetaData: std::ptr::null_mut(),
-            allocFlags: unsafe { std::mem::zeroed() },
-        };
-        let desc = sys::CUmemAccessDesc {
-            location: prop.location,
-            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-        };
+        let (prop, desc) = vmm_props();
         const BIG: usize = 32; // pages in the largest handle (64 MiB)
         let mut small = 0u64;
         let mut h16 = 0u64;

@@ -402,6 +402,46 @@ pub(super) fn ws_barriers(t: Tiling, at: usize) -> String {
     )
 }
 
+/// A loader's turn at item `it` (a running count of the block's K steps) of a warp-specialized
+/// ring: it waits until the math warps have released slot `it % stages` (from its second
+/// round on), fills it with `load(slot, k)` and signals the slot's "full" barrier once its
+/// copies have landed.
+fn ws_fill(t: Tiling, k: &str) -> String {
+    format!(
+        r#"      const int s = it % {st};
+      if (it >= {st}) bar_wait(bar0 + ({st} + s) * 8, ((it / {st}) - 1) & 1);
+      load(s, {k});
+      asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"(bar0 + s * 8) : "memory");
+      asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" :: "r"(bar0 + s * 8) : "memory");
+"#,
+        st = t.stages,
+    )
+}
+
+/// A math warp's turn at item `it`: it waits for the slot's "full" barrier and multiplies the
+/// slot at `sa` (slots `slot` bytes apart) with `multiply`.
+fn ws_take(t: Tiling, slot: usize, multiply: &str) -> String {
+    format!(
+        r#"      const int s = it % {st};
+      bar_wait(bar0 + s * 8, (it / {st}) & 1);
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      const unsigned int sa = sbase + s * {slot};
+{multiply}"#,
+        st = t.stages,
+    )
+}
+
+/// A math warp's release of item `it - 1`'s slot (lane 0 arrives on its "empty" barrier for
+/// the warp), once `when` holds and that item's wgmmas are done.
+fn ws_release(t: Tiling, when: &str) -> String {
+    format!(
+        r#"      if ({when})
+        asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" :: "r"(bar0 + ({st} + (it - 1) % {st}) * 8) : "memory");
+"#,
+        st = t.stages,
+    )
+}
+
 /// The K loop of a warp-specialized wgmma tiling: the loader warps fill slot `it % stages`
 /// (`load(slot, k step)`) once the math warps have released it and signal its "full" barrier;
 /// the math warpgroups wait on that barrier alone (no block barrier), `multiply` the slot at
@@ -412,25 +452,16 @@ pub(super) fn ws_loop(t: Tiling, tile: usize, multiply: &str) -> String {
     format!(
         r#"  if (warp >= {mw}) {{
     for (int it = 0; it < kcnt; ++it) {{
-      const int s = it % {st};
-      if (it >= {st}) bar_wait(bar0 + ({st} + s) * 8, ((it / {st}) - 1) & 1);
-      load(s, kbeg + it);
-      asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"(bar0 + s * 8) : "memory");
-      asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" :: "r"(bar0 + s * 8) : "memory");
-    }}
+{fill}    }}
   }} else {{
     for (int it = 0; it < kcnt; ++it) {{
-      const int s = it % {st};
-      bar_wait(bar0 + s * 8, (it / {st}) & 1);
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      const unsigned int sa = sbase + s * {tile};
-{multiply}      if (it > 0 && lane == 0)
-        asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" :: "r"(bar0 + ({st} + (it - 1) % {st}) * 8) : "memory");
-    }}
+{take}{release}    }}
 {drain}  }}
 "#,
         mw = t.math_threads() / 32,
-        st = t.stages,
+        fill = ws_fill(t, "kbeg + it"),
+        take = ws_take(t, tile, multiply),
+        release = ws_release(t, "it > 0 && lane == 0"),
         drain = wgmma_drain(t),
     )
 }
@@ -454,12 +485,7 @@ pub(super) fn ws_tile_loop(
     for (int tt = blockIdx.x; tt < tiles; tt += gridDim.x) {{
 {setup}
       for (int kk = 0; kk < kcnt; ++kk, ++it) {{
-        const int s = it % {st};
-        if (it >= {st}) bar_wait(bar0 + ({st} + s) * 8, ((it / {st}) - 1) & 1);
-        load(s, kk);
-        asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"(bar0 + s * 8) : "memory");
-        asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" :: "r"(bar0 + s * 8) : "memory");
-      }}
+{fill}      }}
     }}
   }} else {{
     int it = 0;
@@ -471,23 +497,18 @@ pub(super) fn ws_tile_loop(
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[0][j][e] = 0;
       for (int kk = 0; kk < kcnt; ++kk, ++it) {{
-        const int s = it % {st};
-        bar_wait(bar0 + s * 8, (it / {st}) & 1);
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        const unsigned int sa = sbase + s * {slot};
-{multiply}        if (kk > 0 && lane == 0)
-          asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" :: "r"(bar0 + ({st} + (it - 1) % {st}) * 8) : "memory");
-      }}
-{drain}      if (lane == 0)
-        asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" :: "r"(bar0 + ({st} + (it - 1) % {st}) * 8) : "memory");
-{epilogue}
+{take}{release_prev}      }}
+{drain}{release_last}{epilogue}
     }}
   }}
 "#,
         mw = t.math_threads() / 32,
-        st = t.stages,
         wn = t.wn,
+        fill = ws_fill(t, "kk"),
+        take = ws_take(t, slot, multiply),
+        release_prev = ws_release(t, "kk > 0 && lane == 0"),
         drain = wgmma_drain(t),
+        release_last = ws_release(t, "lane == 0"),
     )
 }
 
