@@ -18,6 +18,11 @@
 //! (`i · 32·BN + chunk · 16·BN + row · 16`). Loader warps fill the slots
 //! and math warpgroups multiply them ([`super::igemm::ws_loop`]); the requantization is the
 //! implicit GEMM's.
+//!
+//! Persistent blocks ([`Tiling::ctas`]) walk several tiles ([`super::igemm::ws_tile_loop`]):
+//! the loaders fill the next tile's slots while each math warpgroup requantizes and stores its
+//! own square from an output tile past the ring, and weights that all of a block's tiles share
+//! (one channel block per block) load once and stay in shared memory.
 
 use super::igemm::{
     requant_into_tile, ring_smem, wgmma_multiply, ws_barriers, ws_loop, ws_tile_loop, Tiling,
