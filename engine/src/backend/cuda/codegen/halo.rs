@@ -156,8 +156,15 @@ pub(super) struct HaloPlan {
     /// has the same channels (tiles go channel block fastest), so it multiplies the same
     /// weights, if they fit in [`STAY_BYTES`] (the stems, layers 1 and 2's 3x3s).
     weights: Option<usize>,
+    /// Output squares over all images.
+    squares: usize,
+    /// Bytes of one K step's weights: the taps' tiles of `BN` rows.
+    taps: usize,
     /// Square groups (`warps_m / 4` squares each) and channel blocks: the tiles.
     tiles: (usize, usize),
+    /// The launch grid's x and y: the tiles, or the persistent blocks (at most one per tile)
+    /// and 1.
+    grid: (usize, usize),
     /// Where the mbarriers start.
     bars: usize,
     /// Dynamic shared-memory bytes the kernel asks for (with 1024 bytes of alignment slack).
@@ -183,8 +190,12 @@ impl HaloPlan {
         let tiles = (squares.div_ceil(t.warps_m / 4), c.cout / t.bn());
         let halos = t.warps_m / 4 * shape.square_bytes();
         let taps = shape.wgmmas() * 32 * t.bn();
-        let blocks = t.ctas.min(tiles.0 * tiles.1);
-        let stay = persist && blocks.is_multiple_of(tiles.1) && steps * taps <= STAY_BYTES;
+        let grid = if persist {
+            (t.ctas.min(tiles.0 * tiles.1), 1)
+        } else {
+            tiles
+        };
+        let stay = persist && grid.0.is_multiple_of(tiles.1) && steps * taps <= STAY_BYTES;
         let slot = if stay { halos } else { halos + taps };
         let ring = t.stages * slot;
         let tile = t.bm() * (t.bn() + 16);
@@ -205,7 +216,10 @@ impl HaloPlan {
             slot,
             out,
             weights,
+            squares,
+            taps,
             tiles,
+            grid,
             bars,
             smem: bars + 16 * t.stages + 1024,
         }
@@ -224,7 +238,10 @@ impl Gen {
             slot,
             out,
             weights,
+            squares,
+            taps,
             tiles: (gx, gy),
+            grid,
             bars,
             smem,
         } = HaloPlan::new(p, t);
@@ -254,7 +271,6 @@ impl Gen {
         let pad_word = u32::from(p.pad_s as i8 as u8) * 0x0101_0101;
         // Squares: per image ceil(oh/8) rows of ceil(ow/8).
         let (sy, sx) = (oh.div_ceil(8), ow.div_ceil(8));
-        let squares = c.n * sy * sx;
         let a_bytes = sq * sqb;
         let pieces_a = px_count * 2;
         let (ai, bi) = (
@@ -272,7 +288,7 @@ impl Gen {
             "const unsigned long long da = adesc(qa + ({tap}) * 16), db = bdesc(qb + ks * (32 * BN));"
         );
         let qb = match weights {
-            Some(at) => format!("sbase + {at} + kk * {}", wgmmas * 32 * bn),
+            Some(at) => format!("sbase + {at} + kk * {taps}"),
             None => format!("sa + {a_bytes}"),
         };
         let multiply = format!(
@@ -318,8 +334,7 @@ impl Gen {
             );
             let stay = match weights {
                 Some(at) => format!(
-                    "  ln0 = (blockIdx.x % {gy}) * BN;\n  if (lt >= 0)\n    for (int k = 0; k < {kcnt}; ++k) load_taps(sbase + {at} + k * {}, k * {step});\n  asm volatile(\"cp.async.wait_all;\" ::: \"memory\");\n",
-                    wgmmas * 32 * bn
+                    "  ln0 = (blockIdx.x % {gy}) * BN;\n  if (lt >= 0)\n    for (int k = 0; k < {kcnt}; ++k) load_taps(sbase + {at} + k * {taps}, k * {step});\n  asm volatile(\"cp.async.wait_all;\" ::: \"memory\");\n"
                 ),
                 None => String::new(),
             };
@@ -458,17 +473,12 @@ extern "C" __global__ void __launch_bounds__({bounds}) {name}({plist}) {{
             b_pieces = 2 * wgmmas * bn,
         );
         self.src.push_str(&src);
-        let grid = if persist {
-            ((t.ctas.min(gx * gy)) as u32, 1, 1)
-        } else {
-            (gx as u32, gy as u32, 1)
-        };
         GenKernel {
             name,
             threads: c.n * c.oh * c.ow * n,
             args: params.iter().map(|(a, _)| *a).collect(),
             launch: Some(LaunchDims {
-                grid,
+                grid: (grid.0 as u32, grid.1 as u32, 1),
                 block: th as u32,
                 smem: smem as u32,
             }),
