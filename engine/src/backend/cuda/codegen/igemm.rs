@@ -17,7 +17,7 @@
 
 use std::fmt::Write as _;
 
-use super::quant::{i32_bytes, requant_value, QConvParts};
+use super::quant::{i32_bytes, requant_saturating, requant_value, QConvParts};
 use super::{f32_bytes, Arg, Gen, GenKernel, LaunchDims};
 use crate::ir::ValueId;
 
@@ -594,6 +594,24 @@ fn fragment_loops(t: Tiling, n: usize, body: &str) -> String {
 /// bytes), two channels to a 2-byte cell; a residual is read from the cell it replaces. Needs
 /// `n0` (the tile's first channel), `bias2` and `mult` in scope.
 pub(super) fn requant_into_tile(t: Tiling, p: &QConvParts, ts: usize) -> String {
+    let residual = p
+        .residual
+        .as_ref()
+        .map(|r| (r, "(signed char)(rz >> (8 * e))"));
+    // A saturating pack clamps both codes in one instruction where the epilogue allows it.
+    let (value, pack) = match requant_saturating(&p.epi, residual) {
+        Some((value, ty)) => (
+            value,
+            format!(
+                r#"unsigned int w; asm("cvt.pack.sat.{ty}.s32.b32 %0, %1, %2, 0;" : "=r"(w) : "r"(code[1]), "r"(code[0]));
+        *cell = (unsigned short)w;"#
+            ),
+        ),
+        None => (
+            requant_value(&p.epi, residual),
+            "*cell = (unsigned short)__byte_perm(code[0], code[1], 0x0040);".to_string(),
+        ),
+    };
     let body = format!(
         r#"        unsigned short* cell = (unsigned short*)(tile + rl * {ts} + cl);
         {rz}
@@ -605,18 +623,12 @@ pub(super) fn requant_into_tile(t: Tiling, p: &QConvParts, ts: usize) -> String 
           {value}
           code[e] = q;
         }}
-        *cell = (unsigned short)__byte_perm(code[0], code[1], 0x0040);"#,
+        {pack}"#,
         rz = if p.residual.is_some() {
             "const unsigned int rz = *cell;"
         } else {
             ""
         },
-        value = requant_value(
-            &p.epi,
-            p.residual
-                .as_ref()
-                .map(|r| (r, "(signed char)(rz >> (8 * e))"))
-        ),
     );
     fragment_loops(t, p.geom.cout, &body)
 }

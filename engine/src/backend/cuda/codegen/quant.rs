@@ -40,15 +40,7 @@ pub(super) const REQUANT_BYTE: &str = "(u8)q";
 /// bounds are integers, in three instructions instead of six (a `min.relu` when the lower
 /// bound is the zero point).
 pub(super) fn requant_value(epi: &QEpilogue, residual: Option<(&Residual, &str)>) -> String {
-    let mut s = String::from("float f = __fmul_rn(__int2float_rn(t), mult[co]);");
-    if let Some((r, code)) = residual {
-        let _ = write!(
-            s,
-            " f = fmaf({}, (float)((int)({code}) - ({})), f);",
-            flit(r.beta),
-            r.zero_point
-        );
-    }
+    let mut s = requant_float(residual);
     if let Some((act, ys)) = epi.general {
         let real = format!("__fmul_rn(f, {})", flit(ys));
         let _ = write!(
@@ -62,9 +54,7 @@ pub(super) fn requant_value(epi: &QEpilogue, residual: Option<(&Residual, &str)>
         );
         return s;
     }
-    if epi.slope != 1.0 {
-        let _ = write!(s, " if (f < 0.f) f = __fmul_rn(f, {});", flit(epi.slope));
-    }
+    push_slope(&mut s, epi);
     // The bounds and zero point are integers held in f32 (QEpilogue::new).
     let (lo, hi, zy) = (
         (epi.lo - epi.zy) as i32,
@@ -82,6 +72,73 @@ pub(super) fn requant_value(epi: &QEpilogue, residual: Option<(&Residual, &str)>
         let _ = write!(s, " int q = {clamped} + ({zy});");
     }
     s
+}
+
+/// The float `f` of [`requant_value`]: the sum in output units, plus the residual's.
+fn requant_float(residual: Option<(&Residual, &str)>) -> String {
+    let mut s = String::from("float f = __fmul_rn(__int2float_rn(t), mult[co]);");
+    if let Some((r, code)) = residual {
+        let _ = write!(
+            s,
+            " f = fmaf({}, (float)((int)({code}) - ({})), f);",
+            flit(r.beta),
+            r.zero_point
+        );
+    }
+    s
+}
+
+/// A LeakyRelu's negative-side slope on `f`, as [`requant_value`] applies it.
+fn push_slope(s: &mut String, epi: &QEpilogue) {
+    if epi.slope != 1.0 {
+        let _ = write!(s, " if (f < 0.f) f = __fmul_rn(f, {});", flit(epi.slope));
+    }
+}
+
+/// The requantization as [`requant_value`] computes it, but leaving the clamp to a saturating
+/// pack of two codes into bytes (`cvt.pack.sat.{type}.s32.b32`, one `I2IP` for two outputs);
+/// `Some((statements, type))` when the epilogue's clamp is one the pack and a saturating
+/// conversion can do, which saves the two integer clamps a code (the epilogue is issue-bound).
+///
+/// - The output type's whole range (no activation, or a u8 ReLU with zero point 0): the code
+///   `q = rn(f) + zy` saturated to the type equals the clamp of [`requant_value`]. `f` is kept
+///   from ±1e9 on the side `zy` moves towards, so the add cannot wrap.
+/// - An s8 ReLU with zero point 0 (`[0, 127]`): `cvt.rni.sat.u8.f32` rounds and clamps to
+///   `[0, 255]`, and the s8 pack then cuts it at 127.
+pub(super) fn requant_saturating(
+    epi: &QEpilogue,
+    residual: Option<(&Residual, &str)>,
+) -> Option<(String, &'static str)> {
+    if epi.general.is_some() {
+        return None;
+    }
+    let (ty, tlo, thi) = if epi.signed {
+        ("s8", -128.0, 127.0)
+    } else {
+        ("u8", 0.0, 255.0)
+    };
+    let mut s = requant_float(residual);
+    push_slope(&mut s, epi);
+    let zy = epi.zy as i32;
+    if epi.lo == tlo && epi.hi == thi {
+        let f = match zy.signum() {
+            1 => "fminf(f, 1e9f)",
+            -1 => "fmaxf(f, -1e9f)",
+            _ => "f",
+        };
+        let add = if zy == 0 {
+            String::new()
+        } else {
+            format!(" + ({zy})")
+        };
+        let _ = write!(s, " int q = __float2int_rn({f}){add};");
+        return Some((s, ty));
+    }
+    if epi.signed && zy == 0 && epi.lo == 0.0 && epi.hi == 127.0 {
+        s.push_str(r#" int q; asm("cvt.rni.sat.u8.f32 %0, %1;" : "=r"(q) : "f"(f));"#);
+        return Some((s, "s8"));
+    }
+    None
 }
 
 /// Per-channel bias (zero-point correction and the `128·Σ w` term folded in) and multiplier.
@@ -715,5 +772,96 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// `cvt.pack.sat` on the host: a code saturated to the byte type's range.
+    fn pack_sat(q: i32, signed: bool) -> u8 {
+        if signed {
+            q.clamp(-128, 127) as i8 as u8
+        } else {
+            q.clamp(0, 255) as u8
+        }
+    }
+
+    #[test]
+    fn saturating_packs_equal_the_cpu_requantization_where_they_apply() {
+        let q = |zero_point, dtype| QParams {
+            scale: 0.05,
+            zero_point,
+            dtype,
+        };
+        let acts = [
+            None,
+            Some(Activation::Relu),
+            Some(Activation::Clip { min: 0.0, max: 6.0 }),
+        ];
+        let mut fs: Vec<f32> = (-1200..=1200).map(|i| i as f32 * 0.25).collect();
+        fs.extend([
+            -3e9, -2.2e9, -1e7, -129.5, -128.5, 127.5, 128.5, 254.5, 255.5, 1e7, 2.2e9, 3e9,
+        ]);
+        let mut applied = Vec::new();
+        for y in [
+            q(0, DataType::I8),
+            q(-128, DataType::I8),
+            q(7, DataType::I8),
+            q(0, DataType::U8),
+            q(128, DataType::U8),
+            q(3, DataType::U8),
+        ] {
+            for act in acts {
+                let epi = epilogue(y, act);
+                let Some((src, ty)) = requant_saturating(&epi, None) else {
+                    continue;
+                };
+                applied.push((y.zero_point, y.dtype, act.is_some()));
+                assert_eq!(ty, if epi.signed { "s8" } else { "u8" });
+                let zy = epi.zy as i32;
+                let relu_s8 = src.contains("cvt.rni.sat.u8.f32");
+                for &f in &fs {
+                    let want = (f
+                        .max(epi.lo - epi.zy)
+                        .min(epi.hi - epi.zy)
+                        .round_ties_even()
+                        + epi.zy) as i32 as u8;
+                    // What the statements and the pack do, evaluated on the host.
+                    let got = if relu_s8 {
+                        pack_sat(float2int_rn(f).clamp(0, 255), true)
+                    } else {
+                        let kept = match zy.signum() {
+                            1 => f.min(1e9),
+                            -1 => f.max(-1e9),
+                            _ => f,
+                        };
+                        pack_sat(float2int_rn(kept) + zy, epi.signed)
+                    };
+                    assert_eq!(got, want, "f {f} y {y:?} act {act:?}");
+                }
+                if !relu_s8 {
+                    let kept = match zy.signum() {
+                        1 => "fminf(f, 1e9f)",
+                        -1 => "fmaxf(f, -1e9f)",
+                        _ => "f",
+                    };
+                    assert!(src.contains(&format!("__float2int_rn({kept})")), "{src}");
+                }
+            }
+        }
+        // Unclamped s8 and u8 outputs of any zero point, s8 ReLU at zero point 0 and u8 ReLU
+        // at zero point 0; never a clamp inside the type's range (Clip, other ReLUs).
+        let (s8t, u8t) = (DataType::I8, DataType::U8);
+        assert_eq!(
+            applied,
+            [
+                (0, s8t, false),
+                (0, s8t, true),
+                (-128, s8t, false),
+                (-128, s8t, true),
+                (7, s8t, false),
+                (0, u8t, false),
+                (0, u8t, true),
+                (128, u8t, false),
+                (3, u8t, false),
+            ]
+        );
     }
 }
