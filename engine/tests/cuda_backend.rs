@@ -441,7 +441,15 @@ fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
 /// agree to 1e-3.
 fn compare_model(file: &str, batch: usize) {
     let cpu = load(file, Device::Cpu, batch);
-    let gpu = load(file, Device::Cuda, batch);
+    // A QDQ model runs on the GPU at the int8 precision, as users and the benches run it: that
+    // keeps it channels-last (fp32 takes NCHW at batch >= 8, where the int8 convolutions run
+    // as the direct kernel instead of the implicit GEMM).
+    let precision = if file.contains(".qdq") {
+        Precision::Int8
+    } else {
+        Precision::Fp32
+    };
+    let gpu = load_at(file, Device::Cuda, batch, precision);
     assert_eq!(gpu.backend(), "cuda");
     let mut cc = cpu.new_context().expect("cpu ctx");
     let mut gc = gpu.new_context().expect("gpu ctx");

@@ -45,12 +45,12 @@ ab() {
   bench fp16 fp16 "/tmp/onnx/resnet50.onnx:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-$name.txt $on
   profile $OUT/cache-$name.txt $on
 }
-# `forced_exact ENV...`: ResNet-50 s8 at batch $FORCED_BATCH (default 2) against the CPU with
-# the fusions off, the implicit GEMM forced and ENV (a path forced); the outputs must be
-# identical. Timing cache $OUT/cache-forced.txt, output $OUT/forced.txt.
+# `forced_exact ENV...`: ResNet-50 ($FORCED_MODEL, default s8) at batch $FORCED_BATCH (default
+# 2) against the CPU with the fusions off, the implicit GEMM forced and ENV (a path forced); the
+# outputs must be identical. Timing cache $OUT/cache-forced.txt, output $OUT/forced.txt.
 forced_exact() {
-  echo "=== ResNet-50 s8 against the CPU, fusions off, $* ($SECONDS s)"
-  env "$@" VIGIL_CUDA_QFUSE=0 VIGIL_CUDA_IGEMM=force VIGIL_CUDA_TIMING_CACHE=$OUT/cache-forced.txt VIGIL_CUDA_COMPARE="$S8:${FORCED_BATCH:-2}" \
+  echo "=== ResNet-50 ${FORCED_MODEL:-$S8} against the CPU, fusions off, $* ($SECONDS s)"
+  env "$@" VIGIL_CUDA_QFUSE=0 VIGIL_CUDA_IGEMM=force VIGIL_CUDA_TIMING_CACHE=$OUT/cache-forced.txt VIGIL_CUDA_COMPARE="${FORCED_MODEL:-$S8}:${FORCED_BATCH:-2}" \
     timeout 200 $T listed_models_match_cpu --nocapture > $OUT/forced.txt 2>&1; echo "rc $?"
   grep -E "^test |test result|rel diff|panicked" $OUT/forced.txt | cut -c1-200 | head -12
 }
