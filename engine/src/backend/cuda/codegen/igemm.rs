@@ -1243,6 +1243,33 @@ pub(super) mod tests {
     }
 
     #[test]
+    fn whole_range_clamps_pack_with_saturation_and_others_clamp_in_integers() {
+        use crate::backend::cpu::kernels::QEpilogue;
+        use crate::ir::{Activation, DataType, QParams};
+        let q = |zero_point| QParams {
+            scale: 0.1,
+            zero_point,
+            dtype: DataType::I8,
+        };
+        let mut p = parts(32, 32, 64, false);
+        let src = |p: &QConvParts| {
+            let mut g = Gen::new(false);
+            g.qigemm(Arg::Val(0), 1, p, WG_TILINGS[2]);
+            g.src
+        };
+        // s8 at zero point 0 without an activation: the type's range, one pack per cell.
+        let packed = src(&p);
+        assert!(packed.contains("cvt.pack.sat.s8.s32.b32"));
+        assert!(!packed.contains("__byte_perm(code[0], code[1]"));
+        // ReLU6 clamps inside the range: integer clamps and a byte permute.
+        let relu6 = Some(Activation::Clip { min: 0.0, max: 6.0 });
+        p.epi = QEpilogue::new(q(0), &[0.01; 64], q(0), &[0; 64], &[0; 64], relu6);
+        let clamped = src(&p);
+        assert!(!clamped.contains("cvt.pack.sat"));
+        assert!(clamped.contains("__byte_perm(code[0], code[1], 0x0040)"));
+    }
+
+    #[test]
     fn cluster_split_k_adds_up_in_block_zero_and_requantizes_there() {
         let mut p = parts(64, 64, 128, false);
         p.residual = residual();

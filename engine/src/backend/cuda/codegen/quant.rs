@@ -723,53 +723,70 @@ mod tests {
         f.round_ties_even() as i32
     }
 
-    #[test]
-    fn integer_clamp_after_rounding_equals_the_cpu_requantization() {
-        let s8 = |zero_point| QParams {
+    /// An output's parameters, its activation and their epilogue.
+    type RequantCase = (QParams, Option<Activation>, QEpilogue);
+
+    /// The epilogues both requantization tests run through (s8 and u8 zero points, with no
+    /// activation, ReLU and Clip) and the sums they requantize: ties, values just around the
+    /// bounds, and sums far outside the 8-bit range, past the i32 range too.
+    fn requant_cases() -> (Vec<RequantCase>, Vec<f32>) {
+        let q = |zero_point, dtype| QParams {
             scale: 0.05,
             zero_point,
-            dtype: DataType::I8,
-        };
-        let u8q = |zero_point| QParams {
-            scale: 0.05,
-            zero_point,
-            dtype: DataType::U8,
+            dtype,
         };
         let acts = [
             None,
             Some(Activation::Relu),
             Some(Activation::Clip { min: 0.0, max: 6.0 }),
         ];
-        // Ties, values just around the bounds, and sums far outside the 8-bit range.
-        let mut fs: Vec<f32> = (-600..=600).map(|i| i as f32 * 0.25).collect();
+        let ys = [
+            q(0, DataType::I8),
+            q(-128, DataType::I8),
+            q(7, DataType::I8),
+            q(0, DataType::U8),
+            q(128, DataType::U8),
+            q(3, DataType::U8),
+        ];
+        let epis = ys
+            .iter()
+            .flat_map(|&y| acts.map(|act| (y, act, epilogue(y, act))))
+            .collect();
+        let mut fs: Vec<f32> = (-1200..=1200).map(|i| i as f32 * 0.25).collect();
         fs.extend([
-            -3e9, -1e7, -129.5, -128.5, 127.5, 128.5, 254.5, 255.5, 1e7, 3e9,
+            -3e9, -2.2e9, -1e7, -129.5, -128.5, 127.5, 128.5, 254.5, 255.5, 1e7, 2.2e9, 3e9,
         ]);
-        for y in [s8(0), s8(-128), s8(7), u8q(0), u8q(128), u8q(3)] {
-            for act in acts {
-                let epi = epilogue(y, act);
-                // What requant_value emits for this epilogue, evaluated on the host.
-                let (lo, hi, zy) = (
-                    (epi.lo - epi.zy) as i32,
-                    (epi.hi - epi.zy) as i32,
-                    epi.zy as i32,
-                );
-                for &f in &fs {
-                    // The CPU: clamp the float, round half to even, add the zero point.
-                    let want = (f
-                        .max(epi.lo - epi.zy)
-                        .min(epi.hi - epi.zy)
-                        .round_ties_even()
-                        + epi.zy) as i32 as u8;
-                    let got = (float2int_rn(f).clamp(lo, hi) + zy) as u8;
-                    assert_eq!(got, want, "f {f} y {y:?} act {act:?}");
-                }
-                let src = requant_value(&epi, None);
-                if lo == 0 {
-                    assert!(src.contains(&format!("__vimin_s32_relu(__float2int_rn(f), {hi})")));
-                } else {
-                    assert!(src.contains(&format!("min(max(__float2int_rn(f), {lo}), {hi})")));
-                }
+        (epis, fs)
+    }
+
+    /// The CPU's stored byte for sum `f`: clamp the float, round half to even, add the zero
+    /// point.
+    fn cpu_code(epi: &QEpilogue, f: f32) -> u8 {
+        (f.max(epi.lo - epi.zy)
+            .min(epi.hi - epi.zy)
+            .round_ties_even()
+            + epi.zy) as i32 as u8
+    }
+
+    #[test]
+    fn integer_clamp_after_rounding_equals_the_cpu_requantization() {
+        let (epis, fs) = requant_cases();
+        for (y, act, epi) in epis {
+            // What requant_value emits for this epilogue, evaluated on the host.
+            let (lo, hi, zy) = (
+                (epi.lo - epi.zy) as i32,
+                (epi.hi - epi.zy) as i32,
+                epi.zy as i32,
+            );
+            for &f in &fs {
+                let got = (float2int_rn(f).clamp(lo, hi) + zy) as u8;
+                assert_eq!(got, cpu_code(&epi, f), "f {f} y {y:?} act {act:?}");
+            }
+            let src = requant_value(&epi, None);
+            if lo == 0 {
+                assert!(src.contains(&format!("__vimin_s32_relu(__float2int_rn(f), {hi})")));
+            } else {
+                assert!(src.contains(&format!("min(max(__float2int_rn(f), {lo}), {hi})")));
             }
         }
     }
@@ -785,65 +802,37 @@ mod tests {
 
     #[test]
     fn saturating_packs_equal_the_cpu_requantization_where_they_apply() {
-        let q = |zero_point, dtype| QParams {
-            scale: 0.05,
-            zero_point,
-            dtype,
-        };
-        let acts = [
-            None,
-            Some(Activation::Relu),
-            Some(Activation::Clip { min: 0.0, max: 6.0 }),
-        ];
-        let mut fs: Vec<f32> = (-1200..=1200).map(|i| i as f32 * 0.25).collect();
-        fs.extend([
-            -3e9, -2.2e9, -1e7, -129.5, -128.5, 127.5, 128.5, 254.5, 255.5, 1e7, 2.2e9, 3e9,
-        ]);
+        let (epis, fs) = requant_cases();
         let mut applied = Vec::new();
-        for y in [
-            q(0, DataType::I8),
-            q(-128, DataType::I8),
-            q(7, DataType::I8),
-            q(0, DataType::U8),
-            q(128, DataType::U8),
-            q(3, DataType::U8),
-        ] {
-            for act in acts {
-                let epi = epilogue(y, act);
-                let Some((src, ty)) = requant_saturating(&epi, None) else {
-                    continue;
-                };
-                applied.push((y.zero_point, y.dtype, act.is_some()));
-                assert_eq!(ty, if epi.signed { "s8" } else { "u8" });
-                let zy = epi.zy as i32;
-                let relu_s8 = src.contains("cvt.rni.sat.u8.f32");
-                for &f in &fs {
-                    let want = (f
-                        .max(epi.lo - epi.zy)
-                        .min(epi.hi - epi.zy)
-                        .round_ties_even()
-                        + epi.zy) as i32 as u8;
-                    // What the statements and the pack do, evaluated on the host.
-                    let got = if relu_s8 {
-                        pack_sat(float2int_rn(f).clamp(0, 255), true)
-                    } else {
-                        let kept = match zy.signum() {
-                            1 => f.min(1e9),
-                            -1 => f.max(-1e9),
-                            _ => f,
-                        };
-                        pack_sat(float2int_rn(kept) + zy, epi.signed)
-                    };
-                    assert_eq!(got, want, "f {f} y {y:?} act {act:?}");
-                }
-                if !relu_s8 {
+        for (y, act, epi) in epis {
+            let Some((src, ty)) = requant_saturating(&epi, None) else {
+                continue;
+            };
+            applied.push((y.zero_point, y.dtype, act.is_some()));
+            assert_eq!(ty, if epi.signed { "s8" } else { "u8" });
+            let zy = epi.zy as i32;
+            let relu_s8 = src.contains("cvt.rni.sat.u8.f32");
+            for &f in &fs {
+                // What the statements and the pack do, evaluated on the host.
+                let got = if relu_s8 {
+                    pack_sat(float2int_rn(f).clamp(0, 255), true)
+                } else {
                     let kept = match zy.signum() {
-                        1 => "fminf(f, 1e9f)",
-                        -1 => "fmaxf(f, -1e9f)",
-                        _ => "f",
+                        1 => f.min(1e9),
+                        -1 => f.max(-1e9),
+                        _ => f,
                     };
-                    assert!(src.contains(&format!("__float2int_rn({kept})")), "{src}");
-                }
+                    pack_sat(float2int_rn(kept) + zy, epi.signed)
+                };
+                assert_eq!(got, cpu_code(&epi, f), "f {f} y {y:?} act {act:?}");
+            }
+            if !relu_s8 {
+                let kept = match zy.signum() {
+                    1 => "fminf(f, 1e9f)",
+                    -1 => "fmaxf(f, -1e9f)",
+                    _ => "f",
+                };
+                assert!(src.contains(&format!("__float2int_rn({kept})")), "{src}");
             }
         }
         // Unclamped s8 and u8 outputs of any zero point, s8 ReLU at zero point 0 and u8 ReLU
