@@ -83,15 +83,16 @@ fn value_bytes(graph: &Graph, v: usize) -> Result<usize> {
         .ok_or_else(|| Error::Shape(format!("tensor '{}' is too large", value.name)))
 }
 
-/// Like [`plan`], for a backend whose kernels read some values later than the graph says:
-/// `late_reads` holds `(value, node)` pairs, and each value stays live through its node (a
-/// fused kernel emitted at a later node than the one it absorbed).
+/// Like [`plan_with`], for a backend whose kernels read some values later than the graph
+/// says: `late_reads` holds `(value, node)` pairs, and each value stays live through its node
+/// (a fused kernel emitted at a later node than the one it absorbed).
 pub fn plan_with_late_reads(
     graph: &Graph,
     scratch: &[usize],
+    in_place_ok: &[Option<usize>],
     late_reads: &[(ValueId, usize)],
 ) -> Result<MemoryPlan> {
-    plan_impl(graph, scratch, &[], late_reads)
+    plan_impl(graph, scratch, in_place_ok, late_reads)
 }
 
 /// Like [`plan`], with in-place sharing: `in_place_ok[i] = Some(k)` says node i's kernel may
@@ -484,7 +485,7 @@ mod tests {
         let plain = plan(&g, &[0; 3]).unwrap();
         // Two slots hold the chain: x's bytes go to b or c once n0 has run.
         assert!(overlap(&plain, vals[0], vals[2]) || overlap(&plain, vals[0], vals[3]));
-        let late = plan_with_late_reads(&g, &[0; 3], &[(vals[0], 2)]).unwrap();
+        let late = plan_with_late_reads(&g, &[0; 3], &[], &[(vals[0], 2)]).unwrap();
         assert!(!overlap(&late, vals[0], vals[3]));
         assert!(!overlap(&late, vals[0], vals[2]));
         assert!(late.arena_bytes > plain.arena_bytes);

@@ -342,6 +342,9 @@ struct Builder<'a> {
     /// Values read by a fused kernel at a later node than the graph's last reader, with that
     /// node (the memory plan keeps them live until then).
     late_reads: Vec<(ValueId, usize)>,
+    /// Per node, the input its output may share a buffer with (`plan_with`'s in-place rule):
+    /// reshapes, whose copy then has nothing to move.
+    in_place_ok: Vec<Option<usize>>,
     gen: Gen,
     kernels: Vec<GenKernel>,
     steps: Vec<Step>,
@@ -596,6 +599,8 @@ impl Builder<'_> {
                     src: Arg::Val(x),
                     bytes,
                 });
+                // Where x dies here, the plan gives y x's buffer and the copy moves nothing.
+                self.in_place_ok[idx] = Some(0);
                 Ok(())
             }
             Op::Shape { .. } | Op::ConstantOfShape { .. } | Op::Range => self.host_eval(idx, node),
@@ -1829,6 +1834,7 @@ impl CudaExecutable {
             readers: g.consumers(),
             writers: g.producers(),
             late_reads: Vec::new(),
+            in_place_ok: vec![None; g.nodes.len()],
             gen: Gen::new(fp16),
             kernels: Vec::new(),
             steps: Vec::new(),
@@ -1920,7 +1926,7 @@ impl CudaExecutable {
         while b.descs.len() < b.steps.len() {
             b.descs.push("output conversion".to_string());
         }
-        let plan = plan::plan_with_late_reads(g, &b.scratch, &b.late_reads)?;
+        let plan = plan::plan_with_late_reads(g, &b.scratch, &b.in_place_ok, &b.late_reads)?;
         let module = Module::compile(&ctx, &b.gen.src)?;
         let functions = b
             .kernels
@@ -2424,11 +2430,13 @@ impl CudaRun {
                     .map_err(blas_err("gemm"))?;
                 }
                 Resolved::Copy { dst, src, bytes } => {
-                    if *bytes > 0 {
-                        // SAFETY: both ranges hold `bytes` bytes.
-                        unsafe { drv::memcpy_dtod_async(*dst, *src, *bytes, s) }
-                            .map_err(drv_err("device copy"))?;
+                    // A reshape planned in place (same address) has nothing to copy.
+                    if *bytes == 0 || dst == src {
+                        continue;
                     }
+                    // SAFETY: both ranges hold `bytes` bytes.
+                    unsafe { drv::memcpy_dtod_async(*dst, *src, *bytes, s) }
+                        .map_err(drv_err("device copy"))?;
                 }
             }
             after_kernel = false;
