@@ -11,9 +11,5 @@ D=${D:-.gpu/s19}
 gunzip -c $D/cuda_backend_prev.gz > /tmp/cuda_backend_prev && chmod +x /tmp/cuda_backend_prev
 OFF_T=/tmp/cuda_backend_prev ab final VIGIL_CUDA_HALO=1 VIGIL_CUDA_HALO=1
 grep -E "^PSTEP +(0|1|2|5[6-9]|60) " $OUT/prof.txt | cut -c1-120
-mkdir -p /tmp/node && xz -dc .gpu/cuda/node.txz | tar xf - -C /tmp/node
-echo "=== suite ($SECONDS s)"
-VIGIL_ONNX_NODE_TESTS=/tmp/node/node VIGIL_CUDA_TIMING_CACHE=$OUT/cache.txt VIGIL_CUDA_COMPARE="$CMP,$PWD/models/nanodet-m-416.onnx:2" \
-  timeout $((590 - SECONDS)) $T --skip bench_ --test-threads=1 --nocapture > "$OUT/tests.txt" 2>&1; echo "rc $?"
-grep -E "^test |test result|conformance|passed|panicked" "$OUT/tests.txt" | cut -c1-200 | tail -25
+suite
 finish

@@ -54,6 +54,16 @@ forced_exact() {
     timeout 200 $T listed_models_match_cpu --nocapture > $OUT/forced.txt 2>&1; echo "rc $?"
   grep -E "^test |test result|rel diff|panicked" $OUT/forced.txt | cut -c1-200 | head -12
 }
+# `suite`: the whole cuda_backend suite (benches skipped) with ONNX's node conformance cases
+# (.gpu/cuda/node.txz) and the QDQ ResNet-50s and NanoDet-m at batch 2 against the CPU, in the
+# call's remaining time; output $OUT/tests.txt.
+suite() {
+  mkdir -p /tmp/node && xz -dc .gpu/cuda/node.txz | tar xf - -C /tmp/node
+  echo "=== suite ($SECONDS s)"
+  VIGIL_ONNX_NODE_TESTS=/tmp/node/node VIGIL_CUDA_TIMING_CACHE=$OUT/cache.txt VIGIL_CUDA_COMPARE="$CMP,$PWD/models/nanodet-m-416.onnx:2" \
+    timeout $((590 - SECONDS)) $T --skip bench_ --test-threads=1 --nocapture > "$OUT/tests.txt" 2>&1; echo "rc $?"
+  grep -E "^test |test result|conformance|passed|panicked" "$OUT/tests.txt" | cut -c1-200 | tail -25
+}
 # `finish`: packs what the run left in $OUT into one archive.
 finish() {
   echo "done ($SECONDS s)"
