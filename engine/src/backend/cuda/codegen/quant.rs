@@ -96,7 +96,8 @@ fn push_slope(s: &mut String, epi: &QEpilogue) {
 }
 
 /// The requantization as [`requant_value`] computes it, but leaving the clamp to a saturating
-/// pack of two codes into bytes (`cvt.pack.sat.{type}.s32.b32`, one `I2IP` for two outputs);
+/// pack of two codes into bytes (`cvt.pack.sat.{type}.s32.b32`: one `I2IP` for two outputs,
+/// which ptxas fuses with their conversions into one `F2IP`);
 /// `Some((statements, type))` when the epilogue's clamp is one the pack and a saturating
 /// conversion can do, which saves the two integer clamps a code (the epilogue is issue-bound).
 ///
