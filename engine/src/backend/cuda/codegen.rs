@@ -14,10 +14,12 @@ use crate::backend::resize_taps::{taps, Tap};
 
 mod halo;
 mod igemm;
+mod narrow_gemm;
 mod quant;
 mod space_to_depth;
 pub use halo::{halo_fits, HALO_TILINGS};
 pub use igemm::{igemm_fits, igemm_smem, Tiling, TILINGS, WG_TILINGS};
+pub use narrow_gemm::{narrow_dequantize_fits, narrow_gemm_fits};
 pub use quant::QConvParts;
 pub use space_to_depth::space_to_depth_bytes;
 
@@ -276,10 +278,13 @@ fn code_range(dt: DataType) -> (i64, i64) {
 }
 
 /// QuantizeLinear of the float expression `x` into the code `q` (type `yt`, range `lo..=hi`),
-/// with the scale `s` and zero point `z` in scope, as a CUDA block (NaN quantizes to `z`).
+/// with the scale `s` and zero point `z` (an 8-bit code held in an `i64`) in scope, as a CUDA
+/// block (NaN quantizes to `z`). The clamped quotient fits an int, so it rounds with
+/// `__float2int_rn` (half to even, as `rintf`) in 32 bits: 64-bit conversions run at a
+/// fraction of the rate, and image quantization is made of little else.
 fn quantize_code(x: &str, yt: DataType, lo: i64, hi: i64) -> String {
     format!(
-        "{{ float v = {x} / s; if (v != v) v = 0.f; v = fminf(fmaxf(v, (float)({lo}LL - z)), (float)({hi}LL - z)); q = ({})((i64)rintf(v) + z); }}",
+        "{{ float v = {x} / s; if (v != v) v = 0.f; const int zi = (int)z; v = fminf(fmaxf(v, (float)({lo} - zi)), (float)({hi} - zi)); q = ({})(__float2int_rn(v) + zi); }}",
         ctype(yt)
     )
 }
@@ -1472,23 +1477,26 @@ impl Gen {
         );
         let yc = ctype(yt);
         if quad {
-            // codes[l * c + ch]: pixel l's channel ch, in the order NHWC stores them.
-            let _ = write!(body, " {yc} codes[{}];", 4 * c);
+            // codes[l * c + ch]: pixel l's channel ch, in the order NHWC stores them. All
+            // channels' loads come first: the quantization's division has a slow-path branch,
+            // which would otherwise leave each load waiting on the one before.
+            let _ = write!(body, " {yc} codes[{}]; float4 f[{c}];", 4 * c);
             for ch in 0..c {
                 let _ = write!(
                     body,
-                    " {{ float4 f = ((const float4*)p0)[(i0 * {c}LL + {ch}) * {hw4}LL + i1];",
+                    " f[{ch}] = ((const float4*)p0)[(i0 * {c}LL + {ch}) * {hw4}LL + i1];",
                     hw4 = hw / 4
                 );
+            }
+            for ch in 0..c {
                 for (l, lane) in VECTOR_LANES.iter().enumerate() {
                     let _ = write!(
                         body,
                         " {{ {yc} q; {} codes[{}] = q; }}",
-                        quantize_code(&format!("f{lane}"), yt, lo, hi),
+                        quantize_code(&format!("f[{ch}]{lane}"), yt, lo, hi),
                         l * c + ch
                     );
                 }
-                body.push_str(" }");
             }
             for w in 0..c {
                 let bytes: Vec<String> = (0..4)

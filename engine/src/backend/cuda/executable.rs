@@ -11,9 +11,9 @@ use cudarc::cudnn::{result as dnn, sys as dnn_sys};
 use cudarc::driver::{result as drv, sys, CudaContext, CudaEvent, CudaGraph, CudaStream};
 
 use super::codegen::{
-    dequantize_pool_quantize_fits, halo_fits, igemm_fits, igemm_smem, quantize_transpose_fits,
-    space_to_depth_bytes, Arg, Gen, GenKernel, Im2col, LaunchDims, QConvParts, Tiling,
-    HALO_TILINGS, TILINGS, WG_TILINGS,
+    dequantize_pool_quantize_fits, halo_fits, igemm_fits, igemm_smem, narrow_dequantize_fits,
+    narrow_gemm_fits, quantize_transpose_fits, space_to_depth_bytes, Arg, Gen, GenKernel, Im2col,
+    LaunchDims, QConvParts, Tiling, HALO_TILINGS, TILINGS, WG_TILINGS,
 };
 use super::device::{
     alloc_arena, drv_err, igemm_capable, programmatic_launch_capable, Arena, DeviceBuffer,
@@ -345,6 +345,10 @@ struct Builder<'a> {
     /// Per node, the input its output may share a buffer with (`plan_with`'s in-place rule):
     /// reshapes, whose copy then has nothing to move.
     in_place_ok: Vec<Option<usize>>,
+    /// While a stem QConv is emitted: the QuantizeLinear and Transpose of the image it reads,
+    /// which emitted nothing ([`Self::quantize_stem`]). Its space-to-depth copy quantizes the
+    /// image itself; any other path runs their kernel first.
+    stem_input: Option<(usize, usize)>,
     gen: Gen,
     kernels: Vec<GenKernel>,
     steps: Vec<Step>,
@@ -452,12 +456,20 @@ impl PathMode {
 
 impl Builder<'_> {
     fn launch(&mut self, node: usize, k: GenKernel) {
-        self.steps.push(Step::Launch {
-            node,
-            f: self.kernels.len(),
-            dims: launch_dims(&k),
-            args: k.args.clone(),
-        });
+        self.launch_at(self.steps.len(), node, k);
+    }
+
+    /// Inserts kernel `k`'s launch as step `at` (before steps the node already emitted).
+    fn launch_at(&mut self, at: usize, node: usize, k: GenKernel) {
+        self.steps.insert(
+            at,
+            Step::Launch {
+                node,
+                f: self.kernels.len(),
+                dims: launch_dims(&k),
+                args: k.args.clone(),
+            },
+        );
         self.kernels.push(k);
     }
 
@@ -495,6 +507,26 @@ impl Builder<'_> {
         quantize_transpose_fits(g, &g.nodes[q], &g.nodes[t]).then_some(t)
     }
 
+    /// The stem QConv whose space-to-depth copy runs Transpose `t` and the QuantizeLinear
+    /// inside it ([`Self::quantize_transpose`]), if it may: the transposed image's only reader,
+    /// NHWC, and a stem the implicit GEMM takes over its space-to-depth form.
+    fn quantize_stem(&self, t: usize) -> Option<usize> {
+        let g = self.g;
+        let q = self.writer_of_input(&g.nodes[t])?;
+        if self.quantize_transpose(q) != Some(t) || !self.s2d || self.igemm == PathMode::Off {
+            return None;
+        }
+        let conv = self.only_reader(*g.nodes[t].outputs.first()?)?;
+        let Op::QConv(qa) = &g.nodes[conv].op else {
+            return None;
+        };
+        let parts = QConvParts::new(g, &g.nodes[conv], qa).ok()?;
+        let stem = qa.conv.layout == Layout::Nhwc
+            && parts.geom.groups == 1
+            && parts.space_to_depth().is_some_and(|s| igemm_fits(&s));
+        stem.then_some(conv)
+    }
+
     /// The value's only reader, if it has one and is not a graph output.
     fn only_reader(&self, v: ValueId) -> Option<usize> {
         match self.readers[v][..] {
@@ -514,6 +546,23 @@ impl Builder<'_> {
             .then_some((gap, q))
     }
 
+    /// The DequantizeLinear that runs inside QGemm node `qg`'s narrow kernel, if it may: the
+    /// only reader of the codes (not a graph output), on an `mma.sync` device, f32 activations,
+    /// [`narrow_gemm_fits`] and [`narrow_dequantize_fits`].
+    fn qgemm_dequantize(&self, qg: usize) -> Option<usize> {
+        let g = self.g;
+        let node = &g.nodes[qg];
+        let Op::QGemm(q) = &node.op else {
+            return None;
+        };
+        let dq = self.only_reader(*node.outputs.first()?)?;
+        let fits = !self.fp16
+            && self.igemm != PathMode::Off
+            && narrow_dequantize_fits(g, node, &g.nodes[dq])
+            && QConvParts::for_gemm(g, node, q).is_ok_and(|p| narrow_gemm_fits(&p));
+        fits.then_some(dq)
+    }
+
     /// The node that writes input 0 of `node`.
     fn writer_of_input(&self, node: &Node) -> Option<usize> {
         node.input(0).and_then(|x| self.writers[x])
@@ -530,6 +579,20 @@ impl Builder<'_> {
             }
             Op::DequantizeLinear { .. } if self.dequantize_pool_quantize(idx).is_some() => {
                 self.note = " (runs inside the QuantizeLinear after the pool)".into();
+                return Ok(true);
+            }
+            Op::QGemm(_) if self.qgemm_dequantize(idx).is_some() => {
+                self.note = " (runs inside the DequantizeLinear after it)".into();
+                return Ok(true);
+            }
+            Op::Transpose { .. } if self.quantize_stem(idx).is_some() => {
+                self.note =
+                    " (runs with the QuantizeLinear inside the stem's space-to-depth copy)".into();
+                // The stem's kernel reads the float image.
+                let x = self.writer_of_input(node).and_then(|q| g.nodes[q].input(0));
+                if let (Some(x), Some(conv)) = (x, self.quantize_stem(idx)) {
+                    self.late_reads.push((x, conv));
+                }
                 return Ok(true);
             }
             Op::GlobalAveragePool { .. } => {
@@ -561,6 +624,19 @@ impl Builder<'_> {
                 .map(|dq| {
                     self.note = " (with the DequantizeLinear and pool before it)".into();
                     (dq, self.gen.dequantize_pool_quantize(g, &g.nodes[dq], node))
+                }),
+            Op::DequantizeLinear { .. } => writer
+                .filter(|&qg| self.qgemm_dequantize(qg) == Some(idx))
+                .and_then(|qg| match &g.nodes[qg].op {
+                    Op::QGemm(q) => Some((qg, q)),
+                    _ => None,
+                })
+                .map(|(qg, q)| {
+                    self.note = " (narrow int8 GEMM with the QGemm before it)".into();
+                    (
+                        qg,
+                        self.gen.narrow_qgemm_dequantize(g, &g.nodes[qg], q, node),
+                    )
                 }),
             _ => None,
         };
@@ -1009,6 +1085,22 @@ impl Builder<'_> {
     /// kernel. Both requantize exactly as the CPU backend does.
     fn qconv(&mut self, idx: usize, node: &Node, q: &crate::ir::QConvAttrs) -> Result<()> {
         let g = self.g;
+        let first = self.steps.len();
+        self.stem_input = self
+            .writer_of_input(node)
+            .filter(|&t| self.quantize_stem(t) == Some(idx))
+            .and_then(|t| Some((self.writer_of_input(&g.nodes[t])?, t)));
+        let r = self.qconv_steps(idx, node, q);
+        if let Some((qn, t)) = self.stem_input.take() {
+            // The stem took another path: the quantizing transpose runs first after all.
+            let k = self.gen.quantize_to_nhwc(g, &g.nodes[qn], &g.nodes[t])?;
+            self.launch_at(first, idx, k);
+        }
+        r
+    }
+
+    fn qconv_steps(&mut self, idx: usize, node: &Node, q: &crate::ir::QConvAttrs) -> Result<()> {
+        let g = self.g;
         let parts = QConvParts::new(g, node, q)?;
         if q.conv.layout == Layout::Nhwc
             && parts.geom.groups == 1
@@ -1070,7 +1162,7 @@ impl Builder<'_> {
             } else {
                 "cuBLASLt off"
             };
-            self.push_igemm(idx, (parts, s2d.as_ref()), (x, y), t, ms, why.into());
+            self.push_igemm(idx, (parts, s2d.as_ref()), (x, y), t, ms, why.into())?;
             return Ok(true);
         }
         if self.lt_mode == PathMode::Off {
@@ -1160,7 +1252,7 @@ impl Builder<'_> {
             let lt = fused.as_ref().map_or(split_ms, |(mm, _)| mm.time_ms) + unfold;
             if ms < lt {
                 let why = format!("cublasLt {lt:.4} ms");
-                self.push_igemm(idx, (parts, s2d.as_ref()), (x, y), t, ms, why);
+                self.push_igemm(idx, (parts, s2d.as_ref()), (x, y), t, ms, why)?;
                 return Ok(true);
             }
         }
@@ -1242,7 +1334,7 @@ impl Builder<'_> {
         t: Tiling,
         ms: f32,
         against: String,
-    ) {
+    ) -> Result<()> {
         let c = parts.geom;
         self.note = format!(
             " igemm {t}{} {ms:.4} ms ({against}) m{} n{} k{}",
@@ -1256,7 +1348,16 @@ impl Builder<'_> {
         let partials = partial_bytes(kp, &t);
         let xa = match s2d {
             Some(sp) => {
-                let k = self.gen.space_to_depth_into_scratch(x, parts, sp, partials);
+                let k = match self.stem_input.take() {
+                    Some((q, _)) => self.gen.quantize_space_to_depth_into_scratch(
+                        self.g,
+                        &self.g.nodes[q],
+                        parts,
+                        sp,
+                        partials,
+                    )?,
+                    None => self.gen.space_to_depth_into_scratch(x, parts, sp, partials),
+                };
                 self.launch(idx, k);
                 Arg::ScratchAt(partials)
             }
@@ -1269,6 +1370,7 @@ impl Builder<'_> {
             let kr = self.gen.qrequant(y, 0, kp, t.splits);
             self.launch(idx, kr);
         }
+        Ok(())
     }
 
     /// Split-K versions of the implicit GEMM worth timing for `parts`: long K (16 tiles of 64
@@ -1835,6 +1937,7 @@ impl CudaExecutable {
             writers: g.producers(),
             late_reads: Vec::new(),
             in_place_ok: vec![None; g.nodes.len()],
+            stem_input: None,
             gen: Gen::new(fp16),
             kernels: Vec::new(),
             steps: Vec::new(),

@@ -8,9 +8,12 @@
 //! point's signed byte (their weights are zero, or they stand for padded taps as before).
 
 use super::quant::QConvParts;
-use super::{Arg, Gen, GenKernel};
+use super::{
+    code_range, ctype, input, output, quantize_code, zero_point_param, Arg, Gen, GenKernel,
+};
 use crate::backend::cpu::kernels::ConvGeometry;
-use crate::ir::ValueId;
+use crate::error::Result;
+use crate::ir::{DataType, Graph, Node, ValueId};
 
 impl QConvParts {
     /// The stride-1 convolution over the space-to-depth input that equals this stride-2 one
@@ -78,44 +81,118 @@ impl Gen {
         s2d: &QConvParts,
         at: usize,
     ) -> GenKernel {
+        let (h, w, cin) = (p.geom.h, p.geom.w, p.geom.cin);
+        let params = [
+            (Arg::Val(x), "const u8".to_string()),
+            (Arg::ScratchAt(at), "u8".into()),
+        ];
+        self.space_to_depth_kernel(
+            &params,
+            p,
+            s2d,
+            "",
+            &format!("const u8* src = p0 + ((q0 * {h} + y) * {w} + xx) * {cin};"),
+            "const unsigned int v = (unsigned int)(u8)src[c];",
+        )
+    }
+
+    /// QuantizeLinear `q` of an NCHW float image, its NHWC transpose and the space-to-depth
+    /// copy for `s2d` (QConv `p` reads the transpose) as one kernel into the node's scratch at
+    /// byte `at`: each code as [`Gen::quantize_to_nhwc`] computes it, placed as
+    /// [`Gen::space_to_depth_into_scratch`] places it, without the NHWC codes in between.
+    pub fn quantize_space_to_depth_into_scratch(
+        &mut self,
+        g: &Graph,
+        q: &Node,
+        p: &QConvParts,
+        s2d: &QConvParts,
+        at: usize,
+    ) -> Result<GenKernel> {
+        let x = input(q, 0)?;
+        let yt = g.values[output(q, 0)?].dtype;
+        let (lo, hi) = code_range(yt);
+        let mut params = vec![
+            (Arg::Val(x), format!("const {}", ctype(DataType::F32))),
+            (Arg::ScratchAt(at), "u8".into()),
+        ];
+        params.push(self.scale_param(g, input(q, 1)?));
+        let (h, w, cin, pt, pl) = (p.geom.h, p.geom.w, p.geom.cin, p.geom.pt, p.geom.pl);
+        // All of the block's floats are loaded first (unpredicated, from a valid address, then
+        // zeroed outside the image): the quantization's division has a slow-path branch,
+        // which would otherwise leave each load waiting on the one before.
+        let prelude = format!(
+            r#"float s = (float)p2[0]; {}
+  float xv[{n}];
+#pragma unroll
+  for (int sub = 0; sub < 4; ++sub) {{
+    const i64 y = q1 * 2 + (sub >> 1) - {pt}, xx = q2 * 2 + (sub & 1) - {pl};
+    const bool in = y >= 0 && y < {h} && xx >= 0 && xx < {w};
+    const i64 px = (q0 * {cin} * {h} + (in ? y : 0)) * {w} + (in ? xx : 0);
+#pragma unroll
+    for (int c = 0; c < {cin}; ++c) {{ const float f = (float)p0[px + c * {hw}LL]; xv[sub * {cin} + c] = in ? f : 0.f; }}
+  }}"#,
+            zero_point_param(g, q, &mut params, "z"),
+            n = 4 * cin,
+            hw = h * w,
+        );
+        Ok(self.space_to_depth_kernel(
+            &params,
+            p,
+            s2d,
+            &prelude,
+            "",
+            &format!(
+                "{} q; {} const unsigned int v = (unsigned int)(u8)q;",
+                ctype(yt),
+                quantize_code("xv[b]", yt, lo, hi)
+            ),
+        ))
+    }
+
+    /// The space-to-depth kernel over `params` (p1 the destination): after `prelude`, each
+    /// input pixel `(q0, y, xx)` in range runs `pixel`, then `code` per channel `c`, which
+    /// declares the pixel's code `v` (flipped to signed here for u8 inputs).
+    fn space_to_depth_kernel(
+        &mut self,
+        params: &[(Arg, String)],
+        p: &QConvParts,
+        s2d: &QConvParts,
+        prelude: &str,
+        pixel: &str,
+        code: &str,
+    ) -> GenKernel {
         let (c, d) = (p.geom, s2d.geom);
         let (h, w, cin, pt, pl) = (c.h, c.w, c.cin, c.pt, c.pl);
         let pad_word = u32::from(p.pad_s as i8 as u8) * 0x0101_0101;
         let flip = if p.flip { 0x80 } else { 0 };
         let shape = [d.n, d.h, d.w];
         let body = format!(
-            r#"{decompose}
+            r#"{decompose} {prelude}
   unsigned int wv[4] = {{{pad_word}u, {pad_word}u, {pad_word}u, {pad_word}u}};
 #pragma unroll
   for (int sub = 0; sub < 4; ++sub) {{
     const i64 y = q1 * 2 + (sub >> 1) - {pt}, xx = q2 * 2 + (sub & 1) - {pl};
     if (y >= 0 && y < {h} && xx >= 0 && xx < {w}) {{
-      const u8* src = p0 + ((q0 * {h} + y) * {w} + xx) * {cin};
+      {pixel}
 #pragma unroll
       for (int c = 0; c < {cin}; ++c) {{
         const int b = sub * {cin} + c;
-        const unsigned int v = (unsigned int)(u8)(src[c] ^ {flip});
-        wv[b >> 2] = (wv[b >> 2] & ~(0xFFu << (8 * (b & 3)))) | (v << (8 * (b & 3)));
+        {{ {code}
+          wv[b >> 2] = (wv[b >> 2] & ~(0xFFu << (8 * (b & 3)))) | ((v ^ {flip}u) << (8 * (b & 3))); }}
       }}
     }}
   }}
   ((uint4*)p1)[i] = make_uint4(wv[0], wv[1], wv[2], wv[3]);"#,
             decompose = super::decompose(&shape, "q"),
         );
-        self.kernel(
-            &[
-                (Arg::Val(x), "const u8".into()),
-                (Arg::ScratchAt(at), "u8".into()),
-            ],
-            shape.iter().product(),
-            &body,
-        )
+        self.kernel(params, shape.iter().product(), &body)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ir::{Tensor, TensorData};
 
     /// A stem-like QConv: `cin` channels (4 bytes a tap), `k`×`k` kernel, stride 2, padding
     /// `pad` (top/left), over an `h`×`w` image; weights and zero point from `seed`.
@@ -268,6 +345,50 @@ mod tests {
         let k = g.space_to_depth_into_scratch(5, &p, &s2d, 4096);
         assert_eq!(k.args, vec![Arg::Val(5), Arg::ScratchAt(4096)]);
         assert_eq!(k.threads, space_to_depth_bytes(&s2d) / 16);
-        assert!(g.src.contains("src[c] ^ 128"));
+        assert!(g.src.contains("(u8)src[c];") && g.src.contains("(v ^ 128u)"));
+    }
+
+    #[test]
+    fn an_image_quantizes_straight_into_the_stems_blocks() {
+        // x [2, 3, 23, 18] f32 -> QuantizeLinear (u8, per tensor, zero point 128) -> the stem.
+        let p = stem(3, 7, 3, (23, 18), 2);
+        let s2d = p.space_to_depth().expect("a stride-2 stem");
+        let mut g = Graph::default();
+        let x = g.add_value("x", DataType::F32);
+        g.values[x].shape = Some(vec![2, 3, 23, 18]);
+        let scale = Tensor::from_f32(vec![1], vec![0.02]).expect("scale");
+        let zero = Tensor::new(vec![1], TensorData::U8(vec![128])).expect("zero point");
+        let inputs = vec![
+            Some(x),
+            Some(g.add_constant("s", scale)),
+            Some(g.add_constant("z", zero)),
+        ];
+        let y = g.add_value("xq", DataType::U8);
+        g.values[y].shape = Some(vec![2, 3, 23, 18]);
+        g.nodes.push(Node {
+            name: "q".into(),
+            op: crate::ir::Op::QuantizeLinear {
+                axis: 1,
+                dtype: None,
+            },
+            inputs: inputs.clone(),
+            outputs: vec![y],
+        });
+        let mut gen = Gen::new(false);
+        let k = gen
+            .quantize_space_to_depth_into_scratch(&g, &g.nodes[0], &p, &s2d, 512)
+            .expect("kernel");
+        // The float image in, the blocks out (one 16-byte block a thread, as the copy kernel),
+        // then the scale (a constant table) and the zero point.
+        assert_eq!(k.args[..2], [Arg::Val(x), Arg::ScratchAt(512)]);
+        assert!(matches!(k.args[2], Arg::Extra(_)));
+        assert_eq!(k.args[3], Arg::Val(inputs[2].expect("zero point")));
+        assert_eq!(k.threads, space_to_depth_bytes(&s2d) / 16);
+        // Channel c of pixel (y, x) is read from its plane of 23 x 18 floats (all twelve
+        // first), quantized, then flipped.
+        let px = "const i64 px = (q0 * 3 * 23 + (in ? y : 0)) * 18 + (in ? xx : 0);";
+        assert!(gen.src.contains(px) && gen.src.contains("xv[12]"));
+        assert!(gen.src.contains("(float)p0[px + c * 414LL]"));
+        assert!(gen.src.contains("float v = xv[b] / s;") && gen.src.contains("(v ^ 128u)"));
     }
 }
