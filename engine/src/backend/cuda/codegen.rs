@@ -222,37 +222,94 @@ pub fn dequantize_pool_quantize_fits(g: &Graph, dq: &Node, gap: &Node, q: &Node)
 
 /// The NHWC global reduction of the pool kernels: a 256-thread block per (image, 32
 /// channels), 32 coalesced lanes by 8 row groups, then the groups combined in order by the
-/// first warp. One generator, so a fused kernel adds up in the pool's order exactly.
+/// first warp. One generator, so a fused kernel adds up in the pool's order exactly. Over
+/// 8-bit codes whose channels come in fours (`quad`), a lane takes four neighbouring channels
+/// with one 4-byte load (128 channels a block), each summed in the same order.
 struct NhwcReduce<'a> {
     c: usize,
     hw: usize,
     /// The element type `x` points to.
     xc: &'a str,
-    /// The float value of element `j` of the channel's column (`x[j*c]` for a plain pool).
+    /// The float value of element `e` (of type `xc`) of the channel's column.
     read: String,
     init: &'a str,
     /// Folds `v` into `acc`.
     comb: &'a str,
+    /// Four channels a lane (8-bit `xc`, `c` a multiple of 4).
+    quad: bool,
 }
 
 impl NhwcReduce<'_> {
+    /// Channels a block covers.
+    fn block_channels(&self) -> usize {
+        if self.quad {
+            128
+        } else {
+            32
+        }
+    }
+
     /// The kernel body: `prelude` first, then the reduction, then `store` (with `acc` the
     /// channel's result, `nb` the image and `ch` the channel) for each channel in range.
     fn body(&self, prelude: &str, store: &str) -> String {
-        let (c, hw, cb) = (self.c, self.hw, self.c.div_ceil(32));
+        let (c, hw, cb) = (self.c, self.hw, self.c.div_ceil(self.block_channels()));
         let (xc, read, init, comb) = (self.xc, &self.read, self.init, self.comb);
+        if self.quad {
+            let rows = self.rows(
+                "unsigned int",
+                "w",
+                "*(const unsigned int*)(x + j*{c}LL)",
+                "0u",
+            );
+            return format!(
+                "__shared__ float sh[1024]; int t = threadIdx.x, lane = t & 31, grp = t >> 5; i64 blk = i / 256; i64 nb = blk / {cb}LL, ch0 = (blk % {cb}LL) * 128 + lane * 4;
+  {prelude} float accs[4];
+#pragma unroll
+  for (int b = 0; b < 4; ++b) accs[b] = {init};
+  if (ch0 < {c}LL) {{ const {xc}* x = p0 + nb*{hw}LL*{c}LL + ch0; {rows}
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {{ float acc = accs[b]; {xc} e = ({xc})(w >> (8 * b)); float v = {read}; {comb} accs[b] = acc; }} }} }}
+#pragma unroll
+  for (int b = 0; b < 4; ++b) sh[b * 256 + t] = accs[b];
+  __syncthreads();
+  if (grp == 0) {{
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {{ float acc = accs[b]; for (int k = 1; k < 8; ++k) {{ float v = sh[b * 256 + k*32 + lane]; {comb} }} i64 ch = ch0 + b; if (ch < {c}LL) {{ {store} }} }} }}"
+            );
+        }
+        let rows = self.rows(xc, "e", "x[j*{c}LL]", &format!("({xc})0"));
         format!(
             "__shared__ float sh[256]; int t = threadIdx.x, lane = t & 31, grp = t >> 5; i64 blk = i / 256; i64 nb = blk / {cb}LL, ch = (blk % {cb}LL) * 32 + lane;
   {prelude} float acc = {init};
-  if (ch < {c}LL) {{ const {xc}* x = p0 + nb*{hw}LL*{c}LL + ch; for (i64 j = grp; j < {hw}LL; j += 8) {{ float v = {read}; {comb} }} }}
+  if (ch < {c}LL) {{ const {xc}* x = p0 + nb*{hw}LL*{c}LL + ch; {rows} float v = {read}; {comb} }} }}
   sh[t] = acc; __syncthreads();
   if (grp == 0) {{ for (int k = 1; k < 8; ++k) {{ float v = sh[k*32 + lane]; {comb} }} if (ch < {c}LL) {{ {store} }} }}"
         )
     }
 
+    /// The loop over a row group's elements `j` (`grp`, `grp + 8`, ...), declaring each as
+    /// `name` (of `ty`, loaded by `load`, with `{c}` the channel count) for the block that
+    /// follows it. Up to 16 rows a group, all loads are issued first (the reduction is
+    /// latency-bound otherwise), then folded in the same order.
+    fn rows(&self, ty: &str, name: &str, load: &str, zero: &str) -> String {
+        let (c, hw) = (self.c, self.hw);
+        let load = load.replace("{c}", &c.to_string());
+        let r = hw.div_ceil(8);
+        if r > 16 {
+            return format!("for (i64 j = grp; j < {hw}LL; j += 8) {{ {ty} {name} = {load};");
+        }
+        format!(
+            "{ty} rows_[{r}];
+#pragma unroll
+    for (int r = 0; r < {r}; ++r) {{ const i64 j = grp + r * 8; rows_[r] = j < {hw}LL ? {load} : {zero}; }}
+#pragma unroll
+    for (int r = 0; r < {r}; ++r) if (grp + r * 8 < {hw}LL) {{ {ty} {name} = rows_[r];"
+        )
+    }
+
     /// Threads for `n` images (a whole number of blocks, so none returns before the barrier).
     fn threads(&self, n: usize) -> usize {
-        n * self.c.div_ceil(32) * 256
+        n * self.c.div_ceil(self.block_channels()) * 256
     }
 }
 
@@ -1041,18 +1098,30 @@ impl Gen {
                 ("__vmaxu4", "0u")
             };
             let init: Vec<String> = lanes.iter().map(|l| format!("a{l} = {lo};")).collect();
+            // A tap outside the image reads a valid address and counts as the lowest code.
             let comb: Vec<String> = lanes
                 .iter()
-                .map(|l| format!("a{l} = {max}(a{l}, t{l});"))
+                .map(|l| format!("a{l} = {max}(a{l}, ok ? t{l} : {lo});"))
                 .collect();
             let cv = c / v;
+            // Small windows unroll, so every tap's load is issued before the first max (a
+            // branch around each load would leave it waiting on the one before).
+            let unroll = if kh * kw <= 16 { "#pragma unroll" } else { "" };
+            // Index arithmetic in 32 bits where the input's vectors number below 2^31.
+            let ix_t = if xs[0] * h * w * cv < i32::MAX as usize {
+                "int"
+            } else {
+                "i64"
+            };
             let mut body = decompose(&[ys[0], ys[1], ys[2], cv], "q");
             let _ = write!(
                 body,
                 " {vt} a; {init}
-  for (int ky = 0; ky < {kh}; ++ky) {{ i64 iy = q1*{sh}LL - {pt}LL + ky*{dh}LL; if (iy < 0 || iy >= {h}LL) continue;
-    for (int kx = 0; kx < {kw}; ++kx) {{ i64 ix = q2*{sw}LL - {pl}LL + kx*{dw}LL; if (ix < 0 || ix >= {w}LL) continue;
-      {vt} t = ((const {vt}*)p0)[((q0*{h}LL + iy)*{w}LL + ix)*{cv}LL + q3]; {comb} }} }}
+{unroll}
+  for (int ky = 0; ky < {kh}; ++ky) {{ const {ix_t} iy = ({ix_t})q1*{sh} - {pt} + ky*{dh}; const bool oky = iy >= 0 && iy < {h};
+{unroll}
+    for (int kx = 0; kx < {kw}; ++kx) {{ const {ix_t} ix = ({ix_t})q2*{sw} - {pl} + kx*{dw}; const bool ok = oky && ix >= 0 && ix < {w};
+      {vt} t = ((const {vt}*)p0)[((({ix_t})q0*{h} + (ok ? iy : 0))*{w} + (ok ? ix : 0))*{cv} + ({ix_t})q3]; {comb} }} }}
   (({vt}*)p1)[i] = a;",
                 init = init.join(" "),
                 comb = comb.join(" "),
@@ -1140,9 +1209,10 @@ impl Gen {
                 c,
                 hw,
                 xc: "F",
-                read: format!("x[j*{c}LL]"),
+                read: "e".into(),
                 init,
                 comb,
+                quad: false,
             };
             (
                 reduce.body("", &format!("p1[nb*{c}LL + ch] = {fin};")),
@@ -1554,9 +1624,10 @@ impl Gen {
             c,
             hw,
             xc: ctype(xt),
-            read: format!("__fmul_rn((float)((i64)x[j*{c}LL] - zd), sd)"),
+            read: "__fmul_rn((float)((i64)e - zd), sd)".into(),
             init: "0.f",
             comb: "acc += v;",
+            quad: c.is_multiple_of(4),
         };
         let body = reduce.body(
             &format!("float sd = (float)p2[0]; {zd}"),
@@ -2216,8 +2287,8 @@ mod tests {
         let k = Gen::new(false)
             .dequantize_pool_quantize(&g, &g.nodes[0], &g.nodes[2])
             .expect("fused kernel");
-        // The pool's grid: a 256-thread block per (image, 32 channels).
-        assert_eq!(k.threads, 2 * 2 * 256);
+        // A 256-thread block per (image, 128 channels): 64 channels take four to a lane.
+        assert_eq!(k.threads, 2 * 256);
         assert_eq!(k.args[0], Arg::Val(g.nodes[0].inputs[0].expect("codes")));
         assert_eq!(k.args[1], Arg::Val(g.nodes[2].outputs[0]));
         // An NCHW pool or per-channel scales: three kernels.
