@@ -1079,10 +1079,9 @@ impl Builder<'_> {
         Ok(())
     }
 
-    /// An int8 convolution: dense NHWC ones as a signed im2col (channels padded to 4), one
-    /// cuBLASLt int8 GEMM (int32 result in scratch) and a requantization pass; the rest
-    /// (grouped, depthwise, NCHW, or when cuBLASLt has no int8 algorithm) as the direct dp4a
-    /// kernel. Both requantize exactly as the CPU backend does.
+    /// An int8 convolution ([`Self::qconv_steps`]). A stem whose image's quantizing transpose
+    /// emitted nothing ([`Self::quantize_stem`]) quantizes the image in its space-to-depth
+    /// copy, or runs that transpose's kernel first when it takes another path.
     fn qconv(&mut self, idx: usize, node: &Node, q: &crate::ir::QConvAttrs) -> Result<()> {
         let g = self.g;
         let first = self.steps.len();
@@ -1099,6 +1098,11 @@ impl Builder<'_> {
         r
     }
 
+    /// The steps of an int8 convolution: dense NHWC ones as the implicit GEMM or a signed
+    /// im2col (channels padded to 4), one cuBLASLt int8 GEMM (int32 result in scratch) and a
+    /// requantization pass, whichever measures faster; the rest (grouped, depthwise, NCHW, or
+    /// when neither applies) as the direct dp4a kernel. All requantize exactly as the CPU
+    /// backend does.
     fn qconv_steps(&mut self, idx: usize, node: &Node, q: &crate::ir::QConvAttrs) -> Result<()> {
         let g = self.g;
         let parts = QConvParts::new(g, node, q)?;

@@ -234,32 +234,14 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}({plist}) {{
 
 #[cfg(test)]
 mod tests {
+    use super::super::quant::gemm_geometry;
     use super::*;
-    use crate::backend::cpu::kernels::{ConvGeometry, QEpilogue};
+    use crate::backend::cpu::kernels::QEpilogue;
     use crate::ir::QParams;
 
     /// A QGemm's parts with `m` rows, `k` deep and `n` outputs.
     fn gemm(m: usize, k: usize, n: usize) -> QConvParts {
-        let geom = ConvGeometry {
-            n: m,
-            cin: k,
-            h: 1,
-            w: 1,
-            cout: n,
-            oh: 1,
-            ow: 1,
-            kh: 1,
-            kw: 1,
-            sh: 1,
-            sw: 1,
-            dh: 1,
-            dw: 1,
-            pt: 0,
-            pl: 0,
-            groups: 1,
-            cin_g: k,
-            cout_g: n,
-        };
+        let geom = gemm_geometry(m, k, n);
         let q = QParams {
             scale: 0.1,
             zero_point: 0,

@@ -142,6 +142,30 @@ pub(super) fn requant_saturating(
     None
 }
 
+/// A GEMM `[m, k] × [k, n]` as the 1x1 convolution of `m` pixels it is.
+pub(super) fn gemm_geometry(m: usize, k: usize, n: usize) -> ConvGeometry {
+    ConvGeometry {
+        n: m,
+        cin: k,
+        h: 1,
+        w: 1,
+        cout: n,
+        oh: 1,
+        ow: 1,
+        kh: 1,
+        kw: 1,
+        sh: 1,
+        sw: 1,
+        dh: 1,
+        dw: 1,
+        pt: 0,
+        pl: 0,
+        groups: 1,
+        cin_g: k,
+        cout_g: n,
+    }
+}
+
 /// Per-channel bias (zero-point correction and the `128·Σ w` term folded in) and multiplier.
 fn channel_tables(epi: &QEpilogue, col_sums: &[i32]) -> (Vec<i32>, Vec<f32>) {
     let bias = epi
@@ -322,28 +346,8 @@ impl QConvParts {
         let aq = u8_params(q.a);
         let epi = QEpilogue::new(aq, &q.w_scales, q.y, &bias, &sums, q.activation);
         let (bias, mult) = channel_tables(&epi, &sums);
-        let geom = ConvGeometry {
-            n: m,
-            cin: k,
-            h: 1,
-            w: 1,
-            cout: n,
-            oh: 1,
-            ow: 1,
-            kh: 1,
-            kw: 1,
-            sh: 1,
-            sw: 1,
-            dh: 1,
-            dw: 1,
-            pt: 0,
-            pl: 0,
-            groups: 1,
-            cin_g: k,
-            cout_g: n,
-        };
         Ok(QConvParts {
-            geom,
+            geom: gemm_geometry(m, k, n),
             packed,
             c4: k4,
             bias,
