@@ -16,54 +16,15 @@ use std::time::Instant;
 
 use vigil_engine::memory::{
     FixedPool, PoolClaim, PoolOptions, Region, StreamClock, StreamId, SyncClock, DEFAULT_ALIGN,
+    SMALL_BLOCK,
 };
 
-/// Fixed seed xorshift, so every allocator sees the same sequence.
-struct Rng(u64);
+#[path = "common/workload.rs"]
+mod workload;
+use workload::{window_peak_live, Workload, TABLE, WINDOW};
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
-
-const WINDOW: usize = 64;
 /// Region of the pools in the first run of each row.
 const FULL_REGION: usize = 8 << 30;
-const TABLE: usize = 1 << 16;
-
-/// Pre-drawn sizes and victims (drawing them is not what we time).
-struct Workload {
-    pair_sizes: Vec<usize>,
-    window_sizes: Vec<usize>,
-    victims: Vec<usize>,
-}
-
-impl Workload {
-    fn new() -> Self {
-        let mut r = Rng(0x9e37_79b9_7f4a_7c15);
-        let pair_sizes = (0..TABLE)
-            .map(|_| 1 + (r.next() % 10_000_000) as usize)
-            .collect();
-        let window_sizes = (0..TABLE)
-            .map(|_| {
-                let u = (r.next() % 1_000_000) as f64 / 1e6;
-                (256.0 * (262_144f64).powf(u)) as usize
-            })
-            .collect();
-        let victims = (0..TABLE)
-            .map(|_| (r.next() % WINDOW as u64) as usize)
-            .collect();
-        Workload {
-            pair_sizes,
-            window_sizes,
-            victims,
-        }
-    }
-}
 
 /// One result row.
 struct Row {
@@ -177,6 +138,19 @@ impl Region for FakeRegion {
 const PAGED_ADDRESS: usize = 64 << 30;
 /// CUDA's virtual-memory granularity on current GPUs.
 const PAGE: usize = 2 << 20;
+
+/// One paged-region configuration: page size, blocks under how many bytes come from the top
+/// of their span, and its label.
+type PagedShape = (usize, usize, &'static str);
+
+/// The paged configurations compared. The driver charges per mapped handle, not per byte
+/// (thirteenth session), so 4 MiB pages move the same bytes in about a quarter of the calls;
+/// with them, blocks under one page come from the top of their span (of the thresholds tried
+/// on the window, 0.25–16 MiB, it gave the smallest footprint). Which rows each runs: [`shape_rows`].
+const PAGED_SHAPES: [PagedShape; 2] = [
+    (PAGE, SMALL_BLOCK, "2 MiB pages"),
+    (2 * PAGE, 2 * PAGE, "4 MiB pages"),
+];
 /// Most physical memory a paged pool row takes (its peak live is under 1 GiB).
 const PAGED_PHYSICAL: usize = 2 << 30;
 
@@ -184,6 +158,7 @@ const PAGED_PHYSICAL: usize = 2 << 30;
 /// and does no mapping (the device rows pay cuMemMap).
 struct FakePagedRegion {
     physical: usize,
+    page: usize,
     mapped: std::sync::atomic::AtomicUsize,
 }
 
@@ -195,7 +170,7 @@ impl Region for FakePagedRegion {
         PAGED_ADDRESS
     }
     fn page_size(&self) -> Option<usize> {
-        Some(PAGE)
+        Some(self.page)
     }
     fn physical_pages(&self) -> usize {
         self.physical
@@ -220,21 +195,6 @@ impl Region for FakePagedRegion {
 /// `POOL_BENCH_ROWS=paged`: only the paged rows (and, on a GPU, the driver call costs).
 fn only_paged() -> bool {
     std::env::var("POOL_BENCH_ROWS").is_ok_and(|v| v == "paged")
-}
-
-/// The window workload's peak live bytes over `iters` steps (no allocator involved).
-fn window_peak_live(w: &Workload, iters: usize) -> usize {
-    let mut live = w.window_sizes[..WINDOW].to_vec();
-    let mut bytes: usize = live.iter().sum();
-    let mut peak = bytes;
-    for i in 0..iters {
-        let v = w.victims[i % TABLE];
-        let size = w.window_sizes[(i + WINDOW) % TABLE];
-        bytes = bytes - live[v] + size;
-        live[v] = size;
-        peak = peak.max(bytes);
-    }
-    peak
 }
 
 /// Footprints given to the reserve-first paged rows, as multiples of the window's peak live.
@@ -268,6 +228,41 @@ fn reserve_first_rows<R: Region>(
     }
 }
 
+/// The rows of one paged shape: `variants`, and the reserve-first rows if `reserve_first`,
+/// over pools from `paged(options, physical bytes)` with blocks under `small` bytes from the
+/// top.
+fn paged_rows<R: Region>(
+    label: &str,
+    paged: &dyn Fn(PoolOptions, usize) -> Option<Arc<FixedPool<R>>>,
+    (page, small): (usize, usize),
+    (w, iters): (&Workload, usize),
+    (variants, reserve_first): (&[Variant], bool),
+    rows: &mut Vec<Row>,
+) {
+    let options = PoolOptions {
+        small_from_top: Some(small),
+        ..PoolOptions::serving()
+    };
+    let mut make = |safe: bool, bytes: usize| {
+        let opts = PoolOptions {
+            stream_safe: safe,
+            ..options
+        };
+        paged(opts, bytes.min(PAGED_PHYSICAL).div_ceil(page) * page)
+    };
+    pool_rows(label, &mut make, (w, iters), variants, rows);
+    if reserve_first {
+        let mut make = |bytes: usize| {
+            let opts = PoolOptions {
+                reserve_first: true,
+                ..options
+            };
+            paged(opts, bytes)
+        };
+        reserve_first_rows(label, &mut make, w, iters, rows);
+    }
+}
+
 /// Repetitions of each pool row, interleaved across configurations; the median is reported.
 const REPS: usize = 3;
 
@@ -280,20 +275,38 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// region does not support (a remappable region needs stream safety).
 type MakePool<'a, R> = dyn FnMut(bool, usize) -> Option<Arc<FixedPool<R>>> + 'a;
 
+/// A pool row's variant: (stream-safe, streams, claimed by this thread, label).
+type Variant = (bool, usize, bool, &'static str);
+
+/// Every variant: what the fixed region and the first paged shape run.
+const ALL_VARIANTS: [Variant; 4] = [
+    (false, 1, true, "stream safety off, 1 stream, claimed"),
+    (true, 1, true, "stream-safe, default stream, claimed"),
+    (true, 1, false, "stream-safe, default stream, unclaimed"),
+    (true, 2, true, "stream-safe, 2 streams, claimed"),
+];
+
+/// The serving variant and the two-stream one (the paged shapes after the first, to keep one
+/// device call under its limit).
+const SERVING_AND_TWO_STREAMS: [Variant; 2] = [ALL_VARIANTS[1], ALL_VARIANTS[3]];
+
+/// Which variants shape `k` of [`PAGED_SHAPES`] runs, and whether it also runs the
+/// reserve-first rows.
+fn shape_rows(k: usize) -> (&'static [Variant], bool) {
+    if k == 0 {
+        (&ALL_VARIANTS, true)
+    } else {
+        (&SERVING_AND_TWO_STREAMS, false)
+    }
+}
+
 fn pool_rows<R: Region>(
     label: &str,
     make: &mut MakePool<'_, R>,
-    w: &Workload,
-    iters: usize,
+    (w, iters): (&Workload, usize),
+    variants: &[Variant],
     rows: &mut Vec<Row>,
 ) {
-    // (stream-safe, streams, claimed by this thread, label)
-    let variants = [
-        (false, 1, true, "stream safety off, 1 stream, claimed"),
-        (true, 1, true, "stream-safe, default stream, claimed"),
-        (true, 1, false, "stream-safe, default stream, unclaimed"),
-        (true, 2, true, "stream-safe, 2 streams, claimed"),
-    ];
     let mut pair = vec![Vec::new(); variants.len()];
     let mut window = vec![Vec::new(); variants.len()];
     let mut ratio = vec![0.0; variants.len()];
@@ -689,54 +702,32 @@ mod device {
             pool_rows(
                 "Vigil FixedPool, cudaMalloc'd region",
                 &mut make,
-                w,
-                iters,
+                (w, iters),
+                &ALL_VARIANTS,
                 rows,
             );
         }
-        // A paged pool over `bytes` of physical pages (every stream on its clock).
-        let paged = |opts: PoolOptions, bytes: usize| {
-            let clock = CudaClock::new(&ctx);
-            for (i, s) in streams.iter().enumerate() {
-                clock.add_stream(StreamId(i as u64), Arc::clone(s));
-            }
-            let region = match DevicePagedRegion::new(&ctx, PAGED_ADDRESS, bytes) {
-                Ok(r) => r,
-                Err(e) => {
-                    println!("paged device region of {bytes} B: {e}");
-                    return None;
+        for (k, &(page, small, shape)) in PAGED_SHAPES.iter().enumerate() {
+            // A paged pool over `bytes` of physical pages (every stream on its clock).
+            let paged = |opts: PoolOptions, bytes: usize| {
+                let clock = CudaClock::new(&ctx);
+                for (i, s) in streams.iter().enumerate() {
+                    clock.add_stream(StreamId(i as u64), Arc::clone(s));
                 }
+                let region =
+                    match DevicePagedRegion::with_page(&ctx, PAGED_ADDRESS, bytes, Some(page)) {
+                        Ok(r) => r,
+                        Err(e) => {
+                            println!("paged device region of {bytes} B: {e}");
+                            return None;
+                        }
+                    };
+                FixedPool::with_options(region, clock, opts).ok()
             };
-            FixedPool::with_options(region, clock, opts).ok()
-        };
-        let mut make_paged = |safe: bool, bytes: usize| {
-            let opts = PoolOptions {
-                stream_safe: safe,
-                ..PoolOptions::serving()
-            };
-            paged(opts, bytes.min(PAGED_PHYSICAL))
-        };
-        pool_rows(
-            "Vigil FixedPool, paged device region (cuMemMap)",
-            &mut make_paged,
-            w,
-            iters,
-            rows,
-        );
-        let mut make_reserve_first = |bytes: usize| {
-            let opts = PoolOptions {
-                reserve_first: true,
-                ..PoolOptions::serving()
-            };
-            paged(opts, bytes)
-        };
-        reserve_first_rows(
-            "Vigil FixedPool, paged device region (cuMemMap)",
-            &mut make_reserve_first,
-            w,
-            iters,
-            rows,
-        );
+            let label = format!("Vigil FixedPool, paged device region (cuMemMap), {shape}");
+            let which = shape_rows(k);
+            paged_rows(&label, &paged, (page, small), (w, iters), which, rows);
+        }
         if only_paged {
             return Ok(());
         }
@@ -803,47 +794,28 @@ fn main() {
             pool_rows(
                 "Vigil FixedPool, fake region",
                 &mut make,
-                &w,
-                iters,
+                (&w, iters),
+                &ALL_VARIANTS,
                 &mut rows,
             );
         }
-        // A paged pool over `bytes` of fake physical pages.
-        let paged = |opts: PoolOptions, bytes: usize| {
-            let region = FakePagedRegion {
-                physical: bytes.div_ceil(PAGE),
-                mapped: Default::default(),
+        for (k, &(page, small, _)) in PAGED_SHAPES.iter().enumerate() {
+            // A paged pool over `bytes` of fake physical pages.
+            let paged = |opts: PoolOptions, bytes: usize| {
+                let region = FakePagedRegion {
+                    physical: bytes.div_ceil(page),
+                    page,
+                    mapped: Default::default(),
+                };
+                FixedPool::with_options(region, Arc::new(SyncClock), opts).ok()
             };
-            FixedPool::with_options(region, Arc::new(SyncClock), opts).ok()
-        };
-        let mut make = |safe: bool, bytes: usize| {
-            let opts = PoolOptions {
-                stream_safe: safe,
-                ..PoolOptions::serving()
-            };
-            paged(opts, bytes.min(PAGED_PHYSICAL))
-        };
-        pool_rows(
-            "Vigil FixedPool, fake paged region",
-            &mut make,
-            &w,
-            iters,
-            &mut rows,
-        );
-        let mut make = |bytes: usize| {
-            let opts = PoolOptions {
-                reserve_first: true,
-                ..PoolOptions::serving()
-            };
-            paged(opts, bytes)
-        };
-        reserve_first_rows(
-            "Vigil FixedPool, fake paged region",
-            &mut make,
-            &w,
-            iters,
-            &mut rows,
-        );
+            let label = format!(
+                "Vigil FixedPool, fake paged region, {} MiB pages",
+                page >> 20
+            );
+            let which = shape_rows(k);
+            paged_rows(&label, &paged, (page, small), (&w, iters), which, &mut rows);
+        }
     }
     println!("iterations per row: {iters}; pool rows: median of {REPS} interleaved runs");
     println!("| allocator | workload | ns per alloc+free | peak reserved / peak live |");

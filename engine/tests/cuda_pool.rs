@@ -304,6 +304,57 @@ fn paged_device_region_moves_physical_pages_and_keeps_data() {
     // Dropped with pages still mapped: Drop unmaps and releases them.
 }
 
+/// Pages of the granularity and of twice it: pages given back move with their bytes to a
+/// new place, the old place can be backed again at once from untouched physical pages, and
+/// writing either place never shows through the other. A page size that is not a power-of-two
+/// multiple of the granularity is refused.
+#[test]
+fn paged_region_moves_pages_of_each_size() {
+    let Some(ctx) = device() else { return };
+    let probe = DevicePagedRegion::new(&ctx, 1, 1).expect("paged region");
+    let granularity = probe.page_size().expect("a paged region has a page size");
+    drop(probe);
+    assert!(
+        DevicePagedRegion::with_page(&ctx, 1, 1, Some(3 * granularity)).is_err(),
+        "a page of three granules is refused"
+    );
+    assert!(
+        DevicePagedRegion::with_page(&ctx, 1, 1, Some(granularity / 2)).is_err(),
+        "a page under the granularity is refused"
+    );
+    for page in [granularity, 2 * granularity] {
+        let region = DevicePagedRegion::with_page(&ctx, 64 * page, 8 * page, Some(page))
+            .expect("paged region");
+        println!("page {page} B");
+        assert_eq!(region.page_size(), Some(page));
+        assert_eq!(region.physical_pages(), 8);
+        let words = page / 4;
+        let at = |i: usize| region.device_ptr() + (i * page) as u64;
+        region.map_pages(0, 3).expect("map pages 0..3");
+        let pattern: Vec<u32> = (0..3 * words as u32)
+            .map(|i| i.wrapping_mul(2_654_435_761) ^ 0x0F0F_0000)
+            .collect();
+        assert_eq!(roundtrip(at(0), &pattern), pattern);
+        // Pages 0 and 1 go back; pages 20 and 21 take their physical pages (last freed first).
+        region.unmap_pages(0, 2).expect("unmap pages 0..2");
+        region.map_pages(20, 2).expect("map pages 20..22");
+        assert_eq!(read_words(at(20), words), pattern[words..2 * words]);
+        assert_eq!(read_words(at(21), words), pattern[..words]);
+        // The old places again, at once, from untouched physical pages.
+        region.map_pages(0, 2).expect("map pages 0..2 again");
+        assert_eq!(region.mapped_pages(), 5);
+        let fresh: Vec<u32> = (0..2 * words as u32).map(|i| !i).collect();
+        assert_eq!(roundtrip(at(0), &fresh), fresh);
+        assert_eq!(read_words(at(20), words), pattern[words..2 * words]);
+        assert_eq!(read_words(at(21), words), pattern[..words]);
+        assert_eq!(read_words(at(2), words), pattern[2 * words..]);
+        let moved: Vec<u32> = (0..2 * words as u32).map(|i| i ^ 0x7777_7777).collect();
+        assert_eq!(roundtrip(at(20), &moved), moved);
+        assert_eq!(read_words(at(0), 2 * words), fresh);
+        assert!(region.unmap_pages(3, 1).is_err(), "page 3 was never mapped");
+    }
+}
+
 /// A pool over the paged region on two streams: stream B spins, then copies block X; the host
 /// frees X (used by B) and asks on stream A for a block that fits only by moving X's physical
 /// pages. The pool must not unmap them before B passes its recorded point: the plain

@@ -87,7 +87,7 @@ pub struct DevicePagedRegion {
     base: sys::CUdeviceptr,
     /// Reserved length, a multiple of `page`.
     len: usize,
-    /// Page size: the device's minimum allocation granularity.
+    /// Page size: a power-of-two multiple of the device's minimum allocation granularity.
     page: usize,
     /// Physical pages created (mapped or free).
     handles: usize,
@@ -103,11 +103,25 @@ const _: () = {
 
 impl DevicePagedRegion {
     /// Reserves `address_bytes` (rounded up to the page) of virtual device address space on
-    /// `ctx`'s device and creates `ceil(physical_bytes / page)` physical pages, none mapped.
+    /// `ctx`'s device and creates `ceil(physical_bytes / page)` physical pages, none mapped;
+    /// pages of the device's minimum allocation granularity (2 MiB on current GPUs).
     pub fn new(
         ctx: &Arc<CudaContext>,
         address_bytes: usize,
         physical_bytes: usize,
+    ) -> Result<Self> {
+        Self::with_page(ctx, address_bytes, physical_bytes, None)
+    }
+
+    /// [`new`](Self::new) with pages of `page` bytes (a power-of-two multiple of the
+    /// granularity; `None`: the granularity). The driver charges each move per mapped handle,
+    /// not per byte, so larger pages move the same bytes in fewer calls, for a coarser
+    /// footprint (docs/benchmarks.md, sixteenth session: 4 MiB pages halve the window's cost).
+    pub fn with_page(
+        ctx: &Arc<CudaContext>,
+        address_bytes: usize,
+        physical_bytes: usize,
+        page: Option<usize>,
     ) -> Result<Self> {
         ctx.bind_to_thread()
             .map_err(|e| cuda_err("cannot bind the CUDA context", e))?;
@@ -115,20 +129,28 @@ impl DevicePagedRegion {
             Error::OutOfMemory(format!("device ordinal {} out of range", ctx.ordinal()))
         })?;
         let prop = Self::allocation_prop(device);
-        let mut page = 0usize;
-        // SAFETY: `page` and `prop` are valid for the call; the driver only writes `page`.
+        let mut granularity = 0usize;
+        // SAFETY: `granularity` and `prop` are valid for the call; the driver only writes
+        // `granularity`.
         unsafe {
             sys::cuMemGetAllocationGranularity(
-                &mut page,
+                &mut granularity,
                 &prop,
                 sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
             )
         }
         .result()
         .map_err(|e| cuda_err("cannot query the device's allocation granularity", e))?;
-        if page == 0 || !page.is_power_of_two() {
+        if granularity == 0 || !granularity.is_power_of_two() {
             return Err(Error::OutOfMemory(format!(
-                "device allocation granularity {page} B is not a power of two"
+                "device allocation granularity {granularity} B is not a power of two"
+            )));
+        }
+        let page = page.unwrap_or(granularity);
+        if !page.is_power_of_two() || page < granularity {
+            return Err(Error::BadInput(format!(
+                "page size {page} B is not a power-of-two multiple of the device's \
+                 {granularity} B allocation granularity"
             )));
         }
         let pages = address_bytes.max(1).div_ceil(page);
