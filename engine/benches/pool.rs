@@ -19,8 +19,11 @@ use vigil_engine::memory::{
     SMALL_BLOCK,
 };
 
+#[path = "common/fake_paged_region.rs"]
+mod fake_paged_region;
 #[path = "common/workload.rs"]
 mod workload;
+use fake_paged_region::{FakePagedRegion, PAGED_ADDRESS};
 use workload::{window_peak_live, Workload, TABLE, WINDOW};
 
 /// Region of the pools in the first run of each row.
@@ -134,8 +137,6 @@ impl Region for FakeRegion {
     }
 }
 
-/// Address space of the paged pools: physical memory is what they are sized by.
-const PAGED_ADDRESS: usize = 64 << 30;
 /// CUDA's virtual-memory granularity on current GPUs.
 const PAGE: usize = 2 << 20;
 
@@ -153,44 +154,6 @@ const PAGED_SHAPES: [PagedShape; 2] = [
 ];
 /// Most physical memory a paged pool row takes (its peak live is under 1 GiB).
 const PAGED_PHYSICAL: usize = 2 << 30;
-
-/// A remappable region at a fake address for the host-only rows: it counts physical pages
-/// and does no mapping (the device rows pay cuMemMap).
-struct FakePagedRegion {
-    physical: usize,
-    page: usize,
-    mapped: std::sync::atomic::AtomicUsize,
-}
-
-impl Region for FakePagedRegion {
-    fn base(&self) -> usize {
-        1 << 40
-    }
-    fn len(&self) -> usize {
-        PAGED_ADDRESS
-    }
-    fn page_size(&self) -> Option<usize> {
-        Some(self.page)
-    }
-    fn physical_pages(&self) -> usize {
-        self.physical
-    }
-    fn map_pages(&self, _first: usize, count: usize) -> vigil_engine::Result<()> {
-        use std::sync::atomic::Ordering::Relaxed;
-        if self.mapped.load(Relaxed) + count > self.physical {
-            return Err(vigil_engine::Error::OutOfMemory(
-                "fake pages exhausted".into(),
-            ));
-        }
-        self.mapped.fetch_add(count, Relaxed);
-        Ok(())
-    }
-    fn unmap_pages(&self, _first: usize, count: usize) -> vigil_engine::Result<()> {
-        self.mapped
-            .fetch_sub(count, std::sync::atomic::Ordering::Relaxed);
-        Ok(())
-    }
-}
 
 /// `POOL_BENCH_ROWS=paged`: only the paged rows (and, on a GPU, the driver call costs).
 fn only_paged() -> bool {

@@ -7,51 +7,19 @@
 //! [RESERVE [SEED]]`: `RESERVE` 0 (the default) lets the footprint follow the live bytes;
 //! otherwise the pool gets that multiple of the peak live bytes with `reserve_first`.
 
+#[path = "../benches/common/fake_paged_region.rs"]
+mod fake_paged_region;
 #[path = "../benches/common/workload.rs"]
 mod workload;
 
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 
-use vigil_engine::memory::{FixedPool, PoolOptions, Region, StreamId, SyncClock};
+use fake_paged_region::FakePagedRegion;
+use vigil_engine::memory::{FixedPool, PoolOptions, StreamId, SyncClock};
 use workload::{window_peak_live, Workload, TABLE, WINDOW};
 
-/// Fake physical pages at a fake address: counted, never mapped.
-struct FakePagedRegion {
-    physical: usize,
-    page: usize,
-    mapped: AtomicUsize,
-}
-
-impl Region for FakePagedRegion {
-    fn base(&self) -> usize {
-        1 << 40
-    }
-    fn len(&self) -> usize {
-        64 << 30
-    }
-    fn page_size(&self) -> Option<usize> {
-        Some(self.page)
-    }
-    fn physical_pages(&self) -> usize {
-        self.physical
-    }
-    fn map_pages(&self, _first: usize, count: usize) -> vigil_engine::Result<()> {
-        if self.mapped.load(Relaxed) + count > self.physical {
-            return Err(vigil_engine::Error::OutOfMemory(
-                "fake pages exhausted".into(),
-            ));
-        }
-        self.mapped.fetch_add(count, Relaxed);
-        Ok(())
-    }
-    fn unmap_pages(&self, _first: usize, count: usize) -> vigil_engine::Result<()> {
-        self.mapped.fetch_sub(count, Relaxed);
-        Ok(())
-    }
-}
-
+/// Argument `i` parsed as a `T`, or `default` when it is absent.
 fn arg<T: std::str::FromStr>(
     args: &[String],
     i: usize,
@@ -64,6 +32,7 @@ fn arg<T: std::str::FromStr>(
     }
 }
 
+/// Runs the sweep for the command line `args`; the result line or what went wrong.
 fn run(args: &[String]) -> Result<String, String> {
     let steps: usize = arg(args, 1, "STEPS", None)?;
     let page_mib: usize = arg(args, 2, "PAGE_MIB", None)?;
@@ -81,7 +50,7 @@ fn run(args: &[String]) -> Result<String, String> {
     let region = FakePagedRegion {
         physical,
         page,
-        mapped: AtomicUsize::new(0),
+        mapped: Default::default(),
     };
     let opts = PoolOptions {
         reserve_first: reserve > 0.0,
