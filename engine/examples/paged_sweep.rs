@@ -4,8 +4,11 @@
 //! per mapped page (docs/benchmarks.md) turns the page counts into time.
 //!
 //! `cargo run --release -p vigil-engine --example paged_sweep -- STEPS PAGE_MIB SMALL_KIB
-//! [RESERVE [SEED]]`: `RESERVE` 0 (the default) lets the footprint follow the live bytes;
-//! otherwise the pool gets that multiple of the peak live bytes with `reserve_first`.
+//! [RESERVE [SEED [GROUP]]]`: `RESERVE` 0 (the default) lets the footprint follow the live
+//! bytes; otherwise the pool gets that multiple of the peak live bytes with `reserve_first`.
+//! `GROUP` > 1 also counts the handles the same moves would take if every aligned run of
+//! `GROUP` pages inside a mapped or unmapped range were one physical handle: an optimistic
+//! bound for mixed page sizes (the driver charges per handle).
 
 #[path = "../benches/common/fake_paged_region.rs"]
 mod fake_paged_region;
@@ -15,9 +18,56 @@ mod workload;
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
 use fake_paged_region::FakePagedRegion;
-use vigil_engine::memory::{FixedPool, PoolOptions, StreamId, SyncClock};
+use vigil_engine::memory::{FixedPool, PoolOptions, Region, StreamId, SyncClock};
 use workload::{window_peak_live, Workload, TABLE, WINDOW};
+
+/// The fake region, counting the handles its moves would take with `group`-page handles in
+/// aligned runs.
+struct Grouped {
+    inner: FakePagedRegion,
+    group: usize,
+    maps: AtomicU64,
+    unmaps: AtomicU64,
+}
+
+impl Grouped {
+    /// Handles for pages `first..first + count`: one per aligned whole group, one per page
+    /// outside them.
+    fn handles(&self, first: usize, count: usize) -> u64 {
+        let g = self.group;
+        let (start, end) = (first.div_ceil(g) * g, first + count);
+        let groups = end.saturating_sub(start) / g;
+        (count - groups * (g - 1)) as u64
+    }
+}
+
+impl Region for Grouped {
+    fn base(&self) -> usize {
+        self.inner.base()
+    }
+    fn len(&self) -> usize {
+        self.inner.len()
+    }
+    fn page_size(&self) -> Option<usize> {
+        self.inner.page_size()
+    }
+    fn physical_pages(&self) -> usize {
+        self.inner.physical_pages()
+    }
+    fn map_pages(&self, first: usize, count: usize) -> vigil_engine::Result<()> {
+        self.inner.map_pages(first, count)?;
+        self.maps.fetch_add(self.handles(first, count), Relaxed);
+        Ok(())
+    }
+    fn unmap_pages(&self, first: usize, count: usize) -> vigil_engine::Result<()> {
+        self.inner.unmap_pages(first, count)?;
+        self.unmaps.fetch_add(self.handles(first, count), Relaxed);
+        Ok(())
+    }
+}
 
 /// Argument `i` parsed as a `T`, or `default` when it is absent.
 fn arg<T: std::str::FromStr>(
@@ -39,6 +89,10 @@ fn run(args: &[String]) -> Result<String, String> {
     let small_kib: usize = arg(args, 3, "SMALL_KIB", None)?;
     let reserve: f64 = arg(args, 4, "RESERVE", Some(0.0))?;
     let seed: u64 = arg(args, 5, "SEED", Some(0x9e37_79b9_7f4a_7c15))?;
+    let group: usize = arg(args, 6, "GROUP", Some(1))?;
+    if group == 0 {
+        return Err("GROUP must be at least 1".into());
+    }
     let page = page_mib << 20;
     let w = Workload::with_seed(seed);
     let peak = window_peak_live(&w, steps);
@@ -47,10 +101,15 @@ fn run(args: &[String]) -> Result<String, String> {
     } else {
         (4usize << 30) / page
     };
-    let region = FakePagedRegion {
-        physical,
-        page,
-        mapped: Default::default(),
+    let region = Grouped {
+        inner: FakePagedRegion {
+            physical,
+            page,
+            mapped: Default::default(),
+        },
+        group,
+        maps: AtomicU64::new(0),
+        unmaps: AtomicU64::new(0),
     };
     let opts = PoolOptions {
         reserve_first: reserve > 0.0,
@@ -78,9 +137,20 @@ fn run(args: &[String]) -> Result<String, String> {
     }
     let st = pool.stats();
     let per_m = |n: u64| n as f64 * 1e6 / steps as f64;
+    let grouped = if group > 1 {
+        let r = pool.region();
+        format!(
+            "; with {group}-page handles: {:.0} mapped, {:.0} unmapped per million steps",
+            per_m(r.maps.load(Relaxed)),
+            per_m(r.unmaps.load(Relaxed)),
+        )
+    } else {
+        String::new()
+    };
     Ok(format!(
         "page {page_mib} MiB, small {small_kib} KiB, reserve {reserve}, seed {seed:#x}: \
-         footprint / peak live {:.4}, moves {:.0}, pages mapped {:.0}, unmapped {:.0} per million steps",
+         footprint / peak live {:.4}, moves {:.0}, pages mapped {:.0}, unmapped {:.0} per million \
+         steps{grouped}",
         st.footprint as f64 / peak as f64,
         per_m(st.remaps),
         per_m(st.pages_mapped),
