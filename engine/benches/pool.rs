@@ -145,7 +145,7 @@ const PAGE: usize = 2 << 20;
 type PagedShape = (usize, usize, &'static str);
 
 /// The paged configurations compared. The driver charges per mapped handle, not per byte
-/// (thirteenth session), so 4 MiB pages move the same bytes in about a quarter of the calls;
+/// (thirteenth session), so 4 MiB pages move the window's bytes in about a third of the calls;
 /// with them, blocks under one page come from the top of their span (of the thresholds tried
 /// on the window, 0.25–16 MiB, it gave the smallest footprint). Which rows each runs: [`shape_rows`].
 const PAGED_SHAPES: [PagedShape; 2] = [
@@ -197,7 +197,7 @@ fn reserve_first_rows<R: Region>(
 fn paged_rows<R: Region>(
     label: &str,
     paged: &dyn Fn(PoolOptions, usize) -> Option<Arc<FixedPool<R>>>,
-    (page, small): (usize, usize),
+    small: usize,
     (w, iters): (&Workload, usize),
     (variants, reserve_first): (&[Variant], bool),
     rows: &mut Vec<Row>,
@@ -211,7 +211,7 @@ fn paged_rows<R: Region>(
             stream_safe: safe,
             ..options
         };
-        paged(opts, bytes.min(PAGED_PHYSICAL).div_ceil(page) * page)
+        paged(opts, bytes.min(PAGED_PHYSICAL))
     };
     pool_rows(label, &mut make, (w, iters), variants, rows);
     if reserve_first {
@@ -689,7 +689,7 @@ mod device {
             };
             let label = format!("Vigil FixedPool, paged device region (cuMemMap), {shape}");
             let which = shape_rows(k);
-            paged_rows(&label, &paged, (page, small), (w, iters), which, rows);
+            paged_rows(&label, &paged, small, (w, iters), which, rows);
         }
         if only_paged {
             return Ok(());
@@ -777,7 +777,7 @@ fn main() {
                 page >> 20
             );
             let which = shape_rows(k);
-            paged_rows(&label, &paged, (page, small), (&w, iters), which, &mut rows);
+            paged_rows(&label, &paged, small, (&w, iters), which, &mut rows);
         }
     }
     println!("iterations per row: {iters}; pool rows: median of {REPS} interleaved runs");
