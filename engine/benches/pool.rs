@@ -40,27 +40,43 @@ struct Row {
     remaps: Option<(u64, u64, u64)>,
 }
 
-/// An allocator under test: `alloc` returns a handle, `free` takes it back.
+/// An allocator under test: `alloc` returns a handle (or says why it has none), `free` takes
+/// it back.
 trait Alloc {
     type H;
-    fn alloc(&mut self, size: usize, stream: usize) -> Self::H;
+    fn alloc(&mut self, size: usize, stream: usize) -> Result<Self::H, String>;
     fn free(&mut self, h: Self::H, stream: usize);
     /// Bytes reserved from the device at peak (for the window ratio).
     fn peak_reserved(&mut self) -> usize;
     fn reset_peak(&mut self);
 }
 
-fn run_pair<A: Alloc>(a: &mut A, w: &Workload, iters: usize, streams: usize) -> f64 {
+/// The pair loop: ns per alloc+free, or the first allocation that failed.
+fn run_pair<A: Alloc>(
+    a: &mut A,
+    w: &Workload,
+    iters: usize,
+    streams: usize,
+) -> Result<f64, String> {
     let t = Instant::now();
     for i in 0..iters {
         let s = i % streams;
-        let h = a.alloc(w.pair_sizes[i % TABLE], s);
+        let h = a
+            .alloc(w.pair_sizes[i % TABLE], s)
+            .map_err(|e| format!("pair step {i}: {e}"))?;
         a.free(h, s);
     }
-    t.elapsed().as_nanos() as f64 / iters as f64
+    Ok(t.elapsed().as_nanos() as f64 / iters as f64)
 }
 
-fn run_window<A: Alloc>(a: &mut A, w: &Workload, iters: usize, streams: usize) -> (f64, f64) {
+/// The window loop: (ns per alloc+free, peak reserved / peak live), or the first allocation
+/// that failed (the blocks still live are freed).
+fn run_window<A: Alloc>(
+    a: &mut A,
+    w: &Workload,
+    iters: usize,
+    streams: usize,
+) -> Result<(f64, f64), String> {
     a.reset_peak();
     let mut live: Vec<Option<(A::H, usize, usize)>> = Vec::with_capacity(WINDOW);
     let mut live_bytes = 0usize;
@@ -68,7 +84,13 @@ fn run_window<A: Alloc>(a: &mut A, w: &Workload, iters: usize, streams: usize) -
     for i in 0..WINDOW {
         let size = w.window_sizes[i];
         let s = i % streams;
-        live.push(Some((a.alloc(size, s), size, s)));
+        match a.alloc(size, s) {
+            Ok(h) => live.push(Some((h, size, s))),
+            Err(e) => {
+                free_all(a, live);
+                return Err(format!("window block {i}: {e}"));
+            }
+        }
         live_bytes += size;
     }
     peak_live = peak_live.max(live_bytes);
@@ -81,15 +103,26 @@ fn run_window<A: Alloc>(a: &mut A, w: &Workload, iters: usize, streams: usize) -
         }
         let size = w.window_sizes[(i + WINDOW) % TABLE];
         let s = i % streams;
-        live[v] = Some((a.alloc(size, s), size, s));
+        match a.alloc(size, s) {
+            Ok(h) => live[v] = Some((h, size, s)),
+            Err(e) => {
+                free_all(a, live);
+                return Err(format!("window step {i}: {e}"));
+            }
+        }
         live_bytes += size;
         peak_live = peak_live.max(live_bytes);
     }
     let ns = t.elapsed().as_nanos() as f64 / iters as f64;
+    free_all(a, live);
+    Ok((ns, a.peak_reserved() as f64 / peak_live as f64))
+}
+
+/// Frees every live block of a window run.
+fn free_all<A: Alloc>(a: &mut A, live: Vec<Option<(A::H, usize, usize)>>) {
     for (h, _, s) in live.into_iter().flatten() {
         a.free(h, s);
     }
-    (ns, a.peak_reserved() as f64 / peak_live as f64)
 }
 
 /// The fixed pool over any region and clock, optionally claimed by the benchmark thread (the
@@ -108,18 +141,18 @@ impl<R: Region> Pool<R> {
 
 impl<R: Region> Alloc for Pool<R> {
     type H = vigil_engine::memory::Block<R>;
-    fn alloc(&mut self, size: usize, stream: usize) -> Self::H {
-        match self.pool.alloc(size, StreamId(stream as u64)) {
-            Ok(b) => b,
-            Err(e) => panic!("pool: {e}"),
-        }
+    fn alloc(&mut self, size: usize, stream: usize) -> Result<Self::H, String> {
+        self.pool
+            .alloc(size, StreamId(stream as u64))
+            .map_err(|e| e.to_string())
     }
     fn free(&mut self, h: Self::H, _stream: usize) {
         drop(h);
     }
     fn peak_reserved(&mut self) -> usize {
         // A fixed pool reserves its region up front; the part blocks ever reached (from both
-        // ends) is what a pool sized for this workload needs (checked by a rerun at that size).
+        // ends) is about what a pool sized for this workload needs (`verified_footprint`
+        // reruns at that size, and grows it until the run fits).
         self.pool.stats().footprint
     }
     fn reset_peak(&mut self) {}
@@ -179,7 +212,13 @@ fn reserve_first_rows<R: Region>(
             continue;
         };
         let mut p = Pool::new(pool, true);
-        let (ns, ratio) = run_window(&mut p, w, iters, 1);
+        let (ns, ratio) = match run_window(&mut p, w, iters, 1) {
+            Ok(r) => r,
+            Err(e) => {
+                println!("{label}, reserve first at {f:.3} x peak live: out of memory at {e}");
+                continue;
+            }
+        };
         let st = p.pool.stats();
         rows.push(Row {
             allocator: format!("{label} (reserve first, physical {f:.2} x peak live)"),
@@ -223,6 +262,95 @@ fn paged_rows<R: Region>(
             paged(opts, bytes)
         };
         reserve_first_rows(label, &mut make, w, iters, rows);
+    }
+}
+
+/// The smallest region, from `footprint` (plus one alignment unit per block) up in steps of
+/// 1%, in which a pool made by `make` serves the whole window run again. A fixed pool's first
+/// run shows what its blocks reached, but its best fit also weighs the spare span between the
+/// two zones, whose size differs in a tighter region, so the rerun may take other holes.
+fn verified_footprint<R: Region>(
+    make: &mut MakePool<'_, R>,
+    (safe, claim, streams): (bool, bool, usize),
+    footprint: usize,
+    w: &Workload,
+    iters: usize,
+) -> usize {
+    let mut bytes = footprint + WINDOW * DEFAULT_ALIGN;
+    for _ in 0..30 {
+        let Some(pool) = make(safe, bytes) else {
+            break;
+        };
+        let mut tight = Pool::new(pool, claim);
+        match run_window(&mut tight, w, iters, streams) {
+            Ok(_) => return bytes,
+            Err(e) => println!("a region of {bytes} B ran out at {e}; trying 1% more"),
+        }
+        bytes += bytes / 100;
+    }
+    println!("no region up to {bytes} B served the run again");
+    bytes
+}
+
+/// Rounds of the stream-safety A/B.
+const AB_ROUNDS: usize = 10;
+
+/// What the stream-safe layer costs on the default stream, measured apart from the rows: pair
+/// and window runs of `iters / AB_ROUNDS` steps, stream safety off and on alternating (each
+/// round swaps which goes first), on fresh claimed pools. Adds the two arms' medians as rows
+/// and prints the median of the rounds' ratios, which a slow round on either arm moves less
+/// than a ratio of medians.
+fn stream_safety_ab<R: Region>(
+    label: &str,
+    make: &mut MakePool<'_, R>,
+    (w, iters): (&Workload, usize),
+    rows: &mut Vec<Row>,
+) {
+    let steps = (iters / AB_ROUNDS).max(1);
+    for wl in ["pair", "window"] {
+        let mut ns = [Vec::new(), Vec::new()];
+        let mut ratios = Vec::new();
+        for round in 0..AB_ROUNDS {
+            let mut round_ns = [0.0; 2];
+            for k in 0..2 {
+                let safe = (k + round) % 2 == 1;
+                let Some(pool) = make(safe, FULL_REGION) else {
+                    return;
+                };
+                let mut p = Pool::new(pool, true);
+                let run = if wl == "pair" {
+                    run_pair(&mut p, w, steps, 1)
+                } else {
+                    run_window(&mut p, w, steps, 1).map(|(ns, _)| ns)
+                };
+                match run {
+                    Ok(t) => round_ns[usize::from(safe)] = t,
+                    Err(e) => {
+                        println!("{label}: stream-safety A/B out of memory at {e}");
+                        return;
+                    }
+                }
+            }
+            ratios.push(round_ns[1] / round_ns[0]);
+            for (arm, t) in round_ns.into_iter().enumerate() {
+                ns[arm].push(t);
+            }
+        }
+        let [off, on] = ns.map(median);
+        println!(
+            "{label}, {wl}: stream-safe layer on the default stream {:+.1}% (median of {AB_ROUNDS} \
+             alternating rounds of {steps} steps; arms {on:.1} vs {off:.1} ns)",
+            (median(ratios) - 1.0) * 100.0
+        );
+        for (arm, t) in [("off", off), ("on", on)] {
+            rows.push(Row {
+                allocator: format!("{label} (stream-safety A/B, {arm}, claimed)"),
+                workload: wl,
+                ns_per_pair: t,
+                reserved_over_live: None,
+                remaps: None,
+            });
+        }
     }
 }
 
@@ -280,26 +408,28 @@ fn pool_rows<R: Region>(
                 continue;
             };
             let mut p = Pool::new(pool, claim);
-            pair[k].push(run_pair(&mut p, w, iters, streams));
+            let ns = run_pair(&mut p, w, iters, streams);
             drop(p);
             let Some(pool) = make(safe, FULL_REGION) else {
                 continue;
             };
             let mut p = Pool::new(pool, claim);
-            let (ns, r) = run_window(&mut p, w, iters, streams);
-            window[k].push(ns);
+            let (ns, (wns, r)) = match (ns, run_window(&mut p, w, iters, streams)) {
+                (Ok(ns), Ok(win)) => (ns, win),
+                (Err(e), _) | (_, Err(e)) => {
+                    println!("{label}: out of memory in a {FULL_REGION} B region at {e}");
+                    continue;
+                }
+            };
+            pair[k].push(ns);
+            window[k].push(wns);
             if ratio[k] == 0.0 {
-                ratio[k] = r;
                 let st = p.pool.stats();
                 remaps[k] = (st.remaps, st.pages_mapped, st.pages_unmapped);
-                // Rerun the window in a region exactly the footprint (plus one alignment unit
-                // per block) to show that a pool of that size serves it without running out.
-                let footprint = p.pool.stats().footprint + WINDOW * DEFAULT_ALIGN;
                 drop(p);
-                if let Some(pool) = make(safe, footprint) {
-                    let mut tight = Pool::new(pool, claim);
-                    let _ = run_window(&mut tight, w, iters, streams);
-                }
+                let verified =
+                    verified_footprint(make, (safe, claim, streams), st.footprint, w, iters);
+                ratio[k] = r.max(verified as f64 / window_peak_live(w, iters) as f64);
             }
         }
     }
@@ -377,9 +507,9 @@ mod device {
 
     impl Alloc for MallocAsync {
         type H = sys::CUdeviceptr;
-        fn alloc(&mut self, size: usize, stream: usize) -> Self::H {
+        fn alloc(&mut self, size: usize, stream: usize) -> Result<Self::H, String> {
             unsafe { result::malloc_async(self.streams[stream].cu_stream(), size) }
-                .expect("cuMemAllocAsync")
+                .map_err(|e| format!("cuMemAllocAsync: {e}"))
         }
         fn free(&mut self, h: Self::H, stream: usize) {
             unsafe { result::free_async(h, self.streams[stream].cu_stream()) }
@@ -669,6 +799,12 @@ mod device {
                 &ALL_VARIANTS,
                 rows,
             );
+            stream_safety_ab(
+                "Vigil FixedPool, cudaMalloc'd region",
+                &mut make,
+                (w, iters),
+                rows,
+            );
         }
         for (k, &(page, small, shape)) in PAGED_SHAPES.iter().enumerate() {
             // A paged pool over `bytes` of physical pages (every stream on its clock).
@@ -696,7 +832,7 @@ mod device {
         }
         let mut m = MallocAsync::new(&ctx);
         for streams in [1, 2] {
-            let ns = run_pair(&mut m, w, iters, streams);
+            let ns = run_pair(&mut m, w, iters, streams)?;
             rows.push(Row {
                 allocator: "cudaMallocAsync/cudaFreeAsync".into(),
                 workload: if streams == 1 {
@@ -708,7 +844,7 @@ mod device {
                 reserved_over_live: None,
                 remaps: None,
             });
-            let (ns, ratio) = run_window(&mut m, w, iters, streams);
+            let (ns, ratio) = run_window(&mut m, w, iters, streams)?;
             rows.push(Row {
                 allocator: "cudaMallocAsync/cudaFreeAsync".into(),
                 workload: if streams == 1 {
@@ -759,6 +895,12 @@ fn main() {
                 &mut make,
                 (&w, iters),
                 &ALL_VARIANTS,
+                &mut rows,
+            );
+            stream_safety_ab(
+                "Vigil FixedPool, fake region",
+                &mut make,
+                (&w, iters),
                 &mut rows,
             );
         }
