@@ -15,6 +15,14 @@ if ! python3 -c 'import onnx, sys; sys.exit(onnx.__version__ != "1.22.0")' 2>/de
     python3 -m pip install --quiet --disable-pip-version-check "onnx==1.22.0" ||
         python3 -m pip install --quiet --disable-pip-version-check --break-system-packages "onnx==1.22.0"
 fi
+# ONNX Runtime, the oracle of the INT8 checks that run QDQ models in it (with pillow and numpy for
+# the scripts that feed it). Without it those checks print SKIP, so a failed install is said, not
+# fatal.
+if ! python3 -c 'import onnxruntime, PIL, numpy, sys; sys.exit(onnxruntime.__version__ != "1.32.0")' 2>/dev/null; then
+    python3 -m pip install --quiet --disable-pip-version-check "onnxruntime==1.32.0" pillow numpy ||
+        python3 -m pip install --quiet --disable-pip-version-check --break-system-packages "onnxruntime==1.32.0" pillow numpy ||
+        echo "SKIP: could not install onnxruntime 1.32.0, pillow and numpy: the QDQ checks in ONNX Runtime will skip"
+fi
 VIGIL_ONNX_NODE_TESTS="$(python3 -c 'import onnx, os; print(os.path.join(os.path.dirname(onnx.__file__), "backend/test/data/node"))')"
 export VIGIL_ONNX_NODE_TESTS
 
