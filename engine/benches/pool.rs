@@ -180,7 +180,7 @@ type PagedShape = (usize, usize, &'static str);
 /// The paged configurations compared. The driver charges per mapped handle, not per byte
 /// (thirteenth session), so 4 MiB pages move the window's bytes in about a third of the calls;
 /// with them, blocks under one page come from the top of their span (of the thresholds tried
-/// on the window, 0.25–16 MiB, it gave the smallest footprint). Which rows each runs: [`shape_rows`].
+/// on the window, 0.25–16 MiB, it gave the smallest footprint). Which rows each runs: [`paged_rows`].
 const PAGED_SHAPES: [PagedShape; 2] = [
     (PAGE, SMALL_BLOCK, "2 MiB pages"),
     (2 * PAGE, 2 * PAGE, "4 MiB pages"),
@@ -230,17 +230,22 @@ fn reserve_first_rows<R: Region>(
     }
 }
 
-/// The rows of one paged shape: `variants`, and the reserve-first rows if `reserve_first`,
-/// over pools from `paged(options, physical bytes)` with blocks under `small` bytes from the
-/// top.
+/// The rows of one paged shape, over pools from `paged(options, physical bytes)` with blocks
+/// under `small` bytes from the top: every variant and the reserve-first rows for the first
+/// shape, the serving and two-stream variants for the others.
 fn paged_rows<R: Region>(
     label: &str,
     paged: &dyn Fn(PoolOptions, usize) -> Option<Arc<FixedPool<R>>>,
     small: usize,
     (w, iters): (&Workload, usize),
-    (variants, reserve_first): (&[Variant], bool),
+    first_shape: bool,
     rows: &mut Vec<Row>,
 ) {
+    let variants: &[Variant] = if first_shape {
+        &ALL_VARIANTS
+    } else {
+        &SERVING_AND_TWO_STREAMS
+    };
     let options = PoolOptions {
         small_from_top: Some(small),
         ..PoolOptions::serving()
@@ -253,7 +258,7 @@ fn paged_rows<R: Region>(
         paged(opts, bytes.min(PAGED_PHYSICAL))
     };
     pool_rows(label, &mut make, (w, iters), variants, rows);
-    if reserve_first {
+    if first_shape {
         let mut make = |bytes: usize| {
             let opts = PoolOptions {
                 reserve_first: true,
@@ -381,16 +386,6 @@ const ALL_VARIANTS: [Variant; 4] = [
 /// device call under its limit).
 const SERVING_AND_TWO_STREAMS: [Variant; 2] = [ALL_VARIANTS[1], ALL_VARIANTS[3]];
 
-/// Which variants shape `k` of [`PAGED_SHAPES`] runs, and whether it also runs the
-/// reserve-first rows.
-fn shape_rows(k: usize) -> (&'static [Variant], bool) {
-    if k == 0 {
-        (&ALL_VARIANTS, true)
-    } else {
-        (&SERVING_AND_TWO_STREAMS, false)
-    }
-}
-
 fn pool_rows<R: Region>(
     label: &str,
     make: &mut MakePool<'_, R>,
@@ -402,6 +397,7 @@ fn pool_rows<R: Region>(
     let mut window = vec![Vec::new(); variants.len()];
     let mut ratio = vec![0.0; variants.len()];
     let mut remaps = vec![(0u64, 0u64, 0u64); variants.len()];
+    let peak = window_peak_live(w, iters);
     for _ in 0..REPS {
         for (k, &(safe, streams, claim, _)) in variants.iter().enumerate() {
             let Some(pool) = make(safe, FULL_REGION) else {
@@ -429,7 +425,7 @@ fn pool_rows<R: Region>(
                 drop(p);
                 let verified =
                     verified_footprint(make, (safe, claim, streams), st.footprint, w, iters);
-                ratio[k] = r.max(verified as f64 / window_peak_live(w, iters) as f64);
+                ratio[k] = r.max(verified as f64 / peak as f64);
             }
         }
     }
@@ -824,8 +820,7 @@ mod device {
                 FixedPool::with_options(region, clock, opts).ok()
             };
             let label = format!("Vigil FixedPool, paged device region (cuMemMap), {shape}");
-            let which = shape_rows(k);
-            paged_rows(&label, &paged, small, (w, iters), which, rows);
+            paged_rows(&label, &paged, small, (w, iters), k == 0, rows);
         }
         if only_paged {
             return Ok(());
@@ -918,8 +913,7 @@ fn main() {
                 "Vigil FixedPool, fake paged region, {} MiB pages",
                 page >> 20
             );
-            let which = shape_rows(k);
-            paged_rows(&label, &paged, small, (&w, iters), which, &mut rows);
+            paged_rows(&label, &paged, small, (&w, iters), k == 0, &mut rows);
         }
     }
     println!("iterations per row: {iters}; pool rows: median of {REPS} interleaved runs");

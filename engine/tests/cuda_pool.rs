@@ -304,6 +304,12 @@ fn paged_device_region_moves_physical_pages_and_keeps_data() {
     // Dropped with pages still mapped: Drop unmaps and releases them.
 }
 
+/// The device's page granularity, as a default paged region reports it.
+fn granularity(ctx: &Arc<CudaContext>) -> usize {
+    let probe = DevicePagedRegion::new(ctx, 1, 1).expect("paged region");
+    probe.page_size().expect("a paged region has a page size")
+}
+
 /// Pages of the granularity and of twice it: pages given back move with their bytes to a
 /// new place, the old place can be backed again at once from untouched physical pages, and
 /// writing either place never shows through the other. A page size that is not a power-of-two
@@ -311,9 +317,7 @@ fn paged_device_region_moves_physical_pages_and_keeps_data() {
 #[test]
 fn paged_region_moves_pages_of_each_size() {
     let Some(ctx) = device() else { return };
-    let probe = DevicePagedRegion::new(&ctx, 1, 1).expect("paged region");
-    let granularity = probe.page_size().expect("a paged region has a page size");
-    drop(probe);
+    let granularity = granularity(&ctx);
     assert!(
         DevicePagedRegion::with_page(&ctx, 1, 1, Some(3 * granularity)).is_err(),
         "a page of three granules is refused"
@@ -362,9 +366,7 @@ fn paged_region_moves_pages_of_each_size() {
 #[test]
 fn paged_pool_moves_pages_only_after_the_reading_stream_is_done() {
     let Some(ctx) = device() else { return };
-    let probe = DevicePagedRegion::new(&ctx, 1, 1).expect("paged region");
-    let page = probe.page_size().expect("a paged region has a page size");
-    drop(probe);
+    let page = granularity(&ctx);
     let rig = Rig::new(&ctx);
     // Six physical pages: dst (2, on B), X (2, on A), Y (1, on A, kept), one in reserve.
     let region = DevicePagedRegion::new(&ctx, 64 * page, 6 * page).expect("paged region");
