@@ -193,6 +193,11 @@ fn only_paged() -> bool {
     std::env::var("POOL_BENCH_ROWS").is_ok_and(|v| v == "paged")
 }
 
+/// `POOL_BENCH_ROWS=ab`: only the stream-safety A/B over the fixed region.
+fn only_ab() -> bool {
+    std::env::var("POOL_BENCH_ROWS").is_ok_and(|v| v == "ab")
+}
+
 /// Footprints given to the reserve-first paged rows, as multiples of the window's peak live.
 const RESERVE_FIRST_SIZES: [f64; 4] = [1.08, 1.09, 1.12, 1.16];
 
@@ -757,11 +762,13 @@ mod device {
     pub fn rows(w: &Workload, iters: usize, rows: &mut Vec<Row>) -> Result<(), String> {
         vigil_engine::backend::cuda::probe(0).map_err(|e| e.to_string())?;
         let ctx = CudaContext::new(0).map_err(|e| e.to_string())?;
-        if let Err(e) = vmm_costs(&ctx, 200) {
-            println!("driver call costs not measured: {e}");
-        }
-        if let Err(e) = vmm_shapes(&ctx, 100) {
-            println!("driver call shapes not measured: {e}");
+        if !only_ab() {
+            if let Err(e) = vmm_costs(&ctx, 200) {
+                println!("driver call costs not measured: {e}");
+            }
+            if let Err(e) = vmm_shapes(&ctx, 100) {
+                println!("driver call shapes not measured: {e}");
+            }
         }
         if std::env::var("POOL_BENCH_ROWS").is_ok_and(|v| v == "vmm") {
             return Ok(());
@@ -786,6 +793,15 @@ mod device {
             )
             .ok()
         };
+        if only_ab() {
+            stream_safety_ab(
+                "Vigil FixedPool, cudaMalloc'd region",
+                &mut make,
+                (w, iters),
+                rows,
+            );
+            return Ok(());
+        }
         let only_paged = only_paged();
         if !only_paged {
             pool_rows(
@@ -884,7 +900,14 @@ fn main() {
             )
             .ok()
         };
-        if !only_paged() {
+        if only_ab() {
+            stream_safety_ab(
+                "Vigil FixedPool, fake region",
+                &mut make,
+                (&w, iters),
+                &mut rows,
+            );
+        } else if !only_paged() {
             pool_rows(
                 "Vigil FixedPool, fake region",
                 &mut make,
@@ -899,7 +922,12 @@ fn main() {
                 &mut rows,
             );
         }
-        for (k, &(page, small, _)) in PAGED_SHAPES.iter().enumerate() {
+        let shapes = if only_ab() {
+            &[][..]
+        } else {
+            &PAGED_SHAPES[..]
+        };
+        for (k, &(page, small, _)) in shapes.iter().enumerate() {
             // A paged pool over `bytes` of fake physical pages.
             let paged = |opts: PoolOptions, bytes: usize| {
                 let region = FakePagedRegion {

@@ -405,6 +405,13 @@ impl Inner {
         if stream == StreamId::DEFAULT {
             return Ok(1);
         }
+        self.tag_of_other(stream)
+    }
+
+    /// [`Self::tag_of`] for a stream other than the default one (kept out of the default
+    /// stream's path).
+    #[inline(never)]
+    fn tag_of_other(&mut self, stream: StreamId) -> Result<u8> {
         if let Some(i) = self.streams.iter().position(|&s| s == stream) {
             return Ok(i as u8 + 1);
         }
@@ -611,12 +618,12 @@ impl Inner {
             }
             self.nodes[i as usize].next_phys = used;
             self.resize_free(i, n.size - size, n.tag);
-            self.note_extent(n.off + n.size - size, size);
+            self.note_top_extent(n.off + n.size - size);
             return Some(used);
         }
         // Carve the block from the span's head: the span keeps its node and, while its size
         // class does not change, its place in the lists.
-        self.note_extent(n.off, size);
+        self.note_bottom_extent(n.off + size);
         let used = self.new_node(Node {
             off: n.off,
             size,
@@ -642,11 +649,25 @@ impl Inner {
     #[inline]
     fn note_extent(&mut self, off: usize, size: usize) {
         if size < self.small_units {
-            if off >= self.high_water {
-                self.low_water = self.low_water.min(off);
-            }
-        } else if off + size <= self.low_water {
-            self.high_water = self.high_water.max(off + size);
+            self.note_top_extent(off);
+        } else {
+            self.note_bottom_extent(off + size);
+        }
+    }
+
+    /// [`Self::note_extent`] for a small block (carved from the top) starting at `off`.
+    #[inline(always)]
+    fn note_top_extent(&mut self, off: usize) {
+        if off >= self.high_water {
+            self.low_water = self.low_water.min(off);
+        }
+    }
+
+    /// [`Self::note_extent`] for a block from the bottom that ends at `end`.
+    #[inline(always)]
+    fn note_bottom_extent(&mut self, end: usize) {
+        if end <= self.low_water {
+            self.high_water = self.high_water.max(end);
         }
     }
 
@@ -1389,8 +1410,34 @@ impl<R: Region> FixedPool<R> {
         } else {
             None
         };
-        let mut found = g.take(units, own);
-        if found.is_none() && self.pending_count.load(Ordering::Acquire) > 0 {
+        let node = match g.take(units, own) {
+            Some(node) => node,
+            None => self.alloc_slow(g, requested, units, (stream, own))?,
+        };
+        g.in_use += units;
+        g.blocks += 1;
+        g.peak_in_use = g.peak_in_use.max(g.in_use);
+        Ok((
+            node,
+            own.unwrap_or(ANY),
+            g.nodes[node as usize].off << self.shift,
+        ))
+    }
+
+    /// [`Self::alloc_in`] when no listed span fits: reclaims pending spans, promotes other
+    /// streams' spans, moves pages (in page mode), or reports the pool's state. Kept out of
+    /// line so that the common path stays small.
+    #[cold]
+    #[inline(never)]
+    fn alloc_slow(
+        &self,
+        g: &mut Inner,
+        requested: usize,
+        units: usize,
+        (stream, own): (StreamId, Option<u8>),
+    ) -> Result<u32> {
+        let mut found = None;
+        if self.pending_count.load(Ordering::Acquire) > 0 {
             self.reclaim(g);
             found = g.take(units, own);
         }
@@ -1401,18 +1448,8 @@ impl<R: Region> FixedPool<R> {
         if found.is_none() && g.page_units > 0 {
             found = self.remap_take(g, units, own)?;
         }
-        match found {
-            Some(node) => {
-                g.in_use += units;
-                g.blocks += 1;
-                g.peak_in_use = g.peak_in_use.max(g.in_use);
-                Ok((
-                    node,
-                    own.unwrap_or(ANY),
-                    g.nodes[node as usize].off << self.shift,
-                ))
-            }
-            None => Err(Error::OutOfMemory(format!(
+        found.ok_or_else(|| {
+            Error::OutOfMemory(format!(
                 "pool exhausted: requested {requested} B ({} B aligned) on stream {}; \
                  reserved {} B, in use {} B in {} blocks, free {} B, largest free block {} B, \
                  pending {} B",
@@ -1424,8 +1461,8 @@ impl<R: Region> FixedPool<R> {
                 g.free_units << self.shift,
                 g.largest_free() << self.shift,
                 g.pending_units << self.shift
-            ))),
-        }
+            ))
+        })
     }
 
     /// Moves pending spans whose streams have all passed their epochs to the free lists.
