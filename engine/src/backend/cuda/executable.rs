@@ -288,8 +288,16 @@ fn launch_dims(k: &GenKernel) -> LaunchDims {
     })
 }
 
-/// Raises `f`'s dynamic shared-memory limit to what launch `d` needs (above the default 48 KiB).
+/// Raises `f`'s dynamic shared-memory limit to what launch `d` needs (above the default 48 KiB),
+/// and sets its preferred shared-memory carveout where one is asked for ([`carveout`]).
 fn allow_smem(f: &Function, d: &LaunchDims) -> Result<()> {
+    if let Some(pct) = carveout() {
+        let attr =
+            sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT;
+        // SAFETY: `f` is a loaded kernel; the value is a percentage the driver accepts.
+        unsafe { drv::function::set_function_attribute(f.0, attr, pct) }
+            .map_err(drv_err("shared-memory carveout"))?;
+    }
     if d.smem <= 48 << 10 {
         return Ok(());
     }
@@ -297,6 +305,20 @@ fn allow_smem(f: &Function, d: &LaunchDims) -> Result<()> {
     // SAFETY: `f` is a loaded kernel; the driver checks the value against the device's limit.
     unsafe { drv::function::set_function_attribute(f.0, attr, d.smem as i32) }
         .map_err(drv_err("shared-memory limit"))
+}
+
+/// The shared-memory carveout (percent of the unified L1/shared storage) every generated kernel
+/// prefers, from `VIGIL_CUDA_CARVEOUT` (0 to 100); `None` leaves the driver's choice per kernel.
+/// One carveout for all spares an SM the reconfiguration between kernels that differ, which
+/// waits for the SM to drain (and so for the previous kernel, overlap or not).
+fn carveout() -> Option<i32> {
+    static PCT: OnceLock<Option<i32>> = OnceLock::new();
+    *PCT.get_or_init(|| {
+        std::env::var("VIGIL_CUDA_CARVEOUT")
+            .ok()
+            .and_then(|v| v.parse::<i32>().ok())
+            .filter(|v| (0..=100).contains(v))
+    })
 }
 
 /// An int8 GEMM's algorithm-search buffers in one temporary at `t`: the patch matrix
@@ -412,7 +434,16 @@ struct Builder<'a> {
     /// latency with more blocks (`VIGIL_CUDA_RESIDENT`: off unless `1` measures them or
     /// `force` takes only those; on ResNet-50 they tied the others on the H200).
     resident: PathMode,
+    /// What a library (cuBLASLt) step is charged against an implicit GEMM beyond their own
+    /// timings, in ms, where programmatic launch is on (`VIGIL_CUDA_LIB_STEP_US`, negative
+    /// favours cuBLASLt; 0 without programmatic launch).
+    library_step_ms: f32,
 }
+
+/// The default of [`Builder::library_step_ms`] in µs, where programmatic launch is on. A
+/// generated kernel overlaps its neighbours' tails in the graph and a library call does not,
+/// yet on the H200 charging cuBLASLt 1–3 µs for that made ResNet-50 INT8 2.5% slower.
+const LIBRARY_STEP_US: f32 = 0.0;
 
 /// An optional kernel path's switch, from an environment variable (`VIGIL_CUDA_LT` for the
 /// cuBLASLt convolutions, `VIGIL_CUDA_IGEMM` for the int8 implicit GEMM, `VIGIL_CUDA_WGMMA` and
@@ -424,6 +455,22 @@ enum PathMode {
     Off,
     Measured,
     Force,
+}
+
+/// [`Builder::library_step_ms`] for a device of compute capability `cc`: the graph's kernels
+/// overlap only where programmatic launch is on (as `CudaRun` decides, `VIGIL_CUDA_PDL=0` off).
+fn library_step_ms(cc: Option<(i32, i32)>) -> f32 {
+    let overlap = cc.is_some_and(programmatic_launch_capable)
+        && std::env::var("VIGIL_CUDA_PDL").map_or(true, |v| v != "0");
+    if !overlap {
+        return 0.0;
+    }
+    let us = std::env::var("VIGIL_CUDA_LIB_STEP_US")
+        .ok()
+        .and_then(|v| v.parse::<f32>().ok())
+        .filter(|v| v.is_finite())
+        .unwrap_or(LIBRARY_STEP_US);
+    us / 1000.0
 }
 
 impl PathMode {
@@ -1254,7 +1301,7 @@ impl Builder<'_> {
                 self.qunfold_ms(parts, m * k)?
             };
             let lt = fused.as_ref().map_or(split_ms, |(mm, _)| mm.time_ms) + unfold;
-            if ms < lt {
+            if ms < lt + self.library_step_ms {
                 let why = format!("cublasLt {lt:.4} ms");
                 self.push_igemm(idx, (parts, s2d.as_ref()), (x, y), t, ms, why)?;
                 return Ok(true);
@@ -1986,6 +2033,7 @@ impl CudaExecutable {
             ws: PathMode::opt_in("VIGIL_CUDA_WS"),
             halo: PathMode::from_var("VIGIL_CUDA_HALO"),
             resident: PathMode::opt_in("VIGIL_CUDA_RESIDENT"),
+            library_step_ms: library_step_ms(cc),
             device_id: format!(
                 "{} cc{} sms{sms}",
                 ctx.name().unwrap_or_default(),
