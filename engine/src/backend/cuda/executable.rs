@@ -457,12 +457,16 @@ enum PathMode {
     Force,
 }
 
+/// Whether generated kernels may launch as programmatic dependents on a device that can
+/// (`VIGIL_CUDA_PDL=0` turns it off).
+fn programmatic_launch_allowed() -> bool {
+    std::env::var("VIGIL_CUDA_PDL").map_or(true, |v| v != "0")
+}
+
 /// [`Builder::library_step_ms`] for a device of compute capability `cc`: the graph's kernels
-/// overlap only where programmatic launch is on (as `CudaRun` decides, `VIGIL_CUDA_PDL=0` off).
+/// overlap only where programmatic launch is on.
 fn library_step_ms(cc: Option<(i32, i32)>) -> f32 {
-    let overlap = cc.is_some_and(programmatic_launch_capable)
-        && std::env::var("VIGIL_CUDA_PDL").map_or(true, |v| v != "0");
-    if !overlap {
+    if !(cc.is_some_and(programmatic_launch_capable) && programmatic_launch_allowed()) {
         return 0.0;
     }
     let us = std::env::var("VIGIL_CUDA_LIB_STEP_US")
@@ -2367,8 +2371,7 @@ impl CudaRun {
             });
         }
         let use_graph = std::env::var("VIGIL_CUDA_GRAPH").map_or(true, |v| v != "0");
-        let overlap =
-            exe.programmatic && std::env::var("VIGIL_CUDA_PDL").map_or(true, |v| v != "0");
+        let overlap = exe.programmatic && programmatic_launch_allowed();
         let ev = || {
             ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
                 .map_err(drv_err("event creation"))
