@@ -188,14 +188,33 @@ const PAGED_SHAPES: [PagedShape; 2] = [
 /// Most physical memory a paged pool row takes (its peak live is under 1 GiB).
 const PAGED_PHYSICAL: usize = 2 << 30;
 
-/// `POOL_BENCH_ROWS=paged`: only the paged rows (and, on a GPU, the driver call costs).
-fn only_paged() -> bool {
-    std::env::var("POOL_BENCH_ROWS").is_ok_and(|v| v == "paged")
+/// Which rows a run measures (`POOL_BENCH_ROWS`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Rows {
+    /// Every row (unset or any other value).
+    All,
+    /// `paged`: only the paged rows (and, on a GPU, the driver call costs).
+    Paged,
+    /// `vmm`: only the driver call costs (GPU).
+    Vmm,
+    /// `ab`: only the stream-safety A/B over the fixed region.
+    Ab,
 }
 
-/// `POOL_BENCH_ROWS=ab`: only the stream-safety A/B over the fixed region.
-fn only_ab() -> bool {
-    std::env::var("POOL_BENCH_ROWS").is_ok_and(|v| v == "ab")
+impl Rows {
+    fn asked() -> Rows {
+        match std::env::var("POOL_BENCH_ROWS").as_deref() {
+            Ok("paged") => Rows::Paged,
+            Ok("vmm") => Rows::Vmm,
+            Ok("ab") => Rows::Ab,
+            _ => Rows::All,
+        }
+    }
+
+    /// Whether the fixed-region rows (and the stream-safety A/B) run.
+    fn fixed(self) -> bool {
+        matches!(self, Rows::All | Rows::Ab)
+    }
 }
 
 /// Footprints given to the reserve-first paged rows, as multiples of the window's peak live.
@@ -762,7 +781,8 @@ mod device {
     pub fn rows(w: &Workload, iters: usize, rows: &mut Vec<Row>) -> Result<(), String> {
         vigil_engine::backend::cuda::probe(0).map_err(|e| e.to_string())?;
         let ctx = CudaContext::new(0).map_err(|e| e.to_string())?;
-        if !only_ab() {
+        let asked = Rows::asked();
+        if asked != Rows::Ab {
             if let Err(e) = vmm_costs(&ctx, 200) {
                 println!("driver call costs not measured: {e}");
             }
@@ -770,7 +790,7 @@ mod device {
                 println!("driver call shapes not measured: {e}");
             }
         }
-        if std::env::var("POOL_BENCH_ROWS").is_ok_and(|v| v == "vmm") {
+        if asked == Rows::Vmm {
             return Ok(());
         }
         let streams: Vec<Arc<CudaStream>> = (0..2)
@@ -793,30 +813,25 @@ mod device {
             )
             .ok()
         };
-        if only_ab() {
+        if asked.fixed() {
+            if asked == Rows::All {
+                pool_rows(
+                    "Vigil FixedPool, cudaMalloc'd region",
+                    &mut make,
+                    (w, iters),
+                    &ALL_VARIANTS,
+                    rows,
+                );
+            }
             stream_safety_ab(
                 "Vigil FixedPool, cudaMalloc'd region",
                 &mut make,
                 (w, iters),
                 rows,
             );
-            return Ok(());
         }
-        let only_paged = only_paged();
-        if !only_paged {
-            pool_rows(
-                "Vigil FixedPool, cudaMalloc'd region",
-                &mut make,
-                (w, iters),
-                &ALL_VARIANTS,
-                rows,
-            );
-            stream_safety_ab(
-                "Vigil FixedPool, cudaMalloc'd region",
-                &mut make,
-                (w, iters),
-                rows,
-            );
+        if asked == Rows::Ab {
+            return Ok(());
         }
         for (k, &(page, small, shape)) in PAGED_SHAPES.iter().enumerate() {
             // A paged pool over `bytes` of physical pages (every stream on its clock).
@@ -838,7 +853,7 @@ mod device {
             let label = format!("Vigil FixedPool, paged device region (cuMemMap), {shape}");
             paged_rows(&label, &paged, small, (w, iters), k == 0, rows);
         }
-        if only_paged {
+        if asked == Rows::Paged {
             return Ok(());
         }
         let mut m = MallocAsync::new(&ctx);
@@ -900,21 +915,17 @@ fn main() {
             )
             .ok()
         };
-        if only_ab() {
-            stream_safety_ab(
-                "Vigil FixedPool, fake region",
-                &mut make,
-                (&w, iters),
-                &mut rows,
-            );
-        } else if !only_paged() {
-            pool_rows(
-                "Vigil FixedPool, fake region",
-                &mut make,
-                (&w, iters),
-                &ALL_VARIANTS,
-                &mut rows,
-            );
+        let asked = Rows::asked();
+        if asked.fixed() {
+            if asked == Rows::All {
+                pool_rows(
+                    "Vigil FixedPool, fake region",
+                    &mut make,
+                    (&w, iters),
+                    &ALL_VARIANTS,
+                    &mut rows,
+                );
+            }
             stream_safety_ab(
                 "Vigil FixedPool, fake region",
                 &mut make,
@@ -922,12 +933,8 @@ fn main() {
                 &mut rows,
             );
         }
-        let shapes = if only_ab() {
-            &[][..]
-        } else {
-            &PAGED_SHAPES[..]
-        };
-        for (k, &(page, small, _)) in shapes.iter().enumerate() {
+        let paged = matches!(asked, Rows::All | Rows::Paged);
+        for (k, &(page, small, _)) in PAGED_SHAPES.iter().enumerate().filter(|_| paged) {
             // A paged pool over `bytes` of fake physical pages.
             let paged = |opts: PoolOptions, bytes: usize| {
                 let region = FakePagedRegion {
