@@ -510,6 +510,68 @@ fn listed_models_match_cpu() {
     }
 }
 
+/// The back-to-back kernel (`VIGIL_CUDA_B2B`: a bottleneck's last 1x1 int8 convolution and
+/// the next one's first in one kernel) against the separate kernels it replaces: each QDQ
+/// model of `VIGIL_CUDA_COMPARE`, built with the implicit GEMM forced (the arithmetic the
+/// back-to-back kernel shares) once with it off and once with it forced, must give the same
+/// bytes through eager, captured and replayed runs, and the forced build must take it.
+#[test]
+fn int8_back_to_back_kernels_match_the_separate_ones() {
+    let Ok(list) = std::env::var("VIGIL_CUDA_COMPARE") else {
+        println!("SKIP: VIGIL_CUDA_COMPARE is not set (the device run sets it)");
+        return;
+    };
+    if !gpu() {
+        return;
+    }
+    let saved: Vec<_> = ["VIGIL_CUDA_B2B", "VIGIL_CUDA_IGEMM"]
+        .iter()
+        .map(|k| (*k, std::env::var(k).ok()))
+        .collect();
+    std::env::set_var("VIGIL_CUDA_IGEMM", "force");
+    for item in list.split(',').filter(|s| s.contains(".qdq")) {
+        let (path, batch) = item.rsplit_once(':').expect("path:batch");
+        let batch: usize = batch.parse().expect("batch");
+        std::env::set_var("VIGIL_CUDA_B2B", "0");
+        let off = load_at(path, Device::Cuda, batch, Precision::Int8);
+        let before = vigil_engine::backend::cuda::back_to_back_kernels();
+        std::env::set_var("VIGIL_CUDA_B2B", "force");
+        let on = load_at(path, Device::Cuda, batch, Precision::Int8);
+        let fused = vigil_engine::backend::cuda::back_to_back_kernels() - before;
+        println!("{path} batch {batch}: {fused} back-to-back kernels");
+        assert!(
+            fused > 0,
+            "{path}: no back-to-back kernel with VIGIL_CUDA_B2B=force"
+        );
+        let (mut a, mut b) = (
+            off.new_context().expect("ctx"),
+            on.new_context().expect("ctx"),
+        );
+        for seed in 0..2u64 {
+            let x = input(&off.inputs()[0].shape, seed + 11);
+            for rep in 0..3 {
+                let want = a.run(std::slice::from_ref(&x)).expect("run");
+                let got = b.run(std::slice::from_ref(&x)).expect("run");
+                let (w, g) = (
+                    want[0].as_f32().expect("f32"),
+                    got[0].as_f32().expect("f32"),
+                );
+                println!(
+                    "{path} seed {seed} rep {rep}: rel diff {:.2e} to the separate kernels",
+                    rel_diff(g, w)
+                );
+                assert_eq!(got, want, "{path} seed {seed} rep {rep}: outputs differ");
+            }
+        }
+    }
+    for (k, v) in saved {
+        match v {
+            Some(v) => std::env::set_var(k, v),
+            None => std::env::remove_var(k),
+        }
+    }
+}
+
 #[test]
 fn steady_state_makes_no_device_allocations() {
     if !gpu() {

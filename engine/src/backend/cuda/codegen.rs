@@ -12,11 +12,13 @@ use crate::ir::{
 
 use crate::backend::resize_taps::{taps, Tap};
 
+mod b2b;
 mod halo;
 mod igemm;
 mod narrow_gemm;
 mod quant;
 mod space_to_depth;
+pub use b2b::{b2b_fits, b2b_smem, B2bShape, B2B_SHAPES};
 pub use halo::{halo_fits, HALO_TILINGS};
 pub use igemm::{igemm_fits, igemm_smem, Tiling, TILINGS, WG_TILINGS};
 pub use narrow_gemm::{narrow_dequantize_fits, narrow_gemm_fits};

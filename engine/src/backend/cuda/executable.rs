@@ -11,9 +11,10 @@ use cudarc::cudnn::{result as dnn, sys as dnn_sys};
 use cudarc::driver::{result as drv, sys, CudaContext, CudaEvent, CudaGraph, CudaStream};
 
 use super::codegen::{
-    dequantize_pool_quantize_fits, halo_fits, igemm_fits, igemm_smem, narrow_dequantize_fits,
-    narrow_gemm_fits, quantize_transpose_fits, space_to_depth_bytes, Arg, Gen, GenKernel, Im2col,
-    LaunchDims, QConvParts, Tiling, HALO_TILINGS, TILINGS, WG_TILINGS,
+    b2b_fits, b2b_smem, dequantize_pool_quantize_fits, halo_fits, igemm_fits, igemm_smem,
+    narrow_dequantize_fits, narrow_gemm_fits, quantize_transpose_fits, space_to_depth_bytes, Arg,
+    B2bShape, Gen, GenKernel, Im2col, LaunchDims, QConvParts, Tiling, B2B_SHAPES, HALO_TILINGS,
+    TILINGS, WG_TILINGS,
 };
 use super::device::{
     alloc_arena, drv_err, igemm_capable, programmatic_launch_capable, Arena, DeviceBuffer,
@@ -438,6 +439,23 @@ struct Builder<'a> {
     /// timings, in ms, where programmatic launch is on (`VIGIL_CUDA_LIB_STEP_US`, negative
     /// favours cuBLASLt; 0 without programmatic launch).
     library_step_ms: f32,
+    /// Whether a bottleneck's last 1x1 int8 convolution and the next one's first may run as
+    /// one back-to-back kernel (`VIGIL_CUDA_B2B`: off unless `1` measures it or `force` takes
+    /// it wherever it fits; exact, but 1.3–1.7x the two kernels it replaces on the H200).
+    b2b: PathMode,
+    /// Per node, the index of its first step (where a back-to-back pair's steps start).
+    first_step: Vec<usize>,
+    /// Per int8 convolution node, the measured milliseconds of the path it took, where known.
+    chosen_ms: Vec<Option<f32>>,
+}
+
+/// Back-to-back kernels built so far in this process ([`Builder::back_to_back`]).
+static BACK_TO_BACK: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// How many back-to-back kernels (two chained 1x1 int8 convolutions in one) executables of
+/// this process have taken, for tests and reports.
+pub fn back_to_back_kernels() -> usize {
+    BACK_TO_BACK.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// The default of [`Builder::library_step_ms`] in µs, where programmatic launch is on. A
@@ -542,6 +560,7 @@ impl Builder<'_> {
 
     fn node(&mut self, idx: usize, node: &Node) -> Result<()> {
         self.note.clear();
+        self.first_step[idx] = self.steps.len();
         let r = self.node_steps(idx, node);
         let d = format!("{} '{}'{}", node.op.name(), node.name, self.note);
         while self.descs.len() < self.steps.len() {
@@ -1146,7 +1165,144 @@ impl Builder<'_> {
             let k = self.gen.quantize_to_nhwc(g, &g.nodes[qn], &g.nodes[t])?;
             self.launch_at(first, idx, k);
         }
-        r
+        r?;
+        self.back_to_back(idx)
+    }
+
+    /// Runs QConv `j` and the QConv just before it, whose output `j` reads, as one
+    /// back-to-back kernel ([`b2b_fits`]) in place of both nodes' steps, when it measures
+    /// faster than the two paths they took (or `VIGIL_CUDA_B2B=force`). The first node's
+    /// inputs stay live until `j` in the memory plan.
+    fn back_to_back(&mut self, j: usize) -> Result<()> {
+        let g = self.g;
+        if self.b2b == PathMode::Off || self.igemm == PathMode::Off || j == 0 {
+            return Ok(());
+        }
+        let i = j - 1;
+        let (ni, nj) = (&g.nodes[i], &g.nodes[j]);
+        let (Op::QConv(qi), Op::QConv(qj)) = (&ni.op, &nj.op) else {
+            return Ok(());
+        };
+        let (Some(x), y1, y2) = (ni.input(0), ni.outputs[0], nj.outputs[0]) else {
+            return Ok(());
+        };
+        let nhwc = qi.conv.layout == Layout::Nhwc && qj.conv.layout == Layout::Nhwc;
+        let (Some(ms_i), Some(ms_j), true) = (self.chosen_ms[i], self.chosen_ms[j], nhwc) else {
+            return Ok(());
+        };
+        if nj.input(0) != Some(y1) {
+            return Ok(());
+        }
+        let (pi, pj) = (QConvParts::new(g, ni, qi)?, QConvParts::new(g, nj, qj)?);
+        if !b2b_fits(&pi, &pj) {
+            return Ok(());
+        }
+        let (shape, ms) = match self.b2b_best(&pi, &pj, x, (y1, y2)) {
+            Ok(best) => best,
+            Err(e) => {
+                tracing::warn!("back-to-back kernel of '{}' left out: {e}", ni.name);
+                return Ok(());
+            }
+        };
+        let separate = ms_i + ms_j;
+        if self.b2b != PathMode::Force && ms >= separate {
+            self.note += &format!(" [back-to-back with '{}' {shape} {ms:.4} ms]", ni.name);
+            return Ok(());
+        }
+        // Both nodes' steps give way to the one kernel, run at `j`.
+        let first = self.first_step[i];
+        self.steps.truncate(first);
+        self.descs.truncate(first);
+        self.scratch[i] = 0;
+        self.scratch[j] = 0;
+        self.late_reads.push((x, j));
+        if let Some(r) = pi.residual {
+            self.late_reads.push((r.z, j));
+        }
+        let k = self.gen.qb2b(Arg::Val(x), (y1, y2), (&pi, &pj), shape);
+        self.launch(j, k);
+        BACK_TO_BACK.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.note = format!(
+            " back-to-back with '{}' {shape} {ms:.4} ms (separate {ms_i:.4} + {ms_j:.4} ms){}",
+            ni.name,
+            if ms >= separate { ", forced" } else { "" }
+        );
+        Ok(())
+    }
+
+    /// The fastest shape ([`B2B_SHAPES`]) of the back-to-back kernel of `p1` (input `x`) and
+    /// `p2` that the device's shared memory allows, with its measured milliseconds (memoised
+    /// per geometry, process-wide). A shape the device's compiler rejects is left out.
+    fn b2b_best(
+        &mut self,
+        p1: &QConvParts,
+        p2: &QConvParts,
+        x: ValueId,
+        (y1, y2): (ValueId, ValueId),
+    ) -> Result<(B2bShape, f32)> {
+        static CACHE: Memo<String, (B2bShape, f32)> = OnceLock::new();
+        let key = format!("{:?} {:?} {}", p1.geom, p2.geom, p1.residual.is_some());
+        memoised(&CACHE, key, || {
+            let mut best: Option<(B2bShape, f32)> = None;
+            for shape in B2B_SHAPES {
+                if b2b_smem(p1, p2, shape.stages) > self.smem_per_block {
+                    continue;
+                }
+                match self.b2b_ms(p1, p2, x, (y1, y2), shape) {
+                    Ok(ms) if best.is_none_or(|(_, b)| ms < b) => best = Some((shape, ms)),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!("back-to-back kernel {shape} left out: {e}"),
+                }
+            }
+            best.ok_or_else(|| Error::Unsupported("no back-to-back kernel loaded".into()))
+        })
+    }
+
+    /// Measured milliseconds of the back-to-back kernel of `p1` (input `x`) and `p2` in
+    /// `shape`.
+    fn b2b_ms(
+        &mut self,
+        p1: &QConvParts,
+        p2: &QConvParts,
+        x: ValueId,
+        (y1, y2): (ValueId, ValueId),
+        shape: B2bShape,
+    ) -> Result<f32> {
+        {
+            let ctx = self.ctx;
+            let mut g = Gen::new(false);
+            let k = g.qb2b(Arg::Val(x), (y1, y2), (p1, p2), shape);
+            let module = Module::compile(ctx, &g.src)?;
+            let f = module.function(&k.name)?;
+            let tables = g
+                .extras
+                .iter()
+                .map(|b| DeviceBuffer::upload(ctx, b))
+                .collect::<Result<Vec<_>>>()?;
+            let (a, b) = (&p1.geom, &p2.geom);
+            let px = a.n * a.h * a.w;
+            let (xb, y1b, y2b) = (alit(px * a.cin), alit(px * a.cout), alit(px * b.cout));
+            let buf = self.tmp(xb + 2 * y1b + y2b + 5 * ALIGNMENT)?.div_ceil(256) * 256;
+            let z = p1.residual.map(|r| r.z);
+            let args = k
+                .args
+                .iter()
+                .map(|arg| match *arg {
+                    Arg::Val(v) if v == x => Ok(buf),
+                    Arg::Val(v) if v == y1 => Ok(buf + xb as u64),
+                    Arg::Val(v) if v == y2 => Ok(buf + (xb + y1b) as u64),
+                    Arg::Val(v) if Some(v) == z => Ok(buf + (xb + y1b + y2b) as u64),
+                    Arg::Extra(t) => tables
+                        .get(t)
+                        .map(|b| b.ptr())
+                        .ok_or_else(|| Error::Unsupported("back-to-back table missing".into())),
+                    _ => Err(Error::Unsupported("back-to-back argument".into())),
+                })
+                .collect::<Result<Vec<u64>>>()?;
+            // SAFETY: the kernel takes (x, y1, p1's tables, y2, p2's tables[, residual]); the
+            // search buffer holds x, both outputs and the residual, the tables were uploaded.
+            unsafe { self.function_ms(&f, &k, &args) }
+        }
     }
 
     /// The steps of an int8 convolution: dense NHWC ones as the implicit GEMM or a signed
@@ -1320,6 +1476,7 @@ impl Builder<'_> {
                 mm.time_ms
             );
             let z = parts.residual.map(|r| Arg::Val(r.z));
+            self.chosen_ms[idx] = direct.then_some(mm.time_ms);
             self.push_q_gemm(idx, parts, (x, direct), (Arg::Val(y), z), wbuf, mm);
             self.scratch[idx] = colb;
             return Ok(true);
@@ -1342,6 +1499,7 @@ impl Builder<'_> {
                 let kr = self.gen.qrequant(y, colb, parts, 1);
                 self.launch(idx, kr);
                 self.scratch[idx] = colb + accb;
+                self.chosen_ms[idx] = direct.then_some(split_ms);
                 Ok(true)
             }
             Err(e) => {
@@ -1398,6 +1556,7 @@ impl Builder<'_> {
             c.cout,
             c.kh * c.kw * c.cin
         );
+        self.chosen_ms[idx] = Some(ms);
         let kp = s2d.unwrap_or(parts);
         // Scratch: the split K's partial sums, then the space-to-depth copy.
         let partials = partial_bytes(kp, &t);
@@ -2038,6 +2197,9 @@ impl CudaExecutable {
             halo: PathMode::from_var("VIGIL_CUDA_HALO"),
             resident: PathMode::opt_in("VIGIL_CUDA_RESIDENT"),
             library_step_ms: library_step_ms(cc),
+            b2b: PathMode::opt_in("VIGIL_CUDA_B2B"),
+            first_step: vec![0; g.nodes.len()],
+            chosen_ms: vec![None; g.nodes.len()],
             device_id: format!(
                 "{} cc{} sms{sms}",
                 ctx.name().unwrap_or_default(),

@@ -118,7 +118,13 @@ impl Tiling {
         }
     }
     /// An `mma.sync` tiling: `warps_m × warps_n` warps of `wm × wn` mma tiles each.
-    const fn mma(warps_m: usize, warps_n: usize, wm: usize, wn: usize, stages: usize) -> Tiling {
+    pub(super) const fn mma(
+        warps_m: usize,
+        warps_n: usize,
+        wm: usize,
+        wn: usize,
+        stages: usize,
+    ) -> Tiling {
         Tiling {
             warps_m,
             warps_n,
