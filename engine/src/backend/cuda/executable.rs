@@ -276,6 +276,14 @@ fn compile_all<'s>(
     })
 }
 
+/// Uploads a generated module's tables (its [`Gen::extras`]) to the device, in order.
+fn upload_tables(ctx: &Arc<CudaContext>, tables: &[Vec<u8>]) -> Result<Vec<DeviceBuffer>> {
+    tables
+        .iter()
+        .map(|b| DeviceBuffer::upload(ctx, b))
+        .collect()
+}
+
 /// A generated kernel's launch: its own for tiled kernels, else one thread per item in blocks
 /// of [`BLOCK`] (a grid beyond `u32` saturates; launching it fails).
 fn launch_dims(k: &GenKernel) -> LaunchDims {
@@ -1268,41 +1276,35 @@ impl Builder<'_> {
         (y1, y2): (ValueId, ValueId),
         shape: B2bShape,
     ) -> Result<f32> {
-        {
-            let ctx = self.ctx;
-            let mut g = Gen::new(false);
-            let k = g.qb2b(Arg::Val(x), (y1, y2), (p1, p2), shape);
-            let module = Module::compile(ctx, &g.src)?;
-            let f = module.function(&k.name)?;
-            let tables = g
-                .extras
-                .iter()
-                .map(|b| DeviceBuffer::upload(ctx, b))
-                .collect::<Result<Vec<_>>>()?;
-            let (a, b) = (&p1.geom, &p2.geom);
-            let px = a.n * a.h * a.w;
-            let (xb, y1b, y2b) = (alit(px * a.cin), alit(px * a.cout), alit(px * b.cout));
-            let buf = self.tmp(xb + 2 * y1b + y2b + 5 * ALIGNMENT)?.div_ceil(256) * 256;
-            let z = p1.residual.map(|r| r.z);
-            let args = k
-                .args
-                .iter()
-                .map(|arg| match *arg {
-                    Arg::Val(v) if v == x => Ok(buf),
-                    Arg::Val(v) if v == y1 => Ok(buf + xb as u64),
-                    Arg::Val(v) if v == y2 => Ok(buf + (xb + y1b) as u64),
-                    Arg::Val(v) if Some(v) == z => Ok(buf + (xb + y1b + y2b) as u64),
-                    Arg::Extra(t) => tables
-                        .get(t)
-                        .map(|b| b.ptr())
-                        .ok_or_else(|| Error::Unsupported("back-to-back table missing".into())),
-                    _ => Err(Error::Unsupported("back-to-back argument".into())),
-                })
-                .collect::<Result<Vec<u64>>>()?;
-            // SAFETY: the kernel takes (x, y1, p1's tables, y2, p2's tables[, residual]); the
-            // search buffer holds x, both outputs and the residual, the tables were uploaded.
-            unsafe { self.function_ms(&f, &k, &args) }
-        }
+        let ctx = self.ctx;
+        let mut g = Gen::new(false);
+        let k = g.qb2b(Arg::Val(x), (y1, y2), (p1, p2), shape);
+        let module = Module::compile(ctx, &g.src)?;
+        let f = module.function(&k.name)?;
+        let tables = upload_tables(ctx, &g.extras)?;
+        let (a, b) = (&p1.geom, &p2.geom);
+        let px = a.n * a.h * a.w;
+        let (xb, y1b, y2b) = (alit(px * a.cin), alit(px * a.cout), alit(px * b.cout));
+        let buf = self.tmp(xb + 2 * y1b + y2b + 5 * ALIGNMENT)?.div_ceil(256) * 256;
+        let z = p1.residual.map(|r| r.z);
+        let args = k
+            .args
+            .iter()
+            .map(|arg| match *arg {
+                Arg::Val(v) if v == x => Ok(buf),
+                Arg::Val(v) if v == y1 => Ok(buf + xb as u64),
+                Arg::Val(v) if v == y2 => Ok(buf + (xb + y1b) as u64),
+                Arg::Val(v) if Some(v) == z => Ok(buf + (xb + y1b + y2b) as u64),
+                Arg::Extra(t) => tables
+                    .get(t)
+                    .map(|b| b.ptr())
+                    .ok_or_else(|| Error::Unsupported("back-to-back table missing".into())),
+                _ => Err(Error::Unsupported("back-to-back argument".into())),
+            })
+            .collect::<Result<Vec<u64>>>()?;
+        // SAFETY: the kernel takes (x, y1, p1's tables, y2, p2's tables[, residual]); the
+        // search buffer holds x, both outputs and the residual, the tables were uploaded.
+        unsafe { self.function_ms(&f, &k, &args) }
     }
 
     /// The steps of an int8 convolution: dense NHWC ones as the implicit GEMM or a signed
@@ -1801,11 +1803,7 @@ impl Builder<'_> {
                 };
                 let f = module.function(&k.name)?;
                 // The kernel's tables are its three extras (weights, bias, multiplier).
-                let tables = g
-                    .extras
-                    .iter()
-                    .map(|b| DeviceBuffer::upload(ctx, b))
-                    .collect::<Result<Vec<_>>>()?;
+                let tables = upload_tables(ctx, &g.extras)?;
                 let mut args = vec![buf, buf + xb as u64];
                 args.extend(tables.iter().map(|b| b.ptr()));
                 if parts.residual.is_some() && !t.partials() {
@@ -2258,12 +2256,7 @@ impl CudaExecutable {
                 Ok(f)
             })
             .collect::<Result<Vec<_>>>()?;
-        let extras = b
-            .gen
-            .extras
-            .iter()
-            .map(|e| DeviceBuffer::upload(&ctx, e))
-            .collect::<Result<Vec<_>>>()?;
+        let extras = upload_tables(&ctx, &b.gen.extras)?;
         let Builder {
             steps,
             consts,

@@ -9,7 +9,7 @@
 //! sums and the requantizations are those of the separate kernels, so the outputs are the
 //! same bytes.
 
-use super::igemm::{requant_into_tile, ring_smem, Tiling};
+use super::igemm::{mma_slice, requant_into_tile, ring_smem, Tiling};
 use super::{Arg, Gen, GenKernel, LaunchDims};
 use crate::backend::cuda::codegen::quant::QConvParts;
 use crate::ir::ValueId;
@@ -131,43 +131,6 @@ pub fn b2b_smem(p1: &QConvParts, p2: &QConvParts, stages: usize) -> usize {
     B2bPlan::new(p1, p2, stages).smem
 }
 
-/// The `mma.sync` steps of one 64-byte K slice: `acc` (`wn` n8 tiles a warp) += A · Bᵀ, A's
-/// 16-byte chunk `ch` of row `row` at `a_addr`, B's rows swizzled in the ring slot `sb`.
-fn mma_slice(acc: &str, wn: usize, a_addr: &str) -> String {
-    format!(
-        r#"#pragma unroll
-      for (int ks = 0; ks < 2; ++ks) {{
-        unsigned int af[2][4], bf[{wn}][2];
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {{
-          const int row = wmi * 32 + i * 16 + (lane & 15);
-          const int ch = ks * 2 + (lane >> 4);
-          const unsigned int a = {a_addr};
-          asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{%0, %1, %2, %3}}, [%4];"
-                       : "=r"(af[i][0]), "=r"(af[i][1]), "=r"(af[i][2]), "=r"(af[i][3]) : "r"(a));
-        }}
-#pragma unroll
-        for (int j = 0; j < {wn}; j += 2) {{
-          const int mat = lane >> 3;
-          const int row = wni * {wn8} + j * 8 + (mat >> 1) * 8 + (lane & 7);
-          const int ch = ks * 2 + (mat & 1);
-          const unsigned int a = sb + row * 64 + ((ch ^ ((row >> 1) & 3)) << 4);
-          asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{%0, %1, %2, %3}}, [%4];"
-                       : "=r"(bf[j][0]), "=r"(bf[j][1]), "=r"(bf[j + 1][0]), "=r"(bf[j + 1][1]) : "r"(a));
-        }}
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-#pragma unroll
-          for (int j = 0; j < {wn}; ++j)
-            asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {{%0, %1, %2, %3}}, {{%4, %5, %6, %7}}, {{%8, %9}}, {{%0, %1, %2, %3}};"
-                         : "+r"({acc}[i][j][0]), "+r"({acc}[i][j][1]), "+r"({acc}[i][j][2]), "+r"({acc}[i][j][3])
-                         : "r"(af[i][0]), "r"(af[i][1]), "r"(af[i][2]), "r"(af[i][3]), "r"(bf[j][0]), "r"(bf[j][1]));
-      }}
-"#,
-        wn8 = wn * 8,
-    )
-}
-
 impl Gen {
     /// The back-to-back kernel of 1x1 convolutions `p1` (input `x`, output `y1`) and `p2`
     /// (input `y1`, output `y2`) in `shape` (see [`B2B_SHAPES`]); check [`b2b_fits`] first.
@@ -258,7 +221,7 @@ impl Gen {
         };
         let gemm1 = mma_slice(
             "acc1",
-            4,
+            (2, 4),
             &format!(
                 "xs + r * {} + row * 64 + ((ch ^ ((row >> 1) & 3)) << 4)",
                 BM * 64
@@ -266,7 +229,7 @@ impl Gen {
         );
         let gemm2 = mma_slice(
             "acc2",
-            wn2,
+            (2, wn2),
             &format!(
                 "ys + (c & 1) * {} + row * {YS} + (r - {kt1}) * 64 + ch * 16",
                 BM * YS

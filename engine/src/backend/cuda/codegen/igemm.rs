@@ -639,6 +639,45 @@ pub(super) fn requant_into_tile(t: Tiling, p: &QConvParts, ts: usize) -> String 
     fragment_loops(t, p.geom.cout, &body)
 }
 
+/// The `mma.sync` steps of one 64-byte K slice of a warp's `wm × wn` tiles: `acc` += A · Bᵀ,
+/// the A fragment of row `row`, 16-byte chunk `ch` at `a_addr`, B's rows swizzled at `sb`
+/// (warp `wmi`, `wni` of the block; 16-row A tiles, 8-column B tiles).
+pub(super) fn mma_slice(acc: &str, (wm, wn): (usize, usize), a_addr: &str) -> String {
+    format!(
+        r#"#pragma unroll
+    for (int ks = 0; ks < 2; ++ks) {{
+      unsigned int af[{wm}][4], bf[{wn}][2];
+#pragma unroll
+      for (int i = 0; i < {wm}; ++i) {{
+        const int row = wmi * {wm16} + i * 16 + (lane & 15);
+        const int ch = ks * 2 + (lane >> 4);
+        const unsigned int a = {a_addr};
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{%0, %1, %2, %3}}, [%4];"
+                     : "=r"(af[i][0]), "=r"(af[i][1]), "=r"(af[i][2]), "=r"(af[i][3]) : "r"(a));
+      }}
+#pragma unroll
+      for (int j = 0; j < {wn}; j += 2) {{
+        const int mat = lane >> 3;
+        const int row = wni * {wn8} + j * 8 + (mat >> 1) * 8 + (lane & 7);
+        const int ch = ks * 2 + (mat & 1);
+        const unsigned int a = sb + row * 64 + ((ch ^ ((row >> 1) & 3)) << 4);
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{%0, %1, %2, %3}}, [%4];"
+                     : "=r"(bf[j][0]), "=r"(bf[j][1]), "=r"(bf[j + 1][0]), "=r"(bf[j + 1][1]) : "r"(a));
+      }}
+#pragma unroll
+      for (int i = 0; i < {wm}; ++i)
+#pragma unroll
+        for (int j = 0; j < {wn}; ++j)
+          asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {{%0, %1, %2, %3}}, {{%4, %5, %6, %7}}, {{%8, %9}}, {{%0, %1, %2, %3}};"
+                       : "+r"({acc}[i][j][0]), "+r"({acc}[i][j][1]), "+r"({acc}[i][j][2]), "+r"({acc}[i][j][3])
+                       : "r"(af[i][0]), "r"(af[i][1]), "r"(af[i][2]), "r"(af[i][3]), "r"(bf[j][0]), "r"(bf[j][1]));
+    }}
+"#,
+        wm16 = wm * 16,
+        wn8 = wn * 8,
+    )
+}
+
 /// How a kernel of a tiling uses shared memory for one convolution.
 struct SmemPlan {
     /// The tiling with its ring cut to the K tiles a block gets.
@@ -879,39 +918,14 @@ impl Gen {
     asm volatile("cp.async.commit_group;");
     const unsigned int sa = sbase + (it % {st}) * {tile};
     const unsigned int sb = sa + {bm} * 64;
-#pragma unroll
-    for (int ks = 0; ks < 2; ++ks) {{
-      unsigned int af[{wm}][4], bf[{wn}][2];
-#pragma unroll
-      for (int i = 0; i < {wm}; ++i) {{
-        const int row = wmi * {wm16} + i * 16 + (lane & 15);
-        const int ch = ks * 2 + (lane >> 4);
-        const unsigned int a = sa + row * 64 + ((ch ^ ((row >> 1) & 3)) << 4);
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{%0, %1, %2, %3}}, [%4];"
-                     : "=r"(af[i][0]), "=r"(af[i][1]), "=r"(af[i][2]), "=r"(af[i][3]) : "r"(a));
-      }}
-#pragma unroll
-      for (int j = 0; j < {wn}; j += 2) {{
-        const int mat = lane >> 3;
-        const int row = wni * {wn8} + j * 8 + (mat >> 1) * 8 + (lane & 7);
-        const int ch = ks * 2 + (mat & 1);
-        const unsigned int a = sb + row * 64 + ((ch ^ ((row >> 1) & 3)) << 4);
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{%0, %1, %2, %3}}, [%4];"
-                     : "=r"(bf[j][0]), "=r"(bf[j][1]), "=r"(bf[j + 1][0]), "=r"(bf[j + 1][1]) : "r"(a));
-      }}
-#pragma unroll
-      for (int i = 0; i < {wm}; ++i)
-#pragma unroll
-        for (int j = 0; j < {wn}; ++j)
-          asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {{%0, %1, %2, %3}}, {{%4, %5, %6, %7}}, {{%8, %9}}, {{%0, %1, %2, %3}};"
-                       : "+r"(acc[i][j][0]), "+r"(acc[i][j][1]), "+r"(acc[i][j][2]), "+r"(acc[i][j][3])
-                       : "r"(af[i][0]), "r"(af[i][1]), "r"(af[i][2]), "r"(af[i][3]), "r"(bf[j][0]), "r"(bf[j][1]));
-    }}
-  }}
+{slice}  }}
 "#,
                 wait = st - 2,
-                wm16 = wm * 16,
-                wn8 = wn * 8,
+                slice = mma_slice(
+                    "acc",
+                    (wm, wn),
+                    "sa + row * 64 + ((ch ^ ((row >> 1) & 3)) << 4)"
+                ),
             )
         };
         let epilogue = if partials {
