@@ -7,13 +7,14 @@
 # back-to-back plan's per-step profile.
 # run(command="bash scripts/gpu/int8-b2b.sh", carry=[".gpu/s27"]); EXACT=0 skips the exactness
 # check, ROUNDS sets the bench rounds (2), and FORCED=1 adds the per-step profile with every
-# back-to-back pair forced (prof-forced.txt).
+# back-to-back pair forced (prof-forced.txt); BATCH sets the benches' batch (32).
 # .gpu/s27: cuda_backend.gz (cargo test --release -p vigil-engine --features cuda --test
 # cuda_backend --no-run, stripped), qdq.txz and the torch scripts as in int8-setup.sh.
 set -o pipefail
 D=${D:-.gpu/s27}
 . "$(dirname "$0")/int8-setup.sh"
 C=$OUT/cache-b2b.txt
+PROFILE_BATCH=${BATCH:-32}
 # A timing cache from an earlier call, if carried (the implicit GEMM then compiles no candidates).
 [ -f $D/cache.txt ] && cp $D/cache.txt $C
 [ -f $D/cache-forced.txt ] && cp $D/cache-forced.txt $OUT/cache-forced.txt
@@ -24,10 +25,10 @@ if [ "${EXACT:-1}" != 0 ]; then
   grep -E "^test |test result|back-to-back kernels|rel diff|panicked|left out" $OUT/b2b-exact.txt | cut -c1-200 | head -20
 fi
 for r in $(seq ${ROUNDS:-2}); do
-  bench b2b-r$r int8 "$S8:32" VIGIL_CUDA_TIMING_CACHE=$C VIGIL_CUDA_B2B=1
-  bench nob2b-r$r int8 "$S8:32" VIGIL_CUDA_TIMING_CACHE=$C VIGIL_CUDA_B2B=0
+  bench b2b-r$r int8 "$S8:${BATCH:-32}" VIGIL_CUDA_TIMING_CACHE=$C VIGIL_CUDA_B2B=1
+  bench nob2b-r$r int8 "$S8:${BATCH:-32}" VIGIL_CUDA_TIMING_CACHE=$C VIGIL_CUDA_B2B=0
 done
-bench fp16 fp16 "/tmp/onnx/resnet50.onnx:32" VIGIL_CUDA_TIMING_CACHE=$C
+bench fp16 fp16 "/tmp/onnx/resnet50.onnx:${BATCH:-32}" VIGIL_CUDA_TIMING_CACHE=$C
 profile $C VIGIL_CUDA_B2B=1
 grep -E "back-to-back" $OUT/prof.txt | sed 's/ (cublasLt.*\[back/ [back/' | cut -c1-240 | head -20
 if [ "${FORCED:-0}" = 1 ]; then

@@ -22,12 +22,12 @@ bench() {
   env "$@" VIGIL_CUDA_PRECISIONS=$prec VIGIL_CUDA_BENCH="$list" timeout 200 $T bench_listed_models --nocapture 2>&1 \
     | tee -a "$OUT/bench.txt" | grep -E "BENCH|panicked|error" | sed "s/^/$label /"
 }
-# `profile CACHE [ENV...]`: ResNet-50 s8 at batch 32 profiled step by step (an event per
+# `profile CACHE [ENV...]`: ResNet-50 s8 at batch $PROFILE_BATCH (32) profiled step by step (an event per
 # step) with timing cache CACHE, into $OUT/prof.txt; prints the totals per kind.
 profile() {
   local cache=$1; shift
   echo "=== profile ($SECONDS s)"
-  env "$@" VIGIL_CUDA_TIMING_CACHE=$cache VIGIL_CUDA_PROFILE=1 VIGIL_CUDA_BENCH_ITERS=20 VIGIL_CUDA_PRECISIONS=int8 VIGIL_CUDA_BENCH="$S8:32" \
+  env "$@" VIGIL_CUDA_TIMING_CACHE=$cache VIGIL_CUDA_PROFILE=1 VIGIL_CUDA_BENCH_ITERS=20 VIGIL_CUDA_PRECISIONS=int8 VIGIL_CUDA_BENCH="$S8:${PROFILE_BATCH:-32}" \
     timeout 60 $T bench_listed_models --nocapture > $OUT/prof.txt 2>&1
   grep -E "^PROFILE|^PKIND" $OUT/prof.txt | head -12
 }
