@@ -524,6 +524,8 @@ fn int8_back_to_back_kernels_match_the_separate_ones() {
     if !gpu() {
         return;
     }
+    // Process-wide switches, restored at the end; a test building an executable meanwhile
+    // gets exact paths either way (the device scripts run the suite on one thread).
     let saved: Vec<_> = ["VIGIL_CUDA_B2B", "VIGIL_CUDA_IGEMM"]
         .iter()
         .map(|k| (*k, std::env::var(k).ok()))
