@@ -490,23 +490,31 @@ fn nanodet_gpu_matches_cpu() {
     }
 }
 
-/// Models named in `VIGIL_CUDA_COMPARE` (`path:batch,...`, e.g. the torchvision ResNet-50 and
-/// MobileNetV3 the device run exports) against the CPU backend: fp32 tightly, fp16 by rel. L2.
-/// They exercise what the shared models lack: cuBLASLt pointwise convs with residual + ReLU.
-#[test]
-fn listed_models_match_cpu() {
+/// The `(path, batch)` models of `VIGIL_CUDA_COMPARE` (`path:batch,...`), or None (with a SKIP
+/// line) when it is unset or there is no GPU.
+fn compare_list() -> Option<Vec<(String, usize)>> {
     let Ok(list) = std::env::var("VIGIL_CUDA_COMPARE") else {
         println!("SKIP: VIGIL_CUDA_COMPARE is not set (the device run sets it)");
-        return;
+        return None;
     };
     if !gpu() {
-        return;
+        return None;
     }
-    for item in list.split(',').filter(|s| !s.is_empty()) {
+    let items = list.split(',').filter(|s| !s.is_empty()).map(|item| {
         let (path, batch) = item.rsplit_once(':').expect("path:batch");
-        let batch: usize = batch.parse().expect("batch");
-        compare_model(path, batch);
-        compare_fp16(path, batch);
+        (path.to_string(), batch.parse().expect("batch"))
+    });
+    Some(items.collect())
+}
+
+/// Models named in `VIGIL_CUDA_COMPARE` (e.g. the torchvision ResNet-50 and MobileNetV3 the
+/// device run exports) against the CPU backend: fp32 tightly, fp16 by rel. L2. They exercise
+/// what the shared models lack: cuBLASLt pointwise convs with residual + ReLU.
+#[test]
+fn listed_models_match_cpu() {
+    for (path, batch) in compare_list().unwrap_or_default() {
+        compare_model(&path, batch);
+        compare_fp16(&path, batch);
     }
 }
 
@@ -517,13 +525,7 @@ fn listed_models_match_cpu() {
 /// bytes through eager, captured and replayed runs, and the forced build must take it.
 #[test]
 fn int8_back_to_back_kernels_match_the_separate_ones() {
-    let Ok(list) = std::env::var("VIGIL_CUDA_COMPARE") else {
-        println!("SKIP: VIGIL_CUDA_COMPARE is not set (the device run sets it)");
-        return;
-    };
-    if !gpu() {
-        return;
-    }
+    let Some(list) = compare_list() else { return };
     // Process-wide switches, restored at the end; a test building an executable meanwhile
     // gets exact paths either way (the device scripts run the suite on one thread).
     let saved: Vec<_> = ["VIGIL_CUDA_B2B", "VIGIL_CUDA_IGEMM"]
@@ -531,9 +533,8 @@ fn int8_back_to_back_kernels_match_the_separate_ones() {
         .map(|k| (*k, std::env::var(k).ok()))
         .collect();
     std::env::set_var("VIGIL_CUDA_IGEMM", "force");
-    for item in list.split(',').filter(|s| s.contains(".qdq")) {
-        let (path, batch) = item.rsplit_once(':').expect("path:batch");
-        let batch: usize = batch.parse().expect("batch");
+    for (path, batch) in list.iter().filter(|(p, _)| p.contains(".qdq")) {
+        let (path, batch) = (path.as_str(), *batch);
         std::env::set_var("VIGIL_CUDA_B2B", "0");
         let off = load_at(path, Device::Cuda, batch, Precision::Int8);
         let before = vigil_engine::backend::cuda::back_to_back_kernels();
