@@ -1382,11 +1382,8 @@ impl Builder<'_> {
             return Ok(false);
         }
         let (m, n, k) = (c.n * c.oh * c.ow, c.cout, c.kh * c.kw * parts.c4);
-        // Signed 1x1 stride-1 input with whole 4-byte channel groups: the GEMM reads the
-        // activation itself (no patch matrix).
-        let direct = !parts.flip
-            && (c.kh, c.kw, c.sh, c.sw, c.pt, c.pl, c.oh, c.ow) == (1, 1, 1, 1, 0, 0, c.h, c.w)
-            && parts.c4 == c.cin;
+        // The GEMM reads a signed pointwise input itself (no patch matrix).
+        let direct = parts.reads_input_in_place();
         let colb = if direct { 0 } else { alit(m * k) };
         let mut fallback = String::new();
         let mut fused = None;

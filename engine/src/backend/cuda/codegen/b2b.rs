@@ -76,16 +76,9 @@ pub const B2B_SHAPES: [B2bShape; 6] = [
 /// 128; `p2` without a residual and with 64, 128 or 256 channels (its accumulators stay in
 /// registers).
 pub fn b2b_fits(p1: &QConvParts, p2: &QConvParts) -> bool {
-    let pointwise = |p: &QConvParts| {
-        let c = &p.geom;
-        (c.kh, c.kw, c.sh, c.sw, c.pt, c.pl, c.groups) == (1, 1, 1, 1, 0, 0, 1)
-            && (c.oh, c.ow) == (c.h, c.w)
-            && p.c4 == c.cin
-            && !p.flip
-    };
     let (a, b) = (&p1.geom, &p2.geom);
-    pointwise(p1)
-        && pointwise(p2)
+    p1.reads_input_in_place()
+        && p2.reads_input_in_place()
         && a.cin.is_multiple_of(64)
         && a.cin <= 512
         && a.cout.is_multiple_of(CHUNK)
@@ -172,11 +165,11 @@ impl Gen {
         let name = self.next_name();
         let plist = Self::param_list(&params);
         // The warp layouts, as the requantization helpers read them.
+        let (wn2, w2rows) = (n2 / 32, n2 * 4 / THREADS);
         let t1 = Tiling::mma(2, 4, 2, 4, st);
-        let t2 = Tiling::mma(2, 4, 2, n2 / 32, st);
+        let t2 = Tiling::mma(2, 4, 2, wn2, st);
         let requant1 = requant_into_tile(t1, p1, YS);
         let requant2 = requant_into_tile(t2, p2, n2 + 16);
-        let (wn2, w2rows) = (n2 / 32, n2 * 4 / THREADS);
         let residual = p1.residual.is_some();
         // The residual of chunk c goes into its tile (the cells the requantization replaces):
         // chunk 0's with the input rows, each later one's right after the chunk before it is

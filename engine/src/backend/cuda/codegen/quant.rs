@@ -206,6 +206,17 @@ pub struct Residual {
 }
 
 impl QConvParts {
+    /// Whether this is a signed 1x1, stride-1, unpadded, ungrouped convolution over whole
+    /// 4-byte channel groups: its input is already the GEMM's `[pixels, K]` operand, read in
+    /// place (no patch matrix, no copy).
+    pub fn reads_input_in_place(&self) -> bool {
+        let c = &self.geom;
+        !self.flip
+            && (c.kh, c.kw, c.sh, c.sw, c.pt, c.pl, c.groups) == (1, 1, 1, 1, 0, 0, 1)
+            && (c.oh, c.ow) == (c.h, c.w)
+            && self.c4 == c.cin
+    }
+
     /// Validates and packs a QConv node.
     pub fn new(g: &Graph, node: &Node, q: &QConvAttrs) -> Result<QConvParts> {
         let name = format!("QConv '{}'", node.name);
