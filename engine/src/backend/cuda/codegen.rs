@@ -18,12 +18,14 @@ mod igemm;
 mod narrow_gemm;
 mod quant;
 mod space_to_depth;
+mod stem_pool;
 pub use b2b::{b2b_fits, b2b_smem, B2bShape, B2B_SHAPES};
 pub use halo::{halo_fits, HALO_TILINGS};
 pub use igemm::{igemm_fits, igemm_smem, Tiling, TILINGS, WG_TILINGS};
 pub use narrow_gemm::{narrow_dequantize_fits, narrow_gemm_fits};
 pub use quant::QConvParts;
 pub use space_to_depth::space_to_depth_bytes;
+pub use stem_pool::{stem_pool_fits, stem_pool_smem, StemPool};
 
 /// The fields of a CUDA 4-vector (`uint4`, `float4`), as member accesses.
 const VECTOR_LANES: [&str; 4] = [".x", ".y", ".z", ".w"];
