@@ -575,6 +575,69 @@ fn int8_back_to_back_kernels_match_the_separate_ones() {
     }
 }
 
+/// The fused stem kernel (`VIGIL_CUDA_STEM_POOL`: a stride-2 stem QConv and the max pool
+/// after it in one kernel, after the stem's space-to-depth copy) against the separate kernels
+/// it replaces: each QDQ model of `VIGIL_CUDA_COMPARE` and the shared NanoDet-m QDQ models,
+/// built once with it off and once forced, must give the same bytes through eager, captured
+/// and replayed runs, and the forced builds must take it at least once.
+#[test]
+fn int8_fused_stem_matches_the_separate_kernels() {
+    let Some(mut list) = compare_list() else {
+        return;
+    };
+    list.retain(|(p, _)| p.contains(".qdq"));
+    if let Some(dir) = qdq_dir() {
+        for name in ["nanodet-m-416.qdq.onnx", "nanodet-m-416.qdq-s8.onnx"] {
+            let path = dir.join(name);
+            if path.exists() {
+                list.push((path.display().to_string(), 2));
+            }
+        }
+    }
+    // A process-wide switch, restored at the end (the device scripts run the suite on one
+    // thread).
+    let saved = std::env::var("VIGIL_CUDA_STEM_POOL").ok();
+    let mut fused = 0;
+    for (path, batch) in &list {
+        let (path, batch) = (path.as_str(), *batch);
+        std::env::set_var("VIGIL_CUDA_STEM_POOL", "0");
+        let off = load_at(path, Device::Cuda, batch, Precision::Int8);
+        let before = vigil_engine::backend::cuda::stem_pool_kernels();
+        std::env::set_var("VIGIL_CUDA_STEM_POOL", "force");
+        let on = load_at(path, Device::Cuda, batch, Precision::Int8);
+        let taken = vigil_engine::backend::cuda::stem_pool_kernels() - before;
+        println!("{path} batch {batch}: {taken} fused stem kernels");
+        fused += taken;
+        let (mut a, mut b) = (
+            off.new_context().expect("ctx"),
+            on.new_context().expect("ctx"),
+        );
+        for seed in 0..2u64 {
+            let x = input(&off.inputs()[0].shape, seed + 21);
+            for rep in 0..3 {
+                let want = a.run(std::slice::from_ref(&x)).expect("run");
+                let got = b.run(std::slice::from_ref(&x)).expect("run");
+                for (k, (w, g)) in want.iter().zip(&got).enumerate() {
+                    let (w, g) = (w.as_f32().expect("f32"), g.as_f32().expect("f32"));
+                    println!(
+                        "{path} seed {seed} rep {rep} output {k}: rel diff {:.2e} to the separate kernels",
+                        rel_diff(g, w)
+                    );
+                }
+                assert_eq!(got, want, "{path} seed {seed} rep {rep}: outputs differ");
+            }
+        }
+    }
+    match saved {
+        Some(v) => std::env::set_var("VIGIL_CUDA_STEM_POOL", v),
+        None => std::env::remove_var("VIGIL_CUDA_STEM_POOL"),
+    }
+    assert!(
+        list.is_empty() || fused > 0,
+        "no fused stem kernel with VIGIL_CUDA_STEM_POOL=force"
+    );
+}
+
 #[test]
 fn steady_state_makes_no_device_allocations() {
     if !gpu() {

@@ -12,9 +12,9 @@ use cudarc::driver::{result as drv, sys, CudaContext, CudaEvent, CudaGraph, Cuda
 
 use super::codegen::{
     b2b_fits, b2b_smem, dequantize_pool_quantize_fits, halo_fits, igemm_fits, igemm_smem,
-    narrow_dequantize_fits, narrow_gemm_fits, quantize_transpose_fits, space_to_depth_bytes, Arg,
-    B2bShape, Gen, GenKernel, Im2col, LaunchDims, QConvParts, Tiling, B2B_SHAPES, HALO_TILINGS,
-    TILINGS, WG_TILINGS,
+    narrow_dequantize_fits, narrow_gemm_fits, quantize_transpose_fits, space_to_depth_bytes,
+    stem_pool_fits, stem_pool_smem, Arg, B2bShape, Gen, GenKernel, Im2col, LaunchDims, QConvParts,
+    StemPool, Tiling, B2B_SHAPES, HALO_TILINGS, TILINGS, WG_TILINGS,
 };
 use super::device::{
     alloc_arena, drv_err, igemm_capable, programmatic_launch_capable, Arena, DeviceBuffer,
@@ -451,6 +451,11 @@ struct Builder<'a> {
     /// one back-to-back kernel (`VIGIL_CUDA_B2B`: off unless `1` measures it or `force` takes
     /// it wherever it fits; exact, but 1.3–1.7x the two kernels it replaces on the H200).
     b2b: PathMode,
+    /// Whether a stride-2 stem QConv and the max pool after it may run as one kernel after the
+    /// stem's space-to-depth copy (`VIGIL_CUDA_STEM_POOL`: off unless `1` measures it or
+    /// `force` takes it wherever it fits; exact, but 1.2x the two kernels it replaces on the
+    /// H200).
+    stem_pool: PathMode,
     /// Per node, the index of its first step (where a back-to-back pair's steps start).
     first_step: Vec<usize>,
     /// Per int8 convolution node, the measured milliseconds of the path it took, where known.
@@ -464,6 +469,15 @@ static BACK_TO_BACK: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicU
 /// this process have taken, for tests and reports.
 pub fn back_to_back_kernels() -> usize {
     BACK_TO_BACK.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Fused stem-and-pool kernels built so far in this process ([`Builder::stem_pool`]).
+static STEM_POOLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// How many fused stem-and-pool kernels (a stride-2 stem and its max pool in one) executables
+/// of this process have taken, for tests and reports.
+pub fn stem_pool_kernels() -> usize {
+    STEM_POOLS.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// The default of [`Builder::library_step_ms`] in µs, where programmatic launch is on. A
@@ -730,7 +744,7 @@ impl Builder<'_> {
 
     fn node_steps(&mut self, idx: usize, node: &Node) -> Result<()> {
         let g = self.g;
-        if self.fused_steps(idx, node)? {
+        if self.fused_steps(idx, node)? || self.stem_pool(idx, node)? {
             return Ok(());
         }
         match &node.op {
@@ -1236,6 +1250,137 @@ impl Builder<'_> {
             if ms >= separate { ", forced" } else { "" }
         );
         Ok(())
+    }
+
+    /// Runs MaxPool `j` and the stride-2 stem QConv just before it as the stem's
+    /// space-to-depth copy (quantizing the image where the stem does, [`Self::quantize_stem`])
+    /// and one kernel for the stem and the pool ([`stem_pool_fits`]), in place of the stem's
+    /// steps and the pool's, when the two measure faster than the path the stem took (where
+    /// that was measured) or `VIGIL_CUDA_STEM_POOL=force`; false when they do not run. The
+    /// stem's input stays live until `j` in the memory plan.
+    fn stem_pool(&mut self, j: usize, node: &Node) -> Result<bool> {
+        let g = self.g;
+        let Op::MaxPool(a) = &node.op else {
+            return Ok(false);
+        };
+        if self.stem_pool == PathMode::Off || j == 0 || node.outputs.len() != 1 {
+            return Ok(false);
+        }
+        let i = j - 1;
+        let stem = &g.nodes[i];
+        let Op::QConv(qa) = &stem.op else {
+            return Ok(false);
+        };
+        let (ys, y) = (stem.outputs[0], node.outputs[0]);
+        if node.input(0) != Some(ys) || self.only_reader(ys) != Some(j) {
+            return Ok(false);
+        }
+        let x = stem.input(0).ok_or_else(|| unsupported(stem, "no input"))?;
+        // The image's QuantizeLinear, where the stem's copy runs it (its transpose emitted
+        // nothing, so `x` is never written).
+        let quant = self
+            .writer_of_input(stem)
+            .filter(|&t| self.quantize_stem(t) == Some(i))
+            .and_then(|t| self.writer_of_input(&g.nodes[t]));
+        let parts = QConvParts::new(g, stem, qa)?;
+        let nhwc = qa.conv.layout == Layout::Nhwc && parts.geom.groups == 1;
+        let (Some(pool), Some(s2d), true) = (
+            stem_pool_fits(&parts, a, g.shape(y)?, g.values[ys].dtype),
+            parts.space_to_depth().filter(|_| self.s2d),
+            nhwc,
+        ) else {
+            return Ok(false);
+        };
+        if stem_pool_smem(&s2d) > self.smem_per_block {
+            return Ok(false);
+        }
+        let blocks = 2 * self.sms;
+        let ms = match self.stem_pool_ms(&s2d, (pool, y), blocks) {
+            Ok(ms) => ms + self.space_to_depth_ms(&parts, &s2d)?,
+            Err(e) => {
+                tracing::warn!("fused stem kernel of '{}' left out: {e}", stem.name);
+                return Ok(false);
+            }
+        };
+        let separate = self.chosen_ms[i];
+        let slower = separate.is_some_and(|s| ms >= s);
+        if self.stem_pool != PathMode::Force && slower {
+            self.note = format!(" [fused with the stem '{}' {ms:.4} ms]", stem.name);
+            return Ok(false);
+        }
+        // The stem's steps give way to its copy and the one kernel, run here.
+        let first = self.first_step[i];
+        self.steps.truncate(first);
+        self.descs.truncate(first);
+        self.scratch[i] = 0;
+        let copy = match quant {
+            Some(qn) => {
+                let q = &g.nodes[qn];
+                let image = q.input(0).ok_or_else(|| unsupported(q, "no input"))?;
+                self.late_reads.push((image, j));
+                self.gen
+                    .quantize_space_to_depth_into_scratch(g, q, &parts, &s2d, 0)?
+            }
+            None => {
+                self.late_reads.push((x, j));
+                self.gen.space_to_depth_into_scratch(x, &parts, &s2d, 0)
+            }
+        };
+        self.launch(j, copy);
+        let k = self
+            .gen
+            .stem_pool(Arg::ScratchAt(0), &s2d, (pool, y), blocks);
+        self.launch(j, k);
+        self.scratch[j] = alit(space_to_depth_bytes(&s2d));
+        STEM_POOLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.note = format!(
+            " with the stem '{}' {ms:.4} ms (stem {}){}",
+            stem.name,
+            separate.map_or("not timed".into(), |s| format!("{s:.4} ms")),
+            if slower { ", forced" } else { "" }
+        );
+        Ok(true)
+    }
+
+    /// Measured milliseconds of the fused stem kernel ([`Gen::stem_pool`]) of `s2d` and
+    /// `pool` into `y` over at most `blocks` blocks, without the copy (memoised per geometry,
+    /// process-wide).
+    fn stem_pool_ms(
+        &mut self,
+        s2d: &QConvParts,
+        (pool, y): (StemPool, ValueId),
+        blocks: usize,
+    ) -> Result<f32> {
+        static CACHE: Memo<String, f32> = OnceLock::new();
+        let key = format!("{:?} {pool:?} {blocks}", s2d.geom);
+        memoised(&CACHE, key, || {
+            let ctx = self.ctx;
+            let mut gen = Gen::new(false);
+            let k = gen.stem_pool(Arg::ScratchAt(0), s2d, (pool, y), blocks);
+            let module = Module::compile(ctx, &gen.src)?;
+            let f = module.function(&k.name)?;
+            let tables = upload_tables(ctx, &gen.extras)?;
+            let c = &s2d.geom;
+            let xb = alit(space_to_depth_bytes(s2d));
+            let yb = alit(c.n * pool.oh * pool.ow * c.cout);
+            let buf = self.tmp(xb + yb + 3 * ALIGNMENT)?.div_ceil(256) * 256;
+            let args = k
+                .args
+                .iter()
+                .map(|arg| match *arg {
+                    Arg::ScratchAt(0) => Ok(buf),
+                    Arg::Val(v) if v == y => Ok(buf + xb as u64),
+                    Arg::Extra(t) => tables
+                        .get(t)
+                        .map(|b| b.ptr())
+                        .ok_or_else(|| Error::Unsupported("fused stem table missing".into())),
+                    _ => Err(Error::Unsupported("fused stem argument".into())),
+                })
+                .collect::<Result<Vec<u64>>>()?;
+            // SAFETY: the kernel takes (blocks, pooled output, the stem's tables); the search
+            // buffer holds the blocks and the output, the tables were uploaded.
+            unsafe { self.function_ms(&f, &k, &args) }
+        })
     }
 
     /// The fastest shape ([`B2B_SHAPES`]) of the back-to-back kernel of `p1` (input `x`) and
@@ -2193,6 +2338,7 @@ impl CudaExecutable {
             resident: PathMode::opt_in("VIGIL_CUDA_RESIDENT"),
             library_step_ms: library_step_ms(cc),
             b2b: PathMode::opt_in("VIGIL_CUDA_B2B"),
+            stem_pool: PathMode::opt_in("VIGIL_CUDA_STEM_POOL"),
             first_step: vec![0; g.nodes.len()],
             chosen_ms: vec![None; g.nodes.len()],
             device_id: format!(

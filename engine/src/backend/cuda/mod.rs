@@ -14,7 +14,7 @@ pub mod vision;
 
 pub use device::alloc_counts;
 pub use dnn::algo_cache_len;
-pub use executable::{back_to_back_kernels, last_device_ms, CudaExecutable};
+pub use executable::{back_to_back_kernels, last_device_ms, stem_pool_kernels, CudaExecutable};
 
 use crate::backend::{Backend, Executable, Precision};
 use crate::error::{Error, Result};
