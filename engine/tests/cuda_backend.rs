@@ -518,6 +518,30 @@ fn listed_models_match_cpu() {
     }
 }
 
+/// Asserts that `on` (a build with a fused path taken) gives `off`'s bytes (the separate
+/// kernels) on two inputs from `seed`, three runs each: eager, captured, replayed.
+fn same_outputs(path: &str, off: &Model, on: &Model, seed: u64) {
+    let (mut a, mut b) = (
+        off.new_context().expect("ctx"),
+        on.new_context().expect("ctx"),
+    );
+    for seed in seed..seed + 2 {
+        let x = input(&off.inputs()[0].shape, seed);
+        for rep in 0..3 {
+            let want = a.run(std::slice::from_ref(&x)).expect("run");
+            let got = b.run(std::slice::from_ref(&x)).expect("run");
+            for (k, (w, g)) in want.iter().zip(&got).enumerate() {
+                let (w, g) = (w.as_f32().expect("f32"), g.as_f32().expect("f32"));
+                println!(
+                    "{path} seed {seed} rep {rep} output {k}: rel diff {:.2e} to the separate kernels",
+                    rel_diff(g, w)
+                );
+            }
+            assert_eq!(got, want, "{path} seed {seed} rep {rep}: outputs differ");
+        }
+    }
+}
+
 /// The back-to-back kernel (`VIGIL_CUDA_B2B`: a bottleneck's last 1x1 int8 convolution and
 /// the next one's first in one kernel) against the separate kernels it replaces: each QDQ
 /// model of `VIGIL_CUDA_COMPARE`, built with the implicit GEMM forced (the arithmetic the
@@ -546,26 +570,7 @@ fn int8_back_to_back_kernels_match_the_separate_ones() {
             fused > 0,
             "{path}: no back-to-back kernel with VIGIL_CUDA_B2B=force"
         );
-        let (mut a, mut b) = (
-            off.new_context().expect("ctx"),
-            on.new_context().expect("ctx"),
-        );
-        for seed in 0..2u64 {
-            let x = input(&off.inputs()[0].shape, seed + 11);
-            for rep in 0..3 {
-                let want = a.run(std::slice::from_ref(&x)).expect("run");
-                let got = b.run(std::slice::from_ref(&x)).expect("run");
-                let (w, g) = (
-                    want[0].as_f32().expect("f32"),
-                    got[0].as_f32().expect("f32"),
-                );
-                println!(
-                    "{path} seed {seed} rep {rep}: rel diff {:.2e} to the separate kernels",
-                    rel_diff(g, w)
-                );
-                assert_eq!(got, want, "{path} seed {seed} rep {rep}: outputs differ");
-            }
-        }
+        same_outputs(path, &off, &on, 11);
     }
     for (k, v) in saved {
         match v {
@@ -608,25 +613,7 @@ fn int8_fused_stem_matches_the_separate_kernels() {
         let taken = vigil_engine::backend::cuda::stem_pool_kernels() - before;
         println!("{path} batch {batch}: {taken} fused stem kernels");
         fused += taken;
-        let (mut a, mut b) = (
-            off.new_context().expect("ctx"),
-            on.new_context().expect("ctx"),
-        );
-        for seed in 0..2u64 {
-            let x = input(&off.inputs()[0].shape, seed + 21);
-            for rep in 0..3 {
-                let want = a.run(std::slice::from_ref(&x)).expect("run");
-                let got = b.run(std::slice::from_ref(&x)).expect("run");
-                for (k, (w, g)) in want.iter().zip(&got).enumerate() {
-                    let (w, g) = (w.as_f32().expect("f32"), g.as_f32().expect("f32"));
-                    println!(
-                        "{path} seed {seed} rep {rep} output {k}: rel diff {:.2e} to the separate kernels",
-                        rel_diff(g, w)
-                    );
-                }
-                assert_eq!(got, want, "{path} seed {seed} rep {rep}: outputs differ");
-            }
-        }
+        same_outputs(path, &off, &on, 21);
     }
     match saved {
         Some(v) => std::env::set_var("VIGIL_CUDA_STEM_POOL", v),

@@ -258,14 +258,7 @@ impl Gen {
         let (bm, bn, th) = (t.bm(), t.bn(), t.threads());
         let sq = t.warps_m / 4;
         let lth = 32 * t.loaders;
-        let (kp, wt, bt, mt) = self.igemm_tables(p);
-        let params = [
-            (x, "const u8"),
-            (Arg::Val(y), "u8"),
-            (wt, "const u8"),
-            (bt, "const u8"),
-            (mt, "const u8"),
-        ];
+        let (kp, params) = self.igemm_params(x, Arg::Val(y), p);
         let name = self.next_name();
         let plist = Self::param_list(&params);
         let pad_word = u32::from(p.pad_s as i8 as u8) * 0x0101_0101;

@@ -755,6 +755,25 @@ impl Gen {
         (kp, wt, bt, mt)
     }
 
+    /// The parameters of a tensor-core convolution kernel of `p` reading `x` and writing
+    /// `out`: those two, then `p`'s tables ([`Self::igemm_tables`]); returns their `kp` too.
+    pub(super) fn igemm_params(
+        &mut self,
+        x: Arg,
+        out: Arg,
+        p: &QConvParts,
+    ) -> (usize, Vec<(Arg, &'static str)>) {
+        let (kp, wt, bt, mt) = self.igemm_tables(p);
+        let params = vec![
+            (x, "const u8"),
+            (out, "u8"),
+            (wt, "const u8"),
+            (bt, "const u8"),
+            (mt, "const u8"),
+        ];
+        (kp, params)
+    }
+
     /// The implicit-GEMM kernel of QConv `parts` from NHWC int8 `x` (a value, or the
     /// space-to-depth copy in scratch) into `y` with block shape `t` (see the module docs);
     /// check [`igemm_fits`] first.
@@ -776,20 +795,13 @@ impl Gen {
         let partials = t.partials();
         let (bm, bn, th, st) = (t.bm(), t.bn(), t.threads(), t.stages);
         let (wm, wn, warps_m) = (t.wm, t.wn, t.warps_m);
-        let (kp, wt, bt, mt) = self.igemm_tables(p);
         // A split K writes int32 partial sums into the node's scratch instead of `y`.
         let out = if partials {
             Arg::ScratchAt(0)
         } else {
             Arg::Val(y)
         };
-        let mut params = vec![
-            (x, "const u8"),
-            (out, "u8"),
-            (wt, "const u8"),
-            (bt, "const u8"),
-            (mt, "const u8"),
-        ];
+        let (kp, mut params) = self.igemm_params(x, out, p);
         if let Some(r) = p.residual.as_ref().filter(|_| !partials) {
             params.push((Arg::Val(r.z), "const u8"));
         }

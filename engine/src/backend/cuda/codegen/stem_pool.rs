@@ -163,15 +163,7 @@ impl Gen {
             ..
         } = plan;
         let d = &s2d.geom;
-        let (_, wt, bt, mt) = self.igemm_tables(s2d);
-        let kp = ks * 64;
-        let params = [
-            (x, "const u8"),
-            (Arg::Val(y), "u8"),
-            (wt, "const u8"),
-            (bt, "const u8"),
-            (mt, "const u8"),
-        ];
+        let (kp, params) = self.igemm_params(x, Arg::Val(y), s2d);
         let name = self.next_name();
         let plist = Self::param_list(&params);
         let wn = np / 8;
