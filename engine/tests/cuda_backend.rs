@@ -518,6 +518,23 @@ fn listed_models_match_cpu() {
     }
 }
 
+/// INT8 builds of `path` at `batch` with fused path `var` off, then forced, and how many fused
+/// kernels the forced build took (by `counter`, the path's process-wide count). Leaves `var`
+/// set to `force`; the caller restores it.
+fn off_and_forced(
+    path: &str,
+    batch: usize,
+    var: &str,
+    counter: fn() -> usize,
+) -> (Model, Model, usize) {
+    std::env::set_var(var, "0");
+    let off = load_at(path, Device::Cuda, batch, Precision::Int8);
+    let before = counter();
+    std::env::set_var(var, "force");
+    let on = load_at(path, Device::Cuda, batch, Precision::Int8);
+    (off, on, counter() - before)
+}
+
 /// Asserts that `on` (a build with a fused path taken) gives `off`'s bytes (the separate
 /// kernels) on two inputs from `seed`, three runs each: eager, captured, replayed.
 fn same_outputs(path: &str, off: &Model, on: &Model, seed: u64) {
@@ -559,12 +576,12 @@ fn int8_back_to_back_kernels_match_the_separate_ones() {
     std::env::set_var("VIGIL_CUDA_IGEMM", "force");
     for (path, batch) in list.iter().filter(|(p, _)| p.contains(".qdq")) {
         let (path, batch) = (path.as_str(), *batch);
-        std::env::set_var("VIGIL_CUDA_B2B", "0");
-        let off = load_at(path, Device::Cuda, batch, Precision::Int8);
-        let before = vigil_engine::backend::cuda::back_to_back_kernels();
-        std::env::set_var("VIGIL_CUDA_B2B", "force");
-        let on = load_at(path, Device::Cuda, batch, Precision::Int8);
-        let fused = vigil_engine::backend::cuda::back_to_back_kernels() - before;
+        let (off, on, fused) = off_and_forced(
+            path,
+            batch,
+            "VIGIL_CUDA_B2B",
+            vigil_engine::backend::cuda::back_to_back_kernels,
+        );
         println!("{path} batch {batch}: {fused} back-to-back kernels");
         assert!(
             fused > 0,
@@ -605,12 +622,12 @@ fn int8_fused_stem_matches_the_separate_kernels() {
     let mut fused = 0;
     for (path, batch) in &list {
         let (path, batch) = (path.as_str(), *batch);
-        std::env::set_var("VIGIL_CUDA_STEM_POOL", "0");
-        let off = load_at(path, Device::Cuda, batch, Precision::Int8);
-        let before = vigil_engine::backend::cuda::stem_pool_kernels();
-        std::env::set_var("VIGIL_CUDA_STEM_POOL", "force");
-        let on = load_at(path, Device::Cuda, batch, Precision::Int8);
-        let taken = vigil_engine::backend::cuda::stem_pool_kernels() - before;
+        let (off, on, taken) = off_and_forced(
+            path,
+            batch,
+            "VIGIL_CUDA_STEM_POOL",
+            vigil_engine::backend::cuda::stem_pool_kernels,
+        );
         println!("{path} batch {batch}: {taken} fused stem kernels");
         fused += taken;
         same_outputs(path, &off, &on, 21);

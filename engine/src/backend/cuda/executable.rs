@@ -1354,33 +1354,52 @@ impl Builder<'_> {
         static CACHE: Memo<String, f32> = OnceLock::new();
         let key = format!("{:?} {pool:?} {blocks}", s2d.geom);
         memoised(&CACHE, key, || {
-            let ctx = self.ctx;
             let mut gen = Gen::new(false);
             let k = gen.stem_pool(Arg::ScratchAt(0), s2d, (pool, y), blocks);
-            let module = Module::compile(ctx, &gen.src)?;
-            let f = module.function(&k.name)?;
-            let tables = upload_tables(ctx, &gen.extras)?;
             let c = &s2d.geom;
             let xb = alit(space_to_depth_bytes(s2d));
             let yb = alit(c.n * pool.oh * pool.ow * c.cout);
             let buf = self.tmp(xb + yb + 3 * ALIGNMENT)?.div_ceil(256) * 256;
-            let args = k
-                .args
-                .iter()
-                .map(|arg| match *arg {
-                    Arg::ScratchAt(0) => Ok(buf),
-                    Arg::Val(v) if v == y => Ok(buf + xb as u64),
-                    Arg::Extra(t) => tables
-                        .get(t)
-                        .map(|b| b.ptr())
-                        .ok_or_else(|| Error::Unsupported("fused stem table missing".into())),
-                    _ => Err(Error::Unsupported("fused stem argument".into())),
-                })
-                .collect::<Result<Vec<u64>>>()?;
+            let place = |arg: Arg| match arg {
+                Arg::ScratchAt(0) => Some(buf),
+                Arg::Val(v) if v == y => Some(buf + xb as u64),
+                _ => None,
+            };
             // SAFETY: the kernel takes (blocks, pooled output, the stem's tables); the search
-            // buffer holds the blocks and the output, the tables were uploaded.
-            unsafe { self.function_ms(&f, &k, &args) }
+            // buffer holds the blocks and the output.
+            unsafe { self.tabled_kernel_ms(&gen, &k, place, "fused stem") }
         })
+    }
+
+    /// Milliseconds of generated kernel `k` of `gen` (compiled on its own, its tables
+    /// uploaded), warm: `Extra` arguments are the tables, the others where `place` puts them
+    /// (an error names `what` when it puts one nowhere).
+    ///
+    /// # Safety
+    /// `place` gives device buffers the kernel may read and write whole.
+    unsafe fn tabled_kernel_ms(
+        &self,
+        gen: &Gen,
+        k: &GenKernel,
+        place: impl Fn(Arg) -> Option<u64>,
+        what: &str,
+    ) -> Result<f32> {
+        let module = Module::compile(self.ctx, &gen.src)?;
+        let f = module.function(&k.name)?;
+        let tables = upload_tables(self.ctx, &gen.extras)?;
+        let args = k
+            .args
+            .iter()
+            .map(|&arg| match arg {
+                Arg::Extra(t) => tables
+                    .get(t)
+                    .map(|b| b.ptr())
+                    .ok_or_else(|| Error::Unsupported(format!("{what} table missing"))),
+                _ => place(arg).ok_or_else(|| Error::Unsupported(format!("{what} argument"))),
+            })
+            .collect::<Result<Vec<u64>>>()?;
+        // SAFETY: as the caller vouches; the tables were uploaded.
+        unsafe { self.function_ms(&f, k, &args) }
     }
 
     /// The fastest shape ([`B2B_SHAPES`]) of the back-to-back kernel of `p1` (input `x`) and
@@ -1421,35 +1440,23 @@ impl Builder<'_> {
         (y1, y2): (ValueId, ValueId),
         shape: B2bShape,
     ) -> Result<f32> {
-        let ctx = self.ctx;
         let mut g = Gen::new(false);
         let k = g.qb2b(Arg::Val(x), (y1, y2), (p1, p2), shape);
-        let module = Module::compile(ctx, &g.src)?;
-        let f = module.function(&k.name)?;
-        let tables = upload_tables(ctx, &g.extras)?;
         let (a, b) = (&p1.geom, &p2.geom);
         let px = a.n * a.h * a.w;
         let (xb, y1b, y2b) = (alit(px * a.cin), alit(px * a.cout), alit(px * b.cout));
         let buf = self.tmp(xb + 2 * y1b + y2b + 5 * ALIGNMENT)?.div_ceil(256) * 256;
         let z = p1.residual.map(|r| r.z);
-        let args = k
-            .args
-            .iter()
-            .map(|arg| match *arg {
-                Arg::Val(v) if v == x => Ok(buf),
-                Arg::Val(v) if v == y1 => Ok(buf + xb as u64),
-                Arg::Val(v) if v == y2 => Ok(buf + (xb + y1b) as u64),
-                Arg::Val(v) if Some(v) == z => Ok(buf + (xb + y1b + y2b) as u64),
-                Arg::Extra(t) => tables
-                    .get(t)
-                    .map(|b| b.ptr())
-                    .ok_or_else(|| Error::Unsupported("back-to-back table missing".into())),
-                _ => Err(Error::Unsupported("back-to-back argument".into())),
-            })
-            .collect::<Result<Vec<u64>>>()?;
+        let place = |arg: Arg| match arg {
+            Arg::Val(v) if v == x => Some(buf),
+            Arg::Val(v) if v == y1 => Some(buf + xb as u64),
+            Arg::Val(v) if v == y2 => Some(buf + (xb + y1b) as u64),
+            Arg::Val(v) if Some(v) == z => Some(buf + (xb + y1b + y2b) as u64),
+            _ => None,
+        };
         // SAFETY: the kernel takes (x, y1, p1's tables, y2, p2's tables[, residual]); the
-        // search buffer holds x, both outputs and the residual, the tables were uploaded.
-        unsafe { self.function_ms(&f, &k, &args) }
+        // search buffer holds x, both outputs and the residual.
+        unsafe { self.tabled_kernel_ms(&g, &k, place, "back-to-back") }
     }
 
     /// The steps of an int8 convolution: dense NHWC ones as the implicit GEMM or a signed
