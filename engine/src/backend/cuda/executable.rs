@@ -12,9 +12,10 @@ use cudarc::driver::{result as drv, sys, CudaContext, CudaEvent, CudaGraph, Cuda
 
 use super::codegen::{
     b2b_fits, b2b_smem, dequantize_pool_quantize_fits, halo_fits, igemm_fits, igemm_smem,
-    narrow_dequantize_fits, narrow_gemm_fits, quantize_transpose_fits, space_to_depth_bytes,
-    stem_pool_fits, stem_pool_smem, Arg, B2bShape, Gen, GenKernel, Im2col, LaunchDims, QConvParts,
-    StemPool, Tiling, B2B_SHAPES, HALO_TILINGS, TILINGS, WG_TILINGS,
+    narrow_dequantize_fits, narrow_gemm_fits, probe_variant, quantize_transpose_fits,
+    space_to_depth_bytes, stem_pool_fits, stem_pool_smem, Arg, B2bShape, Gen, GenKernel, Im2col,
+    LaunchDims, Probe, QConvParts, StemPool, Tiling, B2B_SHAPES, DEEP_HALO_TILINGS,
+    DEEP_WG_TILINGS, HALO_TILINGS, TILINGS, WG_TILINGS,
 };
 use super::device::{
     alloc_arena, drv_err, igemm_capable, programmatic_launch_capable, Arena, DeviceBuffer,
@@ -31,6 +32,9 @@ use crate::backend::{BackendContext, DeviceOutput, Executable};
 use crate::error::{Error, Result};
 use crate::ir::{Activation, DataType, Graph, Layout, Node, Op, Tensor, ValueId};
 use crate::plan::{self, MemoryPlan, ALIGNMENT};
+
+/// Launches of one kernel in the graph that [`Builder::graph_ms`] times.
+const GRAPH_REPS: usize = 16;
 
 /// Bytes of the arena's tail reserved for cuBLAS's workspace.
 const BLAS_WS: usize = 32 << 20;
@@ -443,6 +447,10 @@ struct Builder<'a> {
     /// latency with more blocks (`VIGIL_CUDA_RESIDENT`: off unless `1` measures them or
     /// `force` takes only those; on ResNet-50 they tied the others on the H200).
     resident: PathMode,
+    /// Whether the implicit GEMM also times deeper rings: wgmma tilings over 8 slots and halo
+    /// tilings over 6 (`VIGIL_CUDA_DEEP`: `0` never, `force` only those where they apply; on
+    /// ResNet-50 s8 at batch 32 the 8-slot ones won 3 of 18 geometries on the H200).
+    deep: PathMode,
     /// What a library (cuBLASLt) step is charged against an implicit GEMM beyond their own
     /// timings, in ms, where programmatic launch is on (`VIGIL_CUDA_LIB_STEP_US`, negative
     /// favours cuBLASLt; 0 without programmatic launch).
@@ -1850,6 +1858,24 @@ impl Builder<'_> {
             .collect()
     }
 
+    /// Deeper-ring tilings worth timing for `parts` (`VIGIL_CUDA_DEEP`): the wgmma ones,
+    /// and where it fits the halo kernel, the halo ones, block per tile and persistent.
+    fn deep_tilings(&self, parts: &QConvParts) -> Vec<Tiling> {
+        if self.deep == PathMode::Off || self.wgmma == PathMode::Off {
+            return Vec::new();
+        }
+        let mut out = DEEP_WG_TILINGS.to_vec();
+        if self.halo != PathMode::Off && halo_fits(parts) {
+            let fits = |t: &&Tiling| parts.geom.cout.is_multiple_of(t.bn());
+            for t in DEEP_HALO_TILINGS.iter().filter(fits) {
+                let per_sm = self.smem_blocks(igemm_smem(parts, t.persistent(1)));
+                out.push(*t);
+                out.push(t.persistent(self.sms * per_sm.unwrap_or(1).max(1)));
+            }
+        }
+        out
+    }
+
     /// Resident-block versions worth timing for `parts`: the 64×128 and 128×64 `mma.sync`
     /// tilings over 3-stage rings and the 128×64 wgmma one over 4 stages, each for 4 blocks
     /// per SM (at most 64 registers a thread: ptxas spills a few `mma.sync` ones, and rejects
@@ -1893,6 +1919,8 @@ impl Builder<'_> {
             .add_candidates(&mut tilings, self.split_tilings(parts));
         self.persist
             .add_candidates(&mut tilings, self.persistent_tilings(parts));
+        self.deep
+            .add_candidates(&mut tilings, self.deep_tilings(parts));
         let ws = self.ws_tilings(parts, &tilings);
         self.ws.add_candidates(&mut tilings, ws);
         self.halo
@@ -1900,7 +1928,7 @@ impl Builder<'_> {
         self.resident
             .add_candidates(&mut tilings, self.resident_tilings(parts));
         tilings.retain(|&t| igemm_smem(parts, t) <= self.smem_per_block);
-        let key = format!(
+        let mut key = format!(
             "{c:?} {} {:?} {:?} {:?} {:?} {:?} {:?} {:?}",
             parts.residual.is_some(),
             self.wgmma,
@@ -1911,6 +1939,10 @@ impl Builder<'_> {
             self.halo,
             self.resident
         );
+        if self.deep != PathMode::Off {
+            // Only then: with the knob off, timing caches written before it still hit.
+            key.push_str(&format!(" deep {:?}", self.deep));
+        }
         memoised(&CACHE, key.clone(), || {
             // The disk cache's choice, where it is one of this convolution's candidates.
             let disk = timing_cache::process_cache();
@@ -1971,6 +2003,9 @@ impl Builder<'_> {
                 }
             }
             let best = best.ok_or_else(|| Error::Unsupported("no implicit-GEMM tiling".into()))?;
+            if std::env::var("VIGIL_CUDA_WS_PROBE").is_ok_and(|v| v == "1") {
+                self.print_probes(parts, (x, y), best, buf, xb)?;
+            }
             if let Some(Err(e)) = disk
                 .and_then(|c| c.lock().ok())
                 .map(|mut c| c.record(&self.device_id, &key, best))
@@ -1979,6 +2014,100 @@ impl Builder<'_> {
             }
             Ok(best)
         })
+    }
+
+    /// `VIGIL_CUDA_WS_PROBE=1`: times `best`'s tiling of QConv `parts` (timed at `ms`) again
+    /// as each [`Probe`] variant, on the search buffer `buf` (x's `xb` bytes, then the output),
+    /// and prints a `WSPROBE` line to stderr: which side of the kernel bounds it. Diagnostics
+    /// only; the plan keeps the real kernel.
+    fn print_probes(
+        &mut self,
+        parts: &QConvParts,
+        (x, y): (ValueId, ValueId),
+        (t, ms): (Tiling, f32),
+        buf: u64,
+        xb: usize,
+    ) -> Result<()> {
+        if t.partials() || !t.wgmma {
+            return Ok(());
+        }
+        let mut g = Gen::new(false);
+        let k = g.qigemm(Arg::Val(x), y, parts, t);
+        let tables = upload_tables(self.ctx, &g.extras)?;
+        let mut args = vec![buf, buf + xb as u64];
+        args.extend(tables.iter().map(|b| b.ptr()));
+        if parts.residual.is_some() {
+            args.push(buf + xb as u64);
+        }
+        let mut line = format!("WSPROBE {:?} {t} full {:.4}", parts.geom, ms);
+        for p in Probe::ALL {
+            let Some(src) = probe_variant(&g.src, p) else {
+                return Ok(());
+            };
+            let module = Module::compile(self.ctx, &src)?;
+            let f = module.function(&k.name)?;
+            // SAFETY: the variant takes the real kernel's parameters, and `args` are those
+            // (x and output in the search buffer, the uploaded tables, the residual).
+            let pms = unsafe { self.function_ms(&f, &k, &args) }?;
+            // SAFETY: as above.
+            let gms = unsafe { self.graph_ms(&f, &k, &args) }?;
+            line.push_str(&format!(" {p:?} {pms:.4}/{gms:.4}"));
+        }
+        let module = Module::compile(self.ctx, &g.src)?;
+        let f = module.function(&k.name)?;
+        // SAFETY: the real kernel on its own arguments.
+        let gms = unsafe { self.graph_ms(&f, &k, &args) }?;
+        eprintln!("{line} graph {gms:.4}");
+        Ok(())
+    }
+
+    /// Milliseconds of one launch of `f` (the compiled kernel `k`) on `args` within a CUDA
+    /// graph of [`GRAPH_REPS`] launches back to back, as programmatic dependents where that
+    /// is on: without the host's launch cost between them, which [`Self::function_ms`]'s
+    /// separate launches pay (a kernel that returns at once measures 3.5–6 µs there on the
+    /// H200 host). For the probe only.
+    ///
+    /// # Safety
+    /// As for [`Self::kernel_ms`].
+    unsafe fn graph_ms(&self, f: &Function, k: &GenKernel, args: &[u64]) -> Result<f32> {
+        let d = launch_dims(k);
+        allow_smem(f, &d)?;
+        let s = self.stream;
+        let overlap = programmatic_launch_allowed();
+        let mut ptrs: Vec<*mut c_void> = args
+            .iter()
+            .map(|a| a as *const u64 as *mut c_void)
+            .collect();
+        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+        // SAFETY: a live stream, captured on this thread only.
+        unsafe { drv::stream::begin_capture(s, mode) }.map_err(drv_err("begin capture"))?;
+        let mut launched = Ok(());
+        for _ in 0..GRAPH_REPS {
+            // SAFETY: the caller vouches for `args`; the grid covers the kernel's items.
+            launched = unsafe { f.launch((d.grid, d.block, d.smem), s, &mut ptrs, overlap) };
+            if launched.is_err() {
+                break;
+            }
+        }
+        // SAFETY: ends the capture begun above (also after a failed launch).
+        let graph = unsafe { drv::stream::end_capture(s) }.map_err(drv_err("end capture"))?;
+        let timed = launched.and_then(|()| {
+            let flags = sys::CUgraphInstantiate_flags(0);
+            // SAFETY: the graph was just captured.
+            let exec = unsafe { drv::graph::instantiate(graph, flags) }
+                .map_err(drv_err("graph instantiate"))?;
+            // SAFETY: a live executable graph and stream.
+            let ms = time_warm(s, || {
+                // SAFETY: as above.
+                unsafe { drv::graph::launch(exec, s) }.map_err(drv_err("graph launch"))
+            });
+            // SAFETY: time_warm synchronised on its last event; destroyed once.
+            let _ = unsafe { drv::graph::exec_destroy(exec) };
+            ms
+        });
+        // SAFETY: destroyed once, after its executable.
+        let _ = unsafe { drv::graph::destroy(graph) };
+        Ok(timed? / GRAPH_REPS as f32)
     }
 
     /// Measured milliseconds of the space-to-depth copy of QConv `parts`' input for `s2d`
@@ -2343,6 +2472,7 @@ impl CudaExecutable {
             ws: PathMode::opt_in("VIGIL_CUDA_WS"),
             halo: PathMode::from_var("VIGIL_CUDA_HALO"),
             resident: PathMode::opt_in("VIGIL_CUDA_RESIDENT"),
+            deep: PathMode::from_var("VIGIL_CUDA_DEEP"),
             library_step_ms: library_step_ms(cc),
             b2b: PathMode::opt_in("VIGIL_CUDA_B2B"),
             stem_pool: PathMode::opt_in("VIGIL_CUDA_STEM_POOL"),

@@ -136,6 +136,9 @@ pub const HALO_TILINGS: [Tiling; 4] = [
     halo_tiling(4, 128, 4),
 ];
 
+/// Halo tilings over six slots instead of four, timed only with `VIGIL_CUDA_DEEP`.
+pub const DEEP_HALO_TILINGS: [Tiling; 2] = [halo_tiling(2, 64, 6), halo_tiling(4, 64, 6)];
+
 /// Most bytes of weights a persistent halo block keeps for all its tiles.
 const STAY_BYTES: usize = 80 << 10;
 
@@ -703,5 +706,27 @@ mod tests {
         assert_eq!(d.grid, (256, 1, 1));
         assert!(g.src.contains("load_taps(sa + 6400, c0);"));
         assert!(g.src.contains("setup(tt / 4, (tt % 4) * BN);"));
+    }
+
+    #[test]
+    fn six_slot_halo_rings_fit_resnet50s_3x3s_at_batch_32() {
+        // Hopper's 227 KiB a block: each of ResNet-50's stride-1 3x3 layers takes the deep
+        // halo tilings, per tile and persistent, with six slots in the ring.
+        for (hw, c) in [(56, 64), (28, 128), (14, 256), (7, 512)] {
+            let p = parts(32, hw, c, c);
+            for t in DEEP_HALO_TILINGS {
+                for t in [t, t.persistent(132)] {
+                    let plan = HaloPlan::new(&p, t);
+                    assert!(plan.smem <= 227 << 10, "{hw} {c} {t}: {}", plan.smem);
+                    let mut g = Gen::new(false);
+                    g.qhalo(Arg::ScratchAt(0), 1, &p, t);
+                    // Persistent blocks keep six slots; a block per tile cuts them to its K
+                    // steps (2 for 64 channels).
+                    let slots = if t.ctas > 0 { 6 } else { (c / 32).min(6) };
+                    assert_eq!(plan.t.stages, slots, "{hw} {c} {t}");
+                    assert!(g.src.contains(&format!("it % {slots}")), "{hw} {c} {t}");
+                }
+            }
+        }
     }
 }

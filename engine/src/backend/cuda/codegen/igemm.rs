@@ -260,6 +260,14 @@ pub const WG_TILINGS: [Tiling; 5] = [
     Tiling::wg(1, 256, 5),
 ];
 
+/// Deeper-ring versions of the workhorse wgmma tilings (8 slots instead of 5–6: two more K
+/// tiles in flight), timed only with `VIGIL_CUDA_DEEP`.
+pub const DEEP_WG_TILINGS: [Tiling; 3] = [
+    Tiling::wg(2, 128, 8),
+    Tiling::wg(2, 64, 8),
+    Tiling::wg(1, 128, 8),
+];
+
 /// Convolutions with at most this many K tiles fetch their residual with the first one.
 const PREFETCH_K_TILES: usize = 4;
 
@@ -1331,6 +1339,33 @@ pub(super) mod tests {
         assert_eq!(smem, 128 * 128 * 4 + 1024);
         assert!(smem > small.smem());
         assert_eq!(t.to_string(), "wg128x128/6 split-k 2 cluster");
+    }
+
+    #[test]
+    fn deep_wgmma_rings_keep_two_more_k_tiles_in_flight() {
+        let p = parts(64, 64, 128, false);
+        for (deep, base) in
+            DEEP_WG_TILINGS
+                .iter()
+                .zip([WG_TILINGS[1], WG_TILINGS[2], WG_TILINGS[3]])
+        {
+            assert_eq!((deep.bm(), deep.bn()), (base.bm(), base.bn()));
+            assert_eq!((deep.stages, base.stages), (8, 6));
+            assert_eq!(deep.ahead(), base.ahead() + 2);
+            let mut g = Gen::new(false);
+            let k = g.qigemm(Arg::Val(0), 1, &p, *deep);
+            // The loop waits for all but five groups and refills the slot six tiles ahead.
+            assert!(g.src.contains("cp.async.wait_group 5;"), "{deep}");
+            assert!(
+                g.src.contains("load((it + 6) % 8, kbeg + it + 6)"),
+                "{deep}"
+            );
+            assert_eq!(
+                k.launch.expect("tiled").smem as usize,
+                igemm_smem(&p, *deep)
+            );
+            assert!(igemm_smem(&p, *deep) <= 227 << 10, "{deep}");
+        }
     }
 
     #[test]
