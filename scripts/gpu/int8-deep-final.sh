@@ -1,9 +1,9 @@
 #!/bin/bash
-# Twentieth session, last call. Issue 5, on the final binary (deeper rings measured by default):
-# the probe (VIGIL_CUDA_WS_PROBE=1) with every variant also timed inside a CUDA graph, where the
-# host's launch cost between kernels is gone; ResNet-50 s8 at batch 32 against VIGIL_CUDA_DEEP=0
-# (the deep arm on the probe's timing cache, the other on its own); FP16; then the whole
-# cuda_backend suite in the call's remaining time.
+# Twentieth session, last call. Issue 5, with the deeper rings measured by default: the probe
+# (VIGIL_CUDA_WS_PROBE=1; in the session's run it also timed each variant inside a CUDA graph,
+# which failed on the builder's legacy stream and was taken out); ResNet-50 s8 at batch 32
+# against VIGIL_CUDA_DEEP=0 (the deep arm on the probe's timing cache, the other on its own);
+# FP16; then the whole cuda_backend suite in the call's remaining time.
 # run(command="bash scripts/gpu/int8-deep-final.sh", carry=[".gpu/s29", ".gpu/cuda", ".gpu/cuda3/eval"])
 set -o pipefail
 D=${D:-.gpu/s29}
