@@ -45,6 +45,17 @@ ab() {
   bench fp16 fp16 "/tmp/onnx/resnet50.onnx:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-$name.txt $on
   profile $OUT/cache-$name.txt $on
 }
+# `probe NAME [ENV...]`: ResNet-50 s8 at batch 32 built with VIGIL_CUDA_WS_PROBE=1 (each
+# convolution's chosen wgmma tiling timed again as the probe's variants) and ENV, on a fresh
+# timing cache $OUT/cache-NAME.txt; output $OUT/probe-NAME.txt.
+probe() {
+  local name=$1; shift
+  echo "=== probe $name ($SECONDS s)"
+  env "$@" VIGIL_CUDA_WS_PROBE=1 VIGIL_CUDA_TIMING_CACHE=$OUT/cache-$name.txt VIGIL_CUDA_PRECISIONS=int8 VIGIL_CUDA_BENCH="$S8:32" \
+    timeout 240 $T bench_listed_models --nocapture > $OUT/probe-$name.txt 2>&1; echo "rc $?"
+  grep -E "^BENCH|panicked" $OUT/probe-$name.txt | cut -c1-200
+  grep -c WSPROBE $OUT/probe-$name.txt
+}
 # `forced_exact ENV...`: ResNet-50 ($FORCED_MODEL, default s8) at batch $FORCED_BATCH (default
 # 2) against the CPU with the fusions off, the implicit GEMM forced and ENV (a path forced); the
 # outputs must be identical. Timing cache $OUT/cache-forced.txt, output $OUT/forced.txt.

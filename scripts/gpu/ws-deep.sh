@@ -8,14 +8,6 @@
 set -o pipefail
 D=${D:-.gpu/s29}
 . "$(dirname "$0")/int8-setup.sh"
-probe() {
-  local name=$1; shift
-  echo "=== probe $name ($SECONDS s)"
-  env "$@" VIGIL_CUDA_WS_PROBE=1 VIGIL_CUDA_TIMING_CACHE=$OUT/cache-$name.txt VIGIL_CUDA_PRECISIONS=int8 VIGIL_CUDA_BENCH="$S8:32" \
-    timeout 240 $T bench_listed_models --nocapture > $OUT/probe-$name.txt 2>&1; echo "rc $?"
-  grep -E "^BENCH|panicked" $OUT/probe-$name.txt | cut -c1-200
-  grep -c WSPROBE $OUT/probe-$name.txt
-}
 probe deep VIGIL_CUDA_DEEP=1
 probe deepforce VIGIL_CUDA_DEEP=force
 forced_exact VIGIL_CUDA_DEEP=force
