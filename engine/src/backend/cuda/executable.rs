@@ -446,7 +446,7 @@ struct Builder<'a> {
     resident: PathMode,
     /// Whether the implicit GEMM also times deeper rings: wgmma tilings over 8 slots and halo
     /// tilings over 6 (`VIGIL_CUDA_DEEP`: `0` never, `force` only those where they apply; on
-    /// ResNet-50 s8 at batch 32 the 8-slot ones won 3 of 18 geometries on the H200).
+    /// ResNet-50 s8 at batch 32 they won 5 of 24 geometries on the H200).
     deep: PathMode,
     /// What a library (cuBLASLt) step is charged against an implicit GEMM beyond their own
     /// timings, in ms, where programmatic launch is on (`VIGIL_CUDA_LIB_STEP_US`, negative
@@ -1838,12 +1838,10 @@ impl Builder<'_> {
         }
         let fits = |t: &&Tiling| parts.geom.cout.is_multiple_of(t.bn());
         let persistent = [HALO_TILINGS[0], HALO_TILINGS[2]];
-        let persistent = persistent.iter().filter(fits).map(|t| {
-            let by_smem = self.smem_blocks(igemm_smem(parts, t.persistent(1)));
-            let by_regs = 65536 / (80 * t.threads());
-            let per_sm = by_smem.unwrap_or(1).min(by_regs).max(1);
-            t.persistent(self.sms * per_sm)
-        });
+        let persistent = persistent
+            .iter()
+            .filter(fits)
+            .map(|t| self.persistent_halo(parts, *t));
         if self.persist == PathMode::Force {
             return persistent.collect();
         }
@@ -1853,6 +1851,15 @@ impl Builder<'_> {
             .copied()
             .chain(persistent)
             .collect()
+    }
+
+    /// Halo tiling `t` as persistent blocks for `parts`: as many as the SMs hold at once, by
+    /// shared memory and by registers (about 80 a thread).
+    fn persistent_halo(&self, parts: &QConvParts, t: Tiling) -> Tiling {
+        let by_smem = self.smem_blocks(igemm_smem(parts, t.persistent(1)));
+        let by_regs = 65536 / (80 * t.threads());
+        let per_sm = by_smem.unwrap_or(1).min(by_regs).max(1);
+        t.persistent(self.sms * per_sm)
     }
 
     /// Deeper-ring tilings worth timing for `parts` (`VIGIL_CUDA_DEEP`): the wgmma ones,
@@ -1865,9 +1872,7 @@ impl Builder<'_> {
         if self.halo != PathMode::Off && halo_fits(parts) {
             let fits = |t: &&Tiling| parts.geom.cout.is_multiple_of(t.bn());
             for t in DEEP_HALO_TILINGS.iter().filter(fits) {
-                let per_sm = self.smem_blocks(igemm_smem(parts, t.persistent(1)));
-                out.push(*t);
-                out.push(t.persistent(self.sms * per_sm.unwrap_or(1).max(1)));
+                out.extend([*t, self.persistent_halo(parts, *t)]);
             }
         }
         out
