@@ -285,6 +285,23 @@ fn upload_tables(ctx: &Arc<CudaContext>, tables: &[Vec<u8>]) -> Result<Vec<Devic
         .collect()
 }
 
+/// The arguments of implicit-GEMM tiling `t` of `parts` in a timing: x at the search buffer's
+/// start (`xb` bytes), the output (or partial sums) after it, the uploaded `tables`, and a
+/// residual (any int8 buffer of the output's size) where the kernel reads one.
+fn igemm_args(
+    parts: &QConvParts,
+    t: &Tiling,
+    (buf, xb): (u64, usize),
+    tables: &[DeviceBuffer],
+) -> Vec<u64> {
+    let mut args = vec![buf, buf + xb as u64];
+    args.extend(tables.iter().map(|b| b.ptr()));
+    if parts.residual.is_some() && !t.partials() {
+        args.push(buf + xb as u64);
+    }
+    args
+}
+
 /// A generated kernel's launch: its own for tiled kernels, else one thread per item in blocks
 /// of [`BLOCK`] (a grid beyond `u32` saturates; launching it fails).
 fn launch_dims(k: &GenKernel) -> LaunchDims {
@@ -1987,11 +2004,7 @@ impl Builder<'_> {
                 let f = module.function(&k.name)?;
                 // The kernel's tables are its three extras (weights, bias, multiplier).
                 let tables = upload_tables(ctx, &g.extras)?;
-                let mut args = vec![buf, buf + xb as u64];
-                args.extend(tables.iter().map(|b| b.ptr()));
-                if parts.residual.is_some() && !t.partials() {
-                    args.push(buf + xb as u64);
-                }
+                let args = igemm_args(parts, &t, (buf, xb), &tables);
                 // SAFETY: the kernel takes (x, y or partial sums, weights, bias,
                 // multiplier[, residual]): the search buffer holds x's bytes and the
                 // largest output, the tables were uploaded.
@@ -2039,21 +2052,16 @@ impl Builder<'_> {
         let mut g = Gen::new(false);
         let k = g.qigemm(Arg::Val(x), y, parts, t);
         let tables = upload_tables(self.ctx, &g.extras)?;
-        let mut args = vec![buf, buf + xb as u64];
-        args.extend(tables.iter().map(|b| b.ptr()));
-        if parts.residual.is_some() {
-            args.push(buf + xb as u64);
-        }
+        let args = igemm_args(parts, &t, (buf, xb), &tables);
         let mut line = format!("WSPROBE {:?} {t} full {:.4}", parts.geom, ms);
         for p in Probe::ALL {
             let Some(src) = probe_variant(&g.src, p) else {
-                return Ok(());
+                line.push_str(&format!(" {p:?} -"));
+                continue;
             };
-            let module = Module::compile(self.ctx, &src)?;
-            let f = module.function(&k.name)?;
             // SAFETY: the variant takes the real kernel's parameters, and `args` are those
             // (x and output in the search buffer, the uploaded tables, the residual).
-            let pms = unsafe { self.function_ms(&f, &k, &args) }?;
+            let pms = unsafe { self.source_ms(&src, &k, &args) }?;
             line.push_str(&format!(" {p:?} {pms:.4}"));
         }
         eprintln!("{line}");
@@ -2144,7 +2152,16 @@ impl Builder<'_> {
     /// # Safety
     /// `args` are `k`'s parameters in order: device buffers it may read and write whole.
     unsafe fn kernel_ms(&self, g: &Gen, k: &GenKernel, args: &[u64]) -> Result<f32> {
-        let module = Module::compile(self.ctx, &g.src)?;
+        // SAFETY: as the caller vouches.
+        unsafe { self.source_ms(&g.src, k, args) }
+    }
+
+    /// Milliseconds of kernel `k` compiled from module source `src`, warm, on `args`.
+    ///
+    /// # Safety
+    /// As for [`Self::kernel_ms`].
+    unsafe fn source_ms(&self, src: &str, k: &GenKernel, args: &[u64]) -> Result<f32> {
+        let module = Module::compile(self.ctx, src)?;
         let f = module.function(&k.name)?;
         // SAFETY: as the caller vouches.
         unsafe { self.function_ms(&f, k, args) }

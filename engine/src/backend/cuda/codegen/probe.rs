@@ -1,5 +1,5 @@
 //! Probe variants of a generated wgmma kernel, for finding what bounds it: the same source
-//! with its ring loads left out, with its wgmmas left out, or both. Timed next to the real
+//! with its ring loads, its wgmmas, both, its L2 reads, or its whole body left out. Timed next to the real
 //! kernel (`VIGIL_CUDA_WS_PROBE=1`), they split its time into the loads' side, the
 //! multiplies' side and what is left (launch, barriers, epilogue). Their outputs are wrong;
 //! they are only ever timed, never run in a plan.
