@@ -22,7 +22,7 @@ mod space_to_depth;
 mod stem_pool;
 pub use b2b::{b2b_fits, b2b_smem, B2bShape, B2B_SHAPES};
 pub use halo::{halo_fits, DEEP_HALO_TILINGS, HALO_TILINGS};
-pub use igemm::{igemm_fits, igemm_smem, Tiling, DEEP_WG_TILINGS, TILINGS, WG_TILINGS};
+pub use igemm::{igemm_fits, igemm_smem, tma_fits, Tiling, DEEP_WG_TILINGS, TILINGS, WG_TILINGS};
 pub use narrow_gemm::{narrow_dequantize_fits, narrow_gemm_fits};
 pub use probe::{probe_variant, Probe};
 pub use quant::QConvParts;
@@ -45,6 +45,23 @@ pub enum Arg {
     ScratchAt(usize),
     /// A byte offset into the context's f32 input/output area (fp16 mode).
     Io(usize),
+    /// A TMA tensor map made by code generation (index into [`Gen::maps`]), encoded per
+    /// context over its buffers and passed as a pointer to its 128 bytes in device memory.
+    Map(usize),
+}
+
+/// A 2-D tensor of bytes that TMA (`cp.async.bulk.tensor`, sm_90) copies tiles of: `rows`
+/// rows of `row_bytes` at `base`, in boxes of 64 bytes by `box_rows` rows stored with the
+/// 64-byte swizzle (the rings' XOR pattern); reads past the tensor fill zeros.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TensorMap2d {
+    /// The tensor's first byte.
+    pub base: Arg,
+    /// The node whose scratch slot a scratch `base` is in (set by the executable's builder).
+    pub node: usize,
+    pub rows: usize,
+    pub row_bytes: usize,
+    pub box_rows: usize,
 }
 
 /// Geometry of an NHWC im2col (see [`Gen::im2col_into_scratch`]).
@@ -97,6 +114,8 @@ pub struct LaunchDims {
 pub struct Gen {
     pub src: String,
     pub extras: Vec<Vec<u8>>,
+    /// The TMA tensor maps the kernels read ([`Arg::Map`]).
+    pub maps: Vec<TensorMap2d>,
     count: usize,
     /// Activations stored as half.
     fp16: bool,
@@ -513,6 +532,7 @@ impl Gen {
         Gen {
             src: format!("{PRELUDE}typedef {storage} F;\n"),
             extras: Vec::new(),
+            maps: Vec::new(),
             count: 0,
             fp16,
         }
@@ -537,6 +557,12 @@ impl Gen {
     pub fn extra(&mut self, bytes: Vec<u8>) -> Arg {
         self.extras.push(bytes);
         Arg::Extra(self.extras.len() - 1)
+    }
+
+    /// Adds a TMA tensor map; returns its argument.
+    pub fn map(&mut self, spec: TensorMap2d) -> Arg {
+        self.maps.push(spec);
+        Arg::Map(self.maps.len() - 1)
     }
 
     /// Emits one kernel with parameters `(arg, C type)` named p0, p1, ... over `n` threads.

@@ -12,6 +12,7 @@ use cudarc::driver::{result as drv, sys, CudaContext, CudaStream};
 use crate::memory::cuda::{CudaClock, DeviceRegion};
 use crate::memory::{Block, FixedPool, StreamClock, StreamId};
 
+use super::codegen::TensorMap2d;
 use crate::error::{Error, Result};
 
 static DEVICE_ALLOCS: AtomicUsize = AtomicUsize::new(0);
@@ -84,6 +85,73 @@ impl Drop for DeviceBuffer {
             DEVICE_FREES.fetch_add(1, Ordering::Relaxed);
         }
     }
+}
+
+/// Bytes of one encoded TMA tensor map (`CUtensorMap`).
+pub const TENSOR_MAP_BYTES: usize = std::mem::size_of::<sys::CUtensorMap>();
+
+/// Encodes `m` over the device address `base` (`cuTensorMapEncodeTiled`: unsigned bytes, 64-byte
+/// boxes of `m.box_rows` rows, 64-byte swizzle, zeros past the edges).
+pub fn encode_tensor_map(base: u64, m: &TensorMap2d) -> Result<sys::CUtensorMap> {
+    use sys::{
+        CUtensorMapDataType as Dt, CUtensorMapFloatOOBfill as Fill, CUtensorMapInterleave as Il,
+        CUtensorMapL2promotion as L2, CUtensorMapSwizzle as Sw,
+    };
+    let bad = |why: &str| Error::Unsupported(format!("TMA tensor map {m:?}: {why}"));
+    if !base.is_multiple_of(16) || !m.row_bytes.is_multiple_of(16) {
+        return Err(bad("address and row pitch must be multiples of 16 bytes"));
+    }
+    let box_rows = u32::try_from(m.box_rows)
+        .ok()
+        .filter(|r| (1..=256).contains(r))
+        .ok_or_else(|| bad("a box holds 1 to 256 rows"))?;
+    let dims = [m.row_bytes as u64, m.rows as u64];
+    let strides = [m.row_bytes as u64];
+    let boxes = [64u32, box_rows];
+    let elems = [1u32, 1];
+    // SAFETY: the map is plain data the call fills; the arrays hold `rank` (2) entries, and
+    // strides the rank minus one.
+    unsafe {
+        let mut map: sys::CUtensorMap = std::mem::zeroed();
+        sys::cuTensorMapEncodeTiled(
+            &mut map,
+            Dt::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+            2,
+            base as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            elems.as_ptr(),
+            Il::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            Sw::CU_TENSOR_MAP_SWIZZLE_64B,
+            L2::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+            Fill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+        .result()
+        .map_err(drv_err("TMA tensor map encoding"))?;
+        Ok(map)
+    }
+}
+
+/// Encodes each `(address, map)` ([`encode_tensor_map`]) and uploads them, in order,
+/// [`TENSOR_MAP_BYTES`] apart: what the kernels' [`Arg::Map`](super::codegen::Arg::Map)
+/// parameters point at. None for no maps.
+pub fn upload_tensor_maps(
+    ctx: &Arc<CudaContext>,
+    maps: &[(u64, TensorMap2d)],
+) -> Result<Option<DeviceBuffer>> {
+    if maps.is_empty() {
+        return Ok(None);
+    }
+    let mut bytes = Vec::with_capacity(maps.len() * TENSOR_MAP_BYTES);
+    for (base, m) in maps {
+        let map = encode_tensor_map(*base, m)?;
+        // SAFETY: the map is plain data of TENSOR_MAP_BYTES bytes.
+        bytes.extend_from_slice(unsafe {
+            std::slice::from_raw_parts((&map as *const sys::CUtensorMap).cast(), TENSOR_MAP_BYTES)
+        });
+    }
+    DeviceBuffer::upload(ctx, &bytes).map(Some)
 }
 
 /// The process-wide activation pool of one device: one [`DeviceRegion`] (a single cudaMalloc)

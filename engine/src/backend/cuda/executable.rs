@@ -13,13 +13,13 @@ use cudarc::driver::{result as drv, sys, CudaContext, CudaEvent, CudaGraph, Cuda
 use super::codegen::{
     b2b_fits, b2b_smem, dequantize_pool_quantize_fits, halo_fits, igemm_fits, igemm_smem,
     narrow_dequantize_fits, narrow_gemm_fits, probe_variant, quantize_transpose_fits,
-    space_to_depth_bytes, stem_pool_fits, stem_pool_smem, Arg, B2bShape, Gen, GenKernel, Im2col,
-    LaunchDims, Probe, QConvParts, StemPool, Tiling, B2B_SHAPES, DEEP_HALO_TILINGS,
-    DEEP_WG_TILINGS, HALO_TILINGS, TILINGS, WG_TILINGS,
+    space_to_depth_bytes, stem_pool_fits, stem_pool_smem, tma_fits, Arg, B2bShape, Gen, GenKernel,
+    Im2col, LaunchDims, Probe, QConvParts, StemPool, TensorMap2d, Tiling, B2B_SHAPES,
+    DEEP_HALO_TILINGS, DEEP_WG_TILINGS, HALO_TILINGS, TILINGS, WG_TILINGS,
 };
 use super::device::{
-    alloc_arena, drv_err, igemm_capable, programmatic_launch_capable, Arena, DeviceBuffer,
-    Function, Module, PinnedBuffer,
+    alloc_arena, drv_err, igemm_capable, programmatic_launch_capable, upload_tensor_maps, Arena,
+    DeviceBuffer, Function, Module, PinnedBuffer, TENSOR_MAP_BYTES,
 };
 use super::dnn::{
     blas_err, choose_algo, dnn_err, time_warm, AlgoChoice, BlasHandle, ConvDescs, ConvGeom,
@@ -32,6 +32,9 @@ use crate::backend::{BackendContext, DeviceOutput, Executable};
 use crate::error::{Error, Result};
 use crate::ir::{Activation, DataType, Graph, Layout, Node, Op, Tensor, ValueId};
 use crate::plan::{self, MemoryPlan, ALIGNMENT};
+
+/// Launches of one kernel in the graph that [`Builder::graph_ms`] times.
+const PROBE_GRAPH_REPS: usize = 16;
 
 /// Bytes of the arena's tail reserved for cuBLAS's workspace.
 const BLAS_WS: usize = 32 << 20;
@@ -140,6 +143,8 @@ pub struct CudaExecutable {
     functions: Vec<Function>,
     consts: HashMap<ValueId, DeviceBuffer>,
     extras: Vec<DeviceBuffer>,
+    /// The TMA tensor maps the kernels read, encoded per context over its arena.
+    maps: Vec<TensorMap2d>,
     steps: Vec<Step>,
     /// What each step is (node, op, conv algorithm), for `VIGIL_CUDA_PROFILE`.
     descs: Vec<String>,
@@ -300,6 +305,34 @@ fn igemm_args(
         args.push(buf + xb as u64);
     }
     args
+}
+
+/// Encodes and uploads the tensor maps of a kernel generated alone into `g` for a timing
+/// (its x at `x`, its tables `tables`), and appends their device addresses to `args`; the
+/// returned buffer must outlive the timing.
+fn timing_maps(
+    ctx: &Arc<CudaContext>,
+    g: &Gen,
+    x: u64,
+    tables: &[DeviceBuffer],
+    args: &mut Vec<u64>,
+) -> Result<Option<DeviceBuffer>> {
+    let based = g
+        .maps
+        .iter()
+        .map(|m| match m.base {
+            Arg::Extra(i) => tables
+                .get(i)
+                .map(|b| (b.ptr(), *m))
+                .ok_or_else(|| Error::InvalidModel("missing constant table".into())),
+            _ => Ok((x, *m)),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let maps = upload_tensor_maps(ctx, &based)?;
+    if let Some(b) = &maps {
+        args.extend((0..based.len()).map(|i| b.ptr() + (i * TENSOR_MAP_BYTES) as u64));
+    }
+    Ok(maps)
 }
 
 /// A generated kernel's launch: its own for tiled kernels, else one thread per item in blocks
@@ -465,6 +498,10 @@ struct Builder<'a> {
     /// tilings over 6 (`VIGIL_CUDA_DEEP`: `0` never, `force` only those where they apply; on
     /// ResNet-50 s8 at batch 32 they won 5 of 24 geometries on the H200).
     deep: PathMode,
+    /// Whether the implicit GEMM also times TMA-fed tilings for the 1x1 stride-1 convolutions
+    /// that fit ([`tma_fits`]): the wgmma tilings with one loader warp whose first lane copies
+    /// each slot's tiles by tensor map (`VIGIL_CUDA_TMA`: `0` never, `force` only those).
+    tma: PathMode,
     /// What a library (cuBLASLt) step is charged against an implicit GEMM beyond their own
     /// timings, in ms, where programmatic launch is on (`VIGIL_CUDA_LIB_STEP_US`, negative
     /// favours cuBLASLt; 0 without programmatic launch).
@@ -1750,7 +1787,12 @@ impl Builder<'_> {
             }
             None => Arg::Val(x),
         };
+        let maps = self.gen.maps.len();
         let k = self.gen.qigemm(xa, y, kp, t);
+        // A tensor map over the space-to-depth copy addresses this node's scratch.
+        for m in &mut self.gen.maps[maps..] {
+            m.node = idx;
+        }
         self.launch(idx, k);
         self.scratch[idx] = partials + s2d.map_or(0, |sp| alit(space_to_depth_bytes(sp)));
         if t.partials() {
@@ -1895,6 +1937,24 @@ impl Builder<'_> {
         out
     }
 
+    /// TMA-fed versions of the wgmma tilings (the deeper rings too, where those are timed)
+    /// worth timing for `parts` (`VIGIL_CUDA_TMA`): 1x1 stride-1 convolutions only.
+    fn tma_tilings(&self, parts: &QConvParts) -> Vec<Tiling> {
+        if self.tma == PathMode::Off || self.wgmma == PathMode::Off || !tma_fits(parts) {
+            return Vec::new();
+        }
+        let deep = if self.deep == PathMode::Off {
+            &[][..]
+        } else {
+            &DEEP_WG_TILINGS[..]
+        };
+        WG_TILINGS
+            .iter()
+            .chain(deep)
+            .map(|t| t.with_tma())
+            .collect()
+    }
+
     /// Resident-block versions worth timing for `parts`: the 64×128 and 128×64 `mma.sync`
     /// tilings over 3-stage rings and the 128×64 wgmma one over 4 stages, each for 4 blocks
     /// per SM (at most 64 registers a thread: ptxas spills a few `mma.sync` ones, and rejects
@@ -1946,6 +2006,8 @@ impl Builder<'_> {
             .add_candidates(&mut tilings, self.halo_tilings(parts));
         self.resident
             .add_candidates(&mut tilings, self.resident_tilings(parts));
+        self.tma
+            .add_candidates(&mut tilings, self.tma_tilings(parts));
         tilings.retain(|&t| igemm_smem(parts, t) <= self.smem_per_block);
         let mut key = format!(
             "{c:?} {} {:?} {:?} {:?} {:?} {:?} {:?} {:?}",
@@ -1961,6 +2023,9 @@ impl Builder<'_> {
         if self.deep != PathMode::Off {
             // Only then: with the knob off, timing caches written before it still hit.
             key.push_str(&format!(" deep {:?}", self.deep));
+        }
+        if self.tma != PathMode::Off && tma_fits(parts) {
+            key.push_str(&format!(" tma {:?}", self.tma));
         }
         memoised(&CACHE, key.clone(), || {
             // The disk cache's choice, where it is one of this convolution's candidates.
@@ -2004,10 +2069,12 @@ impl Builder<'_> {
                 let f = module.function(&k.name)?;
                 // The kernel's tables are its three extras (weights, bias, multiplier).
                 let tables = upload_tables(ctx, &g.extras)?;
-                let args = igemm_args(parts, &t, (buf, xb), &tables);
+                let mut args = igemm_args(parts, &t, (buf, xb), &tables);
+                let _maps = timing_maps(ctx, &g, buf, &tables, &mut args)?;
                 // SAFETY: the kernel takes (x, y or partial sums, weights, bias,
-                // multiplier[, residual]): the search buffer holds x's bytes and the
-                // largest output, the tables were uploaded.
+                // multiplier[, residual][, tensor maps of x and the weights]): the search
+                // buffer holds x's bytes and the largest output, the tables and maps were
+                // uploaded.
                 let mut ms = unsafe { self.function_ms(&f, &k, &args) }?;
                 if t.partials() {
                     let sums = (buf + xb as u64, t.splits);
@@ -2052,20 +2119,76 @@ impl Builder<'_> {
         let mut g = Gen::new(false);
         let k = g.qigemm(Arg::Val(x), y, parts, t);
         let tables = upload_tables(self.ctx, &g.extras)?;
-        let args = igemm_args(parts, &t, (buf, xb), &tables);
-        let mut line = format!("WSPROBE {:?} {t} full {:.4}", parts.geom, ms);
+        let mut args = igemm_args(parts, &t, (buf, xb), &tables);
+        let _maps = timing_maps(self.ctx, &g, buf, &tables, &mut args)?;
+        // SAFETY (both timings, each variant): it takes the real kernel's parameters, and
+        // `args` are those (x and output in the search buffer, the uploaded tables, the
+        // residual, the tensor maps).
+        let gms = unsafe { self.graph_ms(&Module::compile(self.ctx, &g.src)?, &k, &args) }?;
+        let mut line = format!("WSPROBE {:?} {t} full {:.4}/{gms:.4}", parts.geom, ms);
         for p in Probe::ALL {
             let Some(src) = probe_variant(&g.src, p) else {
                 line.push_str(&format!(" {p:?} -"));
                 continue;
             };
-            // SAFETY: the variant takes the real kernel's parameters, and `args` are those
-            // (x and output in the search buffer, the uploaded tables, the residual).
-            let pms = unsafe { self.source_ms(&src, &k, &args) }?;
-            line.push_str(&format!(" {p:?} {pms:.4}"));
+            let module = Module::compile(self.ctx, &src)?;
+            let pms = unsafe { self.function_ms(&module.function(&k.name)?, &k, &args) }?;
+            let gms = unsafe { self.graph_ms(&module, &k, &args) }?;
+            line.push_str(&format!(" {p:?} {pms:.4}/{gms:.4}"));
         }
         eprintln!("{line}");
         Ok(())
+    }
+
+    /// Milliseconds of one launch of kernel `k` of `module`, on `args`, within a CUDA
+    /// graph of [`PROBE_GRAPH_REPS`] launches back to back (as programmatic dependents where
+    /// that is on) on a stream of its own (the builder's legacy stream cannot be captured):
+    /// without the host's launch cost between them, which [`Self::function_ms`]'s separate
+    /// launches pay (a kernel that returns at once measured 3–6 µs there on the H200 host).
+    /// For the probe only.
+    ///
+    /// # Safety
+    /// As for [`Self::kernel_ms`].
+    unsafe fn graph_ms(&self, module: &Module, k: &GenKernel, args: &[u64]) -> Result<f32> {
+        let f = module.function(&k.name)?;
+        let d = launch_dims(k);
+        allow_smem(&f, &d)?;
+        let own = self.ctx.new_stream().map_err(drv_err("stream creation"))?;
+        let s = own.cu_stream();
+        let overlap = programmatic_launch_allowed();
+        let mut ptrs: Vec<*mut c_void> = args
+            .iter()
+            .map(|a| a as *const u64 as *mut c_void)
+            .collect();
+        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+        // SAFETY: a live stream of this thread's, captured on this thread only.
+        unsafe { drv::stream::begin_capture(s, mode) }.map_err(drv_err("begin capture"))?;
+        let mut launched = Ok(());
+        for _ in 0..PROBE_GRAPH_REPS {
+            // SAFETY: the caller vouches for `args`; the grid covers the kernel's items.
+            launched = unsafe { f.launch((d.grid, d.block, d.smem), s, &mut ptrs, overlap) };
+            if launched.is_err() {
+                break;
+            }
+        }
+        // SAFETY: ends the capture begun above (also after a failed launch).
+        let graph = unsafe { drv::stream::end_capture(s) }.map_err(drv_err("end capture"))?;
+        let timed = launched.and_then(|()| {
+            let flags = sys::CUgraphInstantiate_flags(0);
+            // SAFETY: the graph was just captured.
+            let exec = unsafe { drv::graph::instantiate(graph, flags) }
+                .map_err(drv_err("graph instantiate"))?;
+            let ms = time_warm(s, || {
+                // SAFETY: a live executable graph and stream.
+                unsafe { drv::graph::launch(exec, s) }.map_err(drv_err("graph launch"))
+            });
+            // SAFETY: time_warm synchronised on its last event; destroyed once.
+            let _ = unsafe { drv::graph::exec_destroy(exec) };
+            ms
+        });
+        // SAFETY: destroyed once, after its executable.
+        let _ = unsafe { drv::graph::destroy(graph) };
+        Ok(timed? / PROBE_GRAPH_REPS as f32)
     }
 
     /// Measured milliseconds of the space-to-depth copy of QConv `parts`' input for `s2d`
@@ -2440,6 +2563,7 @@ impl CudaExecutable {
             halo: PathMode::from_var("VIGIL_CUDA_HALO"),
             resident: PathMode::opt_in("VIGIL_CUDA_RESIDENT"),
             deep: PathMode::from_var("VIGIL_CUDA_DEEP"),
+            tma: PathMode::from_var("VIGIL_CUDA_TMA"),
             library_step_ms: library_step_ms(cc),
             b2b: PathMode::opt_in("VIGIL_CUDA_B2B"),
             stem_pool: PathMode::opt_in("VIGIL_CUDA_STEM_POOL"),
@@ -2504,6 +2628,7 @@ impl CudaExecutable {
             })
             .collect::<Result<Vec<_>>>()?;
         let extras = upload_tables(&ctx, &b.gen.extras)?;
+        let maps = b.gen.maps.clone();
         let Builder {
             steps,
             consts,
@@ -2522,6 +2647,7 @@ impl CudaExecutable {
             functions,
             consts,
             extras,
+            maps,
             steps,
             descs,
             programmatic: cc.is_some_and(programmatic_launch_capable),
@@ -2625,6 +2751,8 @@ struct CudaRun {
     exe: Arc<CudaExecutable>,
     stream: Arc<CudaStream>,
     arena: Arena,
+    /// The kernels' TMA tensor maps over this context's arena ([`Arg::Map`]).
+    _maps: Option<DeviceBuffer>,
     dnn: DnnHandle,
     blas: BlasHandle,
     lt: LtHandle,
@@ -2684,7 +2812,7 @@ impl CudaRun {
                     Error::InvalidModel(format!("value '{}' has no arena slot", g.values[v].name))
                 })
         };
-        let resolve = |a: Arg, node: usize| -> Result<u64> {
+        let resolve_base = |a: Arg, node: usize| -> Result<u64> {
             match a {
                 Arg::Val(v) => match exe.consts.get(&v) {
                     Some(b) => Ok(b.ptr()),
@@ -2702,6 +2830,22 @@ impl CudaRun {
                     .map(|s| base + (s.offset + off) as u64)
                     .ok_or_else(|| Error::InvalidModel("missing scratch slot".into())),
                 Arg::Io(off) => Ok(base + (io_base + off) as u64),
+                Arg::Map(_) => Err(Error::InvalidModel("a tensor map over a tensor map".into())),
+            }
+        };
+        // The TMA tensor maps over this context's buffers.
+        let based = exe
+            .maps
+            .iter()
+            .map(|m| Ok((resolve_base(m.base, m.node)?, *m)))
+            .collect::<Result<Vec<_>>>()?;
+        let maps = upload_tensor_maps(ctx, &based)?;
+        let maps_at = maps.as_ref().map_or(0, DeviceBuffer::ptr);
+        let resolve = |a: Arg, node: usize| -> Result<u64> {
+            match a {
+                Arg::Map(k) if k < based.len() => Ok(maps_at + (k * TENSOR_MAP_BYTES) as u64),
+                Arg::Map(_) => Err(Error::InvalidModel("missing tensor map".into())),
+                _ => resolve_base(a, node),
             }
         };
         let mut ins = Vec::new();
@@ -2792,6 +2936,7 @@ impl CudaRun {
             exe,
             stream,
             arena,
+            _maps: maps,
             dnn,
             blas,
             lt,

@@ -34,10 +34,10 @@ pub struct TimingCache {
     current: bool,
 }
 
-/// The tiling as the cache stores it: twelve space-separated integers.
+/// The tiling as the cache stores it: thirteen space-separated integers.
 fn tiling_fields(t: &Tiling) -> String {
     format!(
-        "{} {} {} {} {} {} {} {} {} {} {} {}",
+        "{} {} {} {} {} {} {} {} {} {} {} {} {}",
         t.warps_m,
         t.warps_n,
         t.wm,
@@ -49,23 +49,25 @@ fn tiling_fields(t: &Tiling) -> String {
         u8::from(t.cluster),
         t.loaders,
         u8::from(t.halo),
-        t.min_blocks
+        t.min_blocks,
+        u8::from(t.tma)
     )
 }
 
-/// Parses [`tiling_fields`]' form, the eleven fields written before [`Tiling::min_blocks`]
-/// (none), or the nine written before warp-specialized and halo tilings (neither); None for
-/// anything else.
+/// Parses [`tiling_fields`]' form, the twelve fields written before [`Tiling::tma`] (not TMA),
+/// the eleven written before [`Tiling::min_blocks`] (none), or the nine written before
+/// warp-specialized and halo tilings (neither); None for anything else.
 fn parse_tiling(s: &str) -> Option<Tiling> {
     let v: Vec<usize> = s
         .split(' ')
         .map(str::parse)
         .collect::<Result<_, _>>()
         .ok()?;
-    let (nine, loaders, halo, min_blocks) = match v.len() {
-        9 => (&v[..], 0, 0, 0),
-        11 => (&v[..9], v[9], v[10], 0),
-        12 => (&v[..9], v[9], v[10], v[11]),
+    let (nine, loaders, halo, min_blocks, tma) = match v.len() {
+        9 => (&v[..], 0, 0, 0, 0),
+        11 => (&v[..9], v[9], v[10], 0, 0),
+        12 => (&v[..9], v[9], v[10], v[11], 0),
+        13 => (&v[..9], v[9], v[10], v[11], v[12]),
         _ => return None,
     };
     let [warps_m, warps_n, wm, wn, stages, wgmma, splits, ctas, cluster] = nine[..] else {
@@ -89,6 +91,7 @@ fn parse_tiling(s: &str) -> Option<Tiling> {
         loaders,
         halo: flag(halo)?,
         min_blocks,
+        tma: flag(tma)?,
     })
 }
 
@@ -196,6 +199,9 @@ mod tests {
         let resident = TILINGS[1].resident(6);
         c.record("H200 cc9.0", "conv f", (resident, 0.05))
             .expect("write");
+        let tma = WG_TILINGS[1].with_tma();
+        c.record("H200 cc9.0", "conv g", (tma, 0.06))
+            .expect("write");
         let again = TimingCache::open(&path);
         assert_eq!(again.get("H200 cc9.0", "conv a"), Some((split, 0.0102)));
         assert_eq!(again.get("H200 cc9.0", "conv\tb"), Some((TILINGS[2], 0.5)));
@@ -214,6 +220,8 @@ mod tests {
         );
         assert_eq!(again.get("H200 cc9.0", "conv f"), Some((resident, 0.05)));
         assert_ne!(resident, TILINGS[1]);
+        assert_eq!(again.get("H200 cc9.0", "conv g"), Some((tma, 0.06)));
+        assert_ne!(tma, WG_TILINGS[1].warp_specialized(1));
         let _ = std::fs::remove_file(&path);
     }
 
@@ -227,9 +235,12 @@ mod tests {
         let nine = fields.split(' ').take(9).collect::<Vec<_>>().join(" ");
         let halo = tiling_fields(&HALO_TILINGS[1]);
         let eleven = halo.split(' ').take(11).collect::<Vec<_>>().join(" ");
+        // And from before TMA tilings (twelve fields, read as not one).
+        let resident = tiling_fields(&TILINGS[2].resident(3));
+        let twelve = resident.split(' ').take(12).collect::<Vec<_>>().join(" ");
         let body = format!(
             "dev\tshort\t1 2 3\t0.1\ndev\tbad\t{}\tfast\ndev\tnine\t{nine}\t0.5\n\
-             dev\televen\t{eleven}\t0.6\n{good}\n",
+             dev\televen\t{eleven}\t0.6\ndev\ttwelve\t{twelve}\t0.7\n{good}\n",
             tiling_fields(&TILINGS[1])
         );
         std::fs::write(&path, format!("{}\n{body}", header())).expect("write");
@@ -239,6 +250,7 @@ mod tests {
         assert!(c.get("dev", "bad").is_none());
         assert_eq!(c.get("dev", "nine"), Some((WG_TILINGS[2], 0.5)));
         assert_eq!(c.get("dev", "eleven"), Some((HALO_TILINGS[1], 0.6)));
+        assert_eq!(c.get("dev", "twelve"), Some((TILINGS[2].resident(3), 0.7)));
         // Another version's file: nothing is read, and the first record starts it afresh.
         std::fs::write(&path, format!("vigil-cuda-timing-cache 0 old\n{good}\n")).expect("write");
         let mut c = TimingCache::open(&path);

@@ -18,7 +18,7 @@
 use std::fmt::Write as _;
 
 use super::quant::{i32_bytes, requant_saturating, requant_value, QConvParts};
-use super::{f32_bytes, Arg, Gen, GenKernel, LaunchDims};
+use super::{f32_bytes, Arg, Gen, GenKernel, LaunchDims, TensorMap2d};
 use crate::ir::ValueId;
 
 /// A block's shape: `warps_m × warps_n` warps, each computing `wm` 16-row by `wn` 8-column
@@ -51,6 +51,10 @@ pub struct Tiling {
     /// Blocks per SM the kernel is compiled for (`__launch_bounds__`' second argument, which
     /// caps registers so they fit; 0: the compiler's choice).
     pub min_blocks: usize,
+    /// The ring is filled by TMA (a warp-specialized tiling with one loader warp, whose first
+    /// lane copies each slot's A and B tiles with two `cp.async.bulk.tensor`s); 1x1 stride-1
+    /// convolutions only ([`tma_fits`]).
+    pub tma: bool,
 }
 
 impl Tiling {
@@ -138,6 +142,7 @@ impl Tiling {
             loaders: 0,
             halo: false,
             min_blocks: 0,
+            tma: false,
         }
     }
     /// A wgmma tiling: `groups` warpgroups along M, each `m64 × bn`, over `stages` stages.
@@ -155,6 +160,15 @@ impl Tiling {
             loaders: 0,
             halo: false,
             min_blocks: 0,
+            tma: false,
+        }
+    }
+    /// This wgmma tiling fed by TMA (see [`Tiling::tma`]): one loader warp.
+    pub fn with_tma(self) -> Tiling {
+        Tiling {
+            loaders: 1,
+            tma: true,
+            ..self
         }
     }
     /// This tiling with K split `s` ways.
@@ -229,7 +243,9 @@ impl std::fmt::Display for Tiling {
         if self.ctas > 0 {
             write!(f, " persistent {}", self.ctas)?;
         }
-        if self.loaders > 0 && !self.halo {
+        if self.tma {
+            write!(f, " tma")?;
+        } else if self.loaders > 0 && !self.halo {
             write!(f, " ws{}", self.loaders)?;
         }
         if self.min_blocks > 0 {
@@ -284,6 +300,18 @@ pub fn igemm_fits(p: &QConvParts) -> bool {
         && !big(c.n * c.h * c.w * c.cin)
         && !big(m * c.cout)
         && !big(c.cout * k.next_multiple_of(64))
+}
+
+/// Whether `p` can take a TMA tiling ([`Tiling::tma`]): a 1x1, stride-1, unpadded convolution
+/// over signed inputs with channels a multiple of 16, so its A operand is the plain matrix of
+/// input pixels by channels (and B the padded weight rows) that 2-D tensor maps tile.
+pub fn tma_fits(p: &QConvParts) -> bool {
+    let c = &p.geom;
+    igemm_fits(p)
+        && !gathers(p)
+        && (c.kh, c.kw, c.sh, c.sw, c.pt, c.pl) == (1, 1, 1, 1, 0, 0)
+        && (c.oh, c.ow) == (c.h, c.w)
+        && p.c4 == c.cin
 }
 
 /// Whether `p`'s input rows are gathered byte by byte instead of copied in 16-byte pieces.
@@ -411,7 +439,8 @@ pub(super) fn ws_barriers(t: Tiling, at: usize) -> String {
   __syncthreads();
 "#,
         st = t.stages,
-        full = 2 * t.load_threads(),
+        // TMA: the first loader lane arrives once, and the copies' bytes complete the phase.
+        full = if t.tma { 1 } else { 2 * t.load_threads() },
         empty = t.math_threads() / 32,
     )
 }
@@ -421,6 +450,15 @@ pub(super) fn ws_barriers(t: Tiling, at: usize) -> String {
 /// round on), fills it with `load(slot, k)` and signals the slot's "full" barrier once its
 /// copies have landed.
 fn ws_fill(t: Tiling, k: &str) -> String {
+    if t.tma {
+        return format!(
+            r#"      const int s = it % {st};
+      if (it >= {st}) bar_wait(bar0 + ({st} + s) * 8, ((it / {st}) - 1) & 1);
+      if (lane == 0) tma_load(s, {k});
+"#,
+            st = t.stages,
+        );
+    }
     format!(
         r#"      const int s = it % {st};
       if (it >= {st}) bar_wait(bar0 + ({st} + s) * 8, ((it / {st}) - 1) & 1);
@@ -429,6 +467,30 @@ fn ws_fill(t: Tiling, k: &str) -> String {
       asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" :: "r"(bar0 + s * 8) : "memory");
 "#,
         st = t.stages,
+    )
+}
+
+/// A TMA tiling's `tma_load(slot, k)`: one thread announces the slot's bytes on its "full"
+/// mbarrier and copies the A tile at (pixel `lm0`, K tile `k`) and the B tile at (channel
+/// `ln0`, `k`) through the tensor maps `p{a}` and `p{b}`; the copies complete the phase. Needs
+/// `bar0` ([`ws_barriers`]).
+fn tma_loader(t: Tiling, (a, b): (usize, usize)) -> String {
+    let copy = |dst: &str, map: usize, row: &str| {
+        format!(
+            r#"    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {{%2, %3}}], [%4];"
+                 :: "r"({dst}), "l"(p{map}), "r"(kt * 64), "r"({row}), "r"(fb) : "memory");
+"#
+        )
+    };
+    format!(
+        r#"  auto tma_load = [&](int stage, int kt) {{
+    const unsigned int sa = sbase + stage * {slot}, fb = bar0 + stage * 8;
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(fb), "r"({slot}) : "memory");
+{ca}{cb}  }};
+"#,
+        slot = t.stage_bytes(),
+        ca = copy("sa", a, "lm0"),
+        cb = copy(&format!("sa + {} * 64", t.bm()), b, "ln0"),
     )
 }
 
@@ -708,9 +770,10 @@ impl SmemPlan {
         let c = &p.geom;
         let kt = (c.kh * c.kw * p.c4).div_ceil(64);
         let mut t = t.for_k_tiles(kt.div_ceil(t.splits));
-        // Persistent blocks and cluster splits keep the block-barrier loop.
+        // Persistent blocks and cluster splits keep the block-barrier loop (and cp.async).
         if !t.wgmma || t.ctas > 0 || t.cluster {
             t.loaders = 0;
+            t.tma = false;
         }
         let persist = t.ctas > 0 && t.splits == 1;
         let prefetch = p.residual.is_some() && t.splits == 1 && (persist || kt <= PREFETCH_K_TILES);
@@ -813,6 +876,28 @@ impl Gen {
         if let Some(r) = p.residual.as_ref().filter(|_| !partials) {
             params.push((Arg::Val(r.z), "const u8"));
         }
+        // TMA tilings read x and the weight rows through two tensor maps, the last parameters.
+        let tma = if t.tma {
+            let ia = params.len();
+            let a = self.map(TensorMap2d {
+                base: x,
+                node: 0,
+                rows: m,
+                row_bytes: c.cin,
+                box_rows: t.bm(),
+            });
+            let b = self.map(TensorMap2d {
+                base: params[2].0,
+                node: 0,
+                rows: n,
+                row_bytes: kp,
+                box_rows: t.bn(),
+            });
+            params.extend([(a, "const u8"), (b, "const u8")]);
+            tma_loader(t, (ia, ia + 1))
+        } else {
+            String::new()
+        };
         let name = self.next_name();
         let plist = Self::param_list(&params);
         let pad_word = u32::from(p.pad_s as i8 as u8) * 0x0101_0101;
@@ -1120,7 +1205,7 @@ extern "C" __global__ void __launch_bounds__({bounds}){cluster_dims} {name}({pli
       }}
     }}
   }};
-{zfetch}{barriers}{body}}}
+{zfetch}{barriers}{tma}{body}}}
 "#,
             th4 = lth / 4,
             lt0 = th - lth,
@@ -1428,6 +1513,68 @@ pub(super) mod tests {
         let k = g.qigemm(Arg::Val(0), 1, &p, t.persistent(9));
         assert_eq!(k.launch.expect("tiled launch").block, 256);
         assert!(!g.src.contains("bar0"));
+    }
+
+    #[test]
+    fn tma_tilings_copy_each_slot_by_tensor_map_from_one_lane() {
+        // A 1x1 convolution over 256 channels (4 K tiles) with a residual.
+        let mut p = parts(256, 256, 128, false);
+        (p.geom.kh, p.geom.kw, p.geom.pt, p.geom.pl) = (1, 1, 0, 0);
+        p.residual = residual();
+        assert!(tma_fits(&p));
+        let t = WG_TILINGS[1].with_tma();
+        assert_eq!(t.to_string(), "wg128x128/6 tma");
+        let mut g = Gen::new(false);
+        let k = g.qigemm(Arg::Val(0), 1, &p, t);
+        // One loader warp after the 256 math threads.
+        assert_eq!(k.launch.expect("tiled launch").block, 288);
+        // Two maps: x as 2 x 9 x 7 pixels by 256 bytes in 128-row boxes, the weight rows
+        // (128 of 256 bytes) in 128-row boxes; passed after the residual as p6 and p7.
+        let (x, w) = (g.maps[0], g.maps[1]);
+        assert_eq!(
+            (x.base, x.rows, x.row_bytes, x.box_rows),
+            (Arg::Val(0), 126, 256, 128)
+        );
+        assert_eq!(
+            (w.base, w.rows, w.row_bytes, w.box_rows),
+            (k.args[2], 128, 256, 128)
+        );
+        assert_eq!(&k.args[6..], &[Arg::Map(0), Arg::Map(1)]);
+        // The first lane announces the slot's 16 KiB, then copies A and B into it.
+        assert!(g.src.contains("if (lane == 0) tma_load(s, kbeg + it);"));
+        assert!(g.src.contains(r#""r"(fb), "r"(16384) : "memory");"#));
+        assert!(g
+            .src
+            .contains(r#""r"(sa), "l"(p6), "r"(kt * 64), "r"(lm0), "r"(fb)"#));
+        assert!(g
+            .src
+            .contains(r#""r"(sa + 128 * 64), "l"(p7), "r"(kt * 64), "r"(ln0), "r"(fb)"#));
+        // Its "full" barriers wait for one arrival (and the bytes); no cp.async fills the ring.
+        assert!(g.src.contains(r#""r"(bar0 + s * 8), "r"(1));"#));
+        assert!(!g.src.contains("cp.async.mbarrier.arrive"));
+        // What does not fit: a 3x3, a strided 1x1, u8 inputs (flipped), 8-channel inputs.
+        let one_by_one = |cin: usize, c4: usize, flip: bool| {
+            let mut p = parts(cin, c4, 128, false);
+            (p.geom.kh, p.geom.kw, p.geom.pt, p.geom.pl) = (1, 1, 0, 0);
+            p.flip = flip;
+            p
+        };
+        assert!(tma_fits(&one_by_one(64, 64, false)));
+        assert!(!tma_fits(&parts(256, 256, 128, false)));
+        let mut strided = one_by_one(256, 256, false);
+        (
+            strided.geom.sh,
+            strided.geom.sw,
+            strided.geom.oh,
+            strided.geom.ow,
+        ) = (2, 2, 5, 4);
+        assert!(!tma_fits(&strided));
+        assert!(!tma_fits(&one_by_one(256, 256, true)));
+        assert!(!tma_fits(&one_by_one(8, 16, false)));
+        // Persistent blocks keep cp.async.
+        let mut g = Gen::new(false);
+        g.qigemm(Arg::Val(0), 1, &p, t.persistent(9));
+        assert!(g.maps.is_empty() && !g.src.contains("tma_load"));
     }
 
     #[test]
