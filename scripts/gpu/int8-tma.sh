@@ -9,6 +9,8 @@ set -o pipefail
 D=${D:-.gpu/s30}
 . "$(dirname "$0")/int8-setup.sh"
 forced_exact VIGIL_CUDA_TMA=force
+# A TMA kernel that is wrong or hangs makes the rest meaningless: stop and keep the device time.
+grep -q "test result: ok" $OUT/forced.txt || { finish; exit 1; }
 for r in 1 2; do
   bench tma-r$r int8 "$S8:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-tma.txt
   bench notma-r$r int8 "$S8:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-notma.txt VIGIL_CUDA_TMA=0
