@@ -500,7 +500,8 @@ struct Builder<'a> {
     deep: PathMode,
     /// Whether the implicit GEMM also times TMA-fed tilings for the 1x1 stride-1 convolutions
     /// that fit ([`tma_fits`]): the wgmma tilings with one loader warp whose first lane copies
-    /// each slot's tiles by tensor map (`VIGIL_CUDA_TMA`: `0` never, `force` only those).
+    /// each slot's tiles by tensor map (`VIGIL_CUDA_TMA`: off unless `1` measures them or
+    /// `force` takes only those).
     tma: PathMode,
     /// What a library (cuBLASLt) step is charged against an implicit GEMM beyond their own
     /// timings, in ms, where programmatic launch is on (`VIGIL_CUDA_LIB_STEP_US`, negative
@@ -2563,7 +2564,7 @@ impl CudaExecutable {
             halo: PathMode::from_var("VIGIL_CUDA_HALO"),
             resident: PathMode::opt_in("VIGIL_CUDA_RESIDENT"),
             deep: PathMode::from_var("VIGIL_CUDA_DEEP"),
-            tma: PathMode::from_var("VIGIL_CUDA_TMA"),
+            tma: PathMode::opt_in("VIGIL_CUDA_TMA"),
             library_step_ms: library_step_ms(cc),
             b2b: PathMode::opt_in("VIGIL_CUDA_B2B"),
             stem_pool: PathMode::opt_in("VIGIL_CUDA_STEM_POOL"),
