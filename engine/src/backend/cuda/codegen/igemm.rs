@@ -454,7 +454,10 @@ fn ws_fill(t: Tiling, k: &str) -> String {
         return format!(
             r#"      const int s = it % {st};
       if (it >= {st}) bar_wait(bar0 + ({st} + s) * 8, ((it / {st}) - 1) & 1);
-      if (lane == 0) tma_load(s, {k});
+      if (lane == 0) {{
+        if (it < {st}) tma_load_a(s, {k});
+        else tma_load(s, {k});
+      }}
 "#,
             st = t.stages,
         );
@@ -470,10 +473,13 @@ fn ws_fill(t: Tiling, k: &str) -> String {
     )
 }
 
-/// A TMA tiling's `tma_load(slot, k)`: one thread announces the slot's bytes on its "full"
-/// mbarrier and copies the A tile at (pixel `lm0`, K tile `k`) and the B tile at (channel
-/// `ln0`, `k`) through the tensor maps `p{a}` and `p{b}`; the copies complete the phase. Needs
-/// `bar0` ([`ws_barriers`]).
+/// A TMA tiling's loads, by one thread: `tma_load(slot, k)` announces the slot's bytes on its
+/// "full" mbarrier and copies the A tile at (pixel `lm0`, K tile `k`) and the B tile at
+/// (channel `ln0`, `k`) through the tensor maps `p{a}` and `p{b}`; the copies complete the
+/// phase. `tma_early()` runs before the kernel waits for its predecessor: it prefetches both
+/// maps and, for the ring's first round, announces each slot and copies its B tile (weights
+/// are constants, so they load while the previous kernel finishes), leaving `tma_load_a`
+/// to copy those slots' A tiles after the wait. Needs `bar0` ([`ws_barriers`]).
 fn tma_loader(t: Tiling, (a, b): (usize, usize)) -> String {
     let copy = |dst: &str, map: usize, row: &str| {
         format!(
@@ -482,15 +488,34 @@ fn tma_loader(t: Tiling, (a, b): (usize, usize)) -> String {
 "#
         )
     };
+    let announce = format!(
+        r#"    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(fb), "r"({}) : "memory");
+"#,
+        t.stage_bytes()
+    );
+    let slot = format!(
+        "    const unsigned int sa = sbase + stage * {}, fb = bar0 + stage * 8;
+",
+        t.stage_bytes()
+    );
+    let (ca, cb) = (
+        copy("sa", a, "lm0"),
+        copy(&format!("sa + {} * 64", t.bm()), b, "ln0"),
+    );
     format!(
         r#"  auto tma_load = [&](int stage, int kt) {{
-    const unsigned int sa = sbase + stage * {slot}, fb = bar0 + stage * 8;
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(fb), "r"({slot}) : "memory");
-{ca}{cb}  }};
+{slot}{announce}{ca}{cb}  }};
+  auto tma_load_a = [&](int stage, int kt) {{
+{slot}{ca}  }};
+  auto tma_early = [&](int kbeg, int kcnt) {{
+    asm volatile("prefetch.tensormap [%0];" :: "l"(p{a}) : "memory");
+    asm volatile("prefetch.tensormap [%0];" :: "l"(p{b}) : "memory");
+    for (int stage = 0; stage < {st} && stage < kcnt; ++stage) {{
+      const int kt = kbeg + stage;
+{slot}{announce}{cb}    }}
+  }};
 "#,
-        slot = t.stage_bytes(),
-        ca = copy("sa", a, "lm0"),
-        cb = copy(&format!("sa + {} * 64", t.bm()), b, "ln0"),
+        st = t.stages,
     )
 }
 
@@ -1146,11 +1171,19 @@ impl Gen {
             format!(
                 r#"  setup(blockIdx.x * {bm}, blockIdx.y * {bn});
   {krange}
-  GRID_SYNC();
+  {early}GRID_SYNC();
   {fetch0}
 {prologue}  const int m0 = lm0, n0 = ln0;
 {tile_body}{reduce}{epilogue}"#,
                 fetch0 = fetch(""),
+                early = if t.tma {
+                    format!(
+                        "if (warp == {} && lane == 0) tma_early(kbeg, kcnt);\n  ",
+                        t.math_threads() / 32
+                    )
+                } else {
+                    String::new()
+                },
                 reduce = if t.cluster {
                     cluster_sum(t)
                 } else {
@@ -1541,7 +1574,15 @@ pub(super) mod tests {
         );
         assert_eq!(&k.args[6..], &[Arg::Map(0), Arg::Map(1)]);
         // The first lane announces the slot's 16 KiB, then copies A and B into it.
-        assert!(g.src.contains("if (lane == 0) tma_load(s, kbeg + it);"));
+        assert!(g.src.contains("if (it < 6) tma_load_a(s, kbeg + it);"));
+        assert!(g.src.contains("else tma_load(s, kbeg + it);"));
+        // Before the wait for the previous kernel: the maps prefetched, the first round's
+        // slots announced and their weight tiles on the way.
+        let early = g
+            .src
+            .find("if (warp == 8 && lane == 0) tma_early(kbeg, kcnt);")
+            .expect("early");
+        assert!(early < g.src.find("GRID_SYNC();").expect("wait"));
         assert!(g.src.contains(r#""r"(fb), "r"(16384) : "memory");"#));
         assert!(g
             .src
