@@ -133,15 +133,31 @@ pub fn encode_tensor_map(base: u64, m: &TensorMap2d) -> Result<sys::CUtensorMap>
     }
 }
 
-/// Encodes each `(address, map)` ([`encode_tensor_map`]) and uploads them, in order,
-/// [`TENSOR_MAP_BYTES`] apart: what the kernels' [`Arg::Map`](super::codegen::Arg::Map)
-/// parameters point at. None for no maps.
+/// Encoded TMA tensor maps in device memory, [`TENSOR_MAP_BYTES`] apart: what the kernels'
+/// [`Arg::Map`](super::codegen::Arg::Map) parameters point at.
+pub struct TensorMaps {
+    buf: Option<DeviceBuffer>,
+    count: usize,
+}
+
+impl TensorMaps {
+    /// The device address of map `k`, if there is one.
+    pub fn ptr(&self, k: usize) -> Option<u64> {
+        let b = self.buf.as_ref().filter(|_| k < self.count)?;
+        Some(b.ptr() + (k * TENSOR_MAP_BYTES) as u64)
+    }
+}
+
+/// Encodes each `(address, map)` ([`encode_tensor_map`]) and uploads them, in order.
 pub fn upload_tensor_maps(
     ctx: &Arc<CudaContext>,
     maps: &[(u64, TensorMap2d)],
-) -> Result<Option<DeviceBuffer>> {
+) -> Result<TensorMaps> {
     if maps.is_empty() {
-        return Ok(None);
+        return Ok(TensorMaps {
+            buf: None,
+            count: 0,
+        });
     }
     let mut bytes = Vec::with_capacity(maps.len() * TENSOR_MAP_BYTES);
     for (base, m) in maps {
@@ -151,7 +167,10 @@ pub fn upload_tensor_maps(
             std::slice::from_raw_parts((&map as *const sys::CUtensorMap).cast(), TENSOR_MAP_BYTES)
         });
     }
-    DeviceBuffer::upload(ctx, &bytes).map(Some)
+    Ok(TensorMaps {
+        buf: Some(DeviceBuffer::upload(ctx, &bytes)?),
+        count: maps.len(),
+    })
 }
 
 /// The process-wide activation pool of one device: one [`DeviceRegion`] (a single cudaMalloc)

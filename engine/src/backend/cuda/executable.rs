@@ -19,7 +19,7 @@ use super::codegen::{
 };
 use super::device::{
     alloc_arena, drv_err, igemm_capable, programmatic_launch_capable, upload_tensor_maps, Arena,
-    DeviceBuffer, Function, Module, PinnedBuffer, TENSOR_MAP_BYTES,
+    DeviceBuffer, Function, Module, PinnedBuffer, TensorMaps,
 };
 use super::dnn::{
     blas_err, choose_algo, dnn_err, time_warm, AlgoChoice, BlasHandle, ConvDescs, ConvGeom,
@@ -316,7 +316,7 @@ fn timing_maps(
     x: u64,
     tables: &[DeviceBuffer],
     args: &mut Vec<u64>,
-) -> Result<Option<DeviceBuffer>> {
+) -> Result<TensorMaps> {
     let based = g
         .maps
         .iter()
@@ -329,9 +329,7 @@ fn timing_maps(
         })
         .collect::<Result<Vec<_>>>()?;
     let maps = upload_tensor_maps(ctx, &based)?;
-    if let Some(b) = &maps {
-        args.extend((0..based.len()).map(|i| b.ptr() + (i * TENSOR_MAP_BYTES) as u64));
-    }
+    args.extend((0..based.len()).filter_map(|k| maps.ptr(k)));
     Ok(maps)
 }
 
@@ -2753,7 +2751,7 @@ struct CudaRun {
     stream: Arc<CudaStream>,
     arena: Arena,
     /// The kernels' TMA tensor maps over this context's arena ([`Arg::Map`]).
-    _maps: Option<DeviceBuffer>,
+    _maps: TensorMaps,
     dnn: DnnHandle,
     blas: BlasHandle,
     lt: LtHandle,
@@ -2841,11 +2839,11 @@ impl CudaRun {
             .map(|m| Ok((resolve_base(m.base, m.node)?, *m)))
             .collect::<Result<Vec<_>>>()?;
         let maps = upload_tensor_maps(ctx, &based)?;
-        let maps_at = maps.as_ref().map_or(0, DeviceBuffer::ptr);
         let resolve = |a: Arg, node: usize| -> Result<u64> {
             match a {
-                Arg::Map(k) if k < based.len() => Ok(maps_at + (k * TENSOR_MAP_BYTES) as u64),
-                Arg::Map(_) => Err(Error::InvalidModel("missing tensor map".into())),
+                Arg::Map(k) => maps
+                    .ptr(k)
+                    .ok_or_else(|| Error::InvalidModel("missing tensor map".into())),
                 _ => resolve_base(a, node),
             }
         };
