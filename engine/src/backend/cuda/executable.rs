@@ -290,33 +290,22 @@ fn upload_tables(ctx: &Arc<CudaContext>, tables: &[Vec<u8>]) -> Result<Vec<Devic
         .collect()
 }
 
-/// The arguments of implicit-GEMM tiling `t` of `parts` in a timing: x at the search buffer's
-/// start (`xb` bytes), the output (or partial sums) after it, the uploaded `tables`, and a
-/// residual (any int8 buffer of the output's size) where the kernel reads one.
+/// The arguments of implicit-GEMM tiling `t` of `parts`, generated alone into `g`, in a
+/// timing: x at the search buffer's start (`xb` bytes), the output (or partial sums) after
+/// it, the uploaded `tables`, a residual (any int8 buffer of the output's size) where the
+/// kernel reads one, and its tensor maps (encoded over those, uploaded, returned to outlive
+/// the timing) where it has any.
 fn igemm_args(
-    parts: &QConvParts,
-    t: &Tiling,
+    ctx: &Arc<CudaContext>,
+    (g, parts, t): (&Gen, &QConvParts, &Tiling),
     (buf, xb): (u64, usize),
     tables: &[DeviceBuffer],
-) -> Vec<u64> {
+) -> Result<(Vec<u64>, TensorMaps)> {
     let mut args = vec![buf, buf + xb as u64];
     args.extend(tables.iter().map(|b| b.ptr()));
     if parts.residual.is_some() && !t.partials() {
         args.push(buf + xb as u64);
     }
-    args
-}
-
-/// Encodes and uploads the tensor maps of a kernel generated alone into `g` for a timing
-/// (its x at `x`, its tables `tables`), and appends their device addresses to `args`; the
-/// returned buffer must outlive the timing.
-fn timing_maps(
-    ctx: &Arc<CudaContext>,
-    g: &Gen,
-    x: u64,
-    tables: &[DeviceBuffer],
-    args: &mut Vec<u64>,
-) -> Result<TensorMaps> {
     let based = g
         .maps
         .iter()
@@ -325,12 +314,12 @@ fn timing_maps(
                 .get(i)
                 .map(|b| (b.ptr(), *m))
                 .ok_or_else(|| Error::InvalidModel("missing constant table".into())),
-            _ => Ok((x, *m)),
+            _ => Ok((buf, *m)),
         })
         .collect::<Result<Vec<_>>>()?;
     let maps = upload_tensor_maps(ctx, &based)?;
     args.extend((0..based.len()).filter_map(|k| maps.ptr(k)));
-    Ok(maps)
+    Ok((args, maps))
 }
 
 /// A generated kernel's launch: its own for tiled kernels, else one thread per item in blocks
@@ -2068,8 +2057,7 @@ impl Builder<'_> {
                 let f = module.function(&k.name)?;
                 // The kernel's tables are its three extras (weights, bias, multiplier).
                 let tables = upload_tables(ctx, &g.extras)?;
-                let mut args = igemm_args(parts, &t, (buf, xb), &tables);
-                let _maps = timing_maps(ctx, &g, buf, &tables, &mut args)?;
+                let (args, _maps) = igemm_args(ctx, (&g, parts, &t), (buf, xb), &tables)?;
                 // SAFETY: the kernel takes (x, y or partial sums, weights, bias,
                 // multiplier[, residual][, tensor maps of x and the weights]): the search
                 // buffer holds x's bytes and the largest output, the tables and maps were
@@ -2118,8 +2106,7 @@ impl Builder<'_> {
         let mut g = Gen::new(false);
         let k = g.qigemm(Arg::Val(x), y, parts, t);
         let tables = upload_tables(self.ctx, &g.extras)?;
-        let mut args = igemm_args(parts, &t, (buf, xb), &tables);
-        let _maps = timing_maps(self.ctx, &g, buf, &tables, &mut args)?;
+        let (args, _maps) = igemm_args(self.ctx, (&g, parts, &t), (buf, xb), &tables)?;
         // SAFETY (both timings, each variant): it takes the real kernel's parameters, and
         // `args` are those (x and output in the search buffer, the uploaded tables, the
         // residual, the tensor maps).
