@@ -49,6 +49,11 @@ trait Alloc {
     /// Bytes reserved from the device at peak (for the window ratio).
     fn peak_reserved(&mut self) -> usize;
     fn reset_peak(&mut self);
+    /// Waits for work the allocator left running in the background (a pool whose page moves
+    /// run on a thread of their own), so the timings include it.
+    fn settle(&mut self) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// The pair loop: ns per alloc+free, or the first allocation that failed.
@@ -66,6 +71,7 @@ fn run_pair<A: Alloc>(
             .map_err(|e| format!("pair step {i}: {e}"))?;
         a.free(h, s);
     }
+    a.settle()?;
     Ok(t.elapsed().as_nanos() as f64 / iters as f64)
 }
 
@@ -113,6 +119,10 @@ fn run_window<A: Alloc>(
         live_bytes += size;
         peak_live = peak_live.max(live_bytes);
     }
+    if let Err(e) = a.settle() {
+        free_all(a, live);
+        return Err(e);
+    }
     let ns = t.elapsed().as_nanos() as f64 / iters as f64;
     free_all(a, live);
     Ok((ns, a.peak_reserved() as f64 / peak_live as f64))
@@ -156,6 +166,9 @@ impl<R: Region> Alloc for Pool<R> {
         self.pool.stats().footprint
     }
     fn reset_peak(&mut self) {}
+    fn settle(&mut self) -> Result<(), String> {
+        self.pool.region().settle().map_err(|e| e.to_string())
+    }
 }
 
 /// A region at a fake address, for the host-only rows (never dereferenced).
@@ -185,6 +198,12 @@ const PAGED_SHAPES: [PagedShape; 2] = [
     (PAGE, SMALL_BLOCK, "2 MiB pages"),
     (2 * PAGE, 2 * PAGE, "4 MiB pages"),
 ];
+/// The background-moving paged pool's shape: 4 MiB pages, blocks under two pages from the top
+/// of their span. Its pool takes pages from spans kept for a stream without promoting them first,
+/// which places blocks a little differently; of the thresholds tried on the window (1, 4, 8,
+/// 16 and 32 MiB: footprint 1.099, 1.105, 1.094, 1.094, 1.099 over the fake region) two pages
+/// gave the smallest footprint with the fewest pages moved.
+const BACKGROUND_SHAPE: PagedShape = (2 * PAGE, 4 * PAGE, "4 MiB pages");
 /// Most physical memory a paged pool row takes (its peak live is under 1 GiB).
 const PAGED_PHYSICAL: usize = 2 << 30;
 
@@ -199,6 +218,9 @@ enum Rows {
     Vmm,
     /// `ab`: only the stream-safety A/B over the fixed region.
     Ab,
+    /// `background`: the paged pool whose pages move on a thread of their own, beside the
+    /// fixed region, the inline-moving paged pool and cudaMallocAsync (GPU).
+    Background,
 }
 
 impl Rows {
@@ -207,6 +229,7 @@ impl Rows {
             Ok("paged") => Rows::Paged,
             Ok("vmm") => Rows::Vmm,
             Ok("ab") => Rows::Ab,
+            Ok("background") => Rows::Background,
             _ => Rows::All,
         }
     }
@@ -488,7 +511,9 @@ mod device {
     //! over a cudaMalloc'd region with a CUDA-event clock.
     use super::*;
     use cudarc::driver::{result, sys, CudaContext, CudaStream};
-    use vigil_engine::memory::cuda::{CudaClock, DevicePagedRegion, DeviceRegion};
+    use vigil_engine::memory::cuda::{
+        BackgroundPagedRegion, CudaClock, DevicePagedRegion, DeviceRegion,
+    };
 
     pub struct MallocAsync {
         pub streams: Vec<Arc<CudaStream>>,
@@ -778,6 +803,129 @@ mod device {
         Ok(())
     }
 
+    /// The paged pool with 4 MiB pages whose moves run on a mover thread
+    /// (`BackgroundPagedRegion`), default stream claimed and two streams: ns per step include
+    /// waiting for the mover at the end of each run; prints the mover's driver time per step.
+    fn background_rows(
+        ctx: &Arc<CudaContext>,
+        streams: &[Arc<CudaStream>],
+        (w, iters): (&Workload, usize),
+        rows: &mut Vec<Row>,
+    ) {
+        // Home mappings only on the default stream, to keep one device call under its limit.
+        for (home, n) in [(false, 2), (true, 1)] {
+            background_shape_rows(ctx, streams, (home, n), (w, iters), rows);
+        }
+    }
+
+    /// [`background_rows`] for one shape: with or without home mappings, on the default
+    /// stream and (with `most_streams` 2) on two.
+    fn background_shape_rows(
+        ctx: &Arc<CudaContext>,
+        streams: &[Arc<CudaStream>],
+        (home, most_streams): (bool, usize),
+        (w, iters): (&Workload, usize),
+        rows: &mut Vec<Row>,
+    ) {
+        let (page, small, shape) = BACKGROUND_SHAPE;
+        let homes = if home { ", home mappings" } else { "" };
+        let label =
+            format!("Vigil FixedPool, paged device region, {shape}, background moves{homes}");
+        let make = || -> Option<Arc<FixedPool<BackgroundPagedRegion>>> {
+            let clock = CudaClock::new(ctx);
+            for (i, s) in streams.iter().enumerate() {
+                clock.add_stream(StreamId(i as u64), Arc::clone(s));
+            }
+            let region =
+                match DevicePagedRegion::with_page(ctx, PAGED_ADDRESS, PAGED_PHYSICAL, Some(page))
+                    .and_then(|mut r| {
+                        if home {
+                            r.keep_home_mappings()?;
+                        }
+                        Ok(r)
+                    })
+                    .and_then(|r| BackgroundPagedRegion::new(r, Arc::clone(&clock)))
+                {
+                    Ok(r) => r,
+                    Err(e) => {
+                        println!("{label}: {e}");
+                        return None;
+                    }
+                };
+            let opts = PoolOptions {
+                small_from_top: Some(small),
+                ..PoolOptions::serving()
+            };
+            FixedPool::with_options(region, clock, opts).ok()
+        };
+        let peak = window_peak_live(w, iters);
+        for n_streams in 1..=most_streams {
+            let (mut pair, mut window, mut busy) = (Vec::new(), Vec::new(), Vec::new());
+            let (mut ratio, mut remaps) = (0.0, (0, 0, 0));
+            for _ in 0..REPS {
+                let Some(pool) = make() else { return };
+                let mut p = Pool::new(pool, true);
+                let ns = run_pair(&mut p, w, iters, n_streams);
+                drop(p);
+                let Some(pool) = make() else { return };
+                let mut p = Pool::new(pool, true);
+                match (ns, run_window(&mut p, w, iters, n_streams)) {
+                    (Ok(ns), Ok((wns, r))) => {
+                        pair.push(ns);
+                        window.push(wns);
+                        let region = p.pool.region();
+                        busy.push(region.mover_busy_ns() as f64 / iters as f64);
+                        let st = p.pool.stats();
+                        ratio = r.max(st.footprint as f64 / peak as f64);
+                        remaps = (st.remaps, st.pages_mapped, st.pages_unmapped);
+                        // Printed as it goes, so a run cut short still shows its rounds.
+                        println!(
+                            "{label}, {n_streams} stream(s): pair {ns:.1} ns, window {wns:.1} ns \
+                             at {ratio:.3}; mover {:.1} ns a window step; {} stream waits",
+                            region.mover_busy_ns() as f64 / iters as f64,
+                            region.stream_waits()
+                        );
+                    }
+                    (Err(e), _) | (_, Err(e)) => {
+                        println!("{label}: {e}");
+                        return;
+                    }
+                }
+            }
+            let tag = if n_streams == 1 {
+                "stream-safe, default stream, claimed"
+            } else {
+                "stream-safe, 2 streams, claimed"
+            };
+            println!(
+                "{label} ({tag}): the mover spent {:.1} ns a window step in driver calls                  (median of {REPS}), off the allocating thread",
+                median(busy)
+            );
+            rows.push(Row {
+                allocator: format!("{label} ({tag})"),
+                workload: if n_streams == 1 {
+                    "pair"
+                } else {
+                    "pair, 2 streams"
+                },
+                ns_per_pair: median(pair),
+                reserved_over_live: None,
+                remaps: None,
+            });
+            rows.push(Row {
+                allocator: format!("{label} ({tag})"),
+                workload: if n_streams == 1 {
+                    "window"
+                } else {
+                    "window, 2 streams"
+                },
+                ns_per_pair: median(window),
+                reserved_over_live: Some(ratio),
+                remaps: Some(remaps),
+            });
+        }
+    }
+
     pub fn rows(w: &Workload, iters: usize, rows: &mut Vec<Row>) -> Result<(), String> {
         vigil_engine::backend::cuda::probe(0).map_err(|e| e.to_string())?;
         let ctx = CudaContext::new(0).map_err(|e| e.to_string())?;
@@ -786,6 +934,8 @@ mod device {
             if let Err(e) = vmm_costs(&ctx, 200) {
                 println!("driver call costs not measured: {e}");
             }
+        }
+        if !matches!(asked, Rows::Ab | Rows::Background) {
             if let Err(e) = vmm_shapes(&ctx, 100) {
                 println!("driver call shapes not measured: {e}");
             }
@@ -833,7 +983,20 @@ mod device {
         if asked == Rows::Ab {
             return Ok(());
         }
-        for (k, &(page, small, shape)) in PAGED_SHAPES.iter().enumerate() {
+        if asked == Rows::Background {
+            pool_rows(
+                "Vigil FixedPool, cudaMalloc'd region",
+                &mut make,
+                (w, iters),
+                &[ALL_VARIANTS[0], ALL_VARIANTS[1]],
+                rows,
+            );
+        }
+        let shapes = match asked {
+            Rows::Background => &PAGED_SHAPES[1..],
+            _ => &PAGED_SHAPES[..],
+        };
+        for (k, &(page, small, shape)) in shapes.iter().enumerate() {
             // A paged pool over `bytes` of physical pages (every stream on its clock).
             let paged = |opts: PoolOptions, bytes: usize| {
                 let clock = CudaClock::new(&ctx);
@@ -851,6 +1014,16 @@ mod device {
                 FixedPool::with_options(region, clock, opts).ok()
             };
             let label = format!("Vigil FixedPool, paged device region (cuMemMap), {shape}");
+            if asked == Rows::Background {
+                let options = PoolOptions {
+                    small_from_top: Some(small),
+                    ..PoolOptions::serving()
+                };
+                let mut make =
+                    |_safe: bool, bytes: usize| paged(options, bytes.min(PAGED_PHYSICAL));
+                pool_rows(&label, &mut make, (w, iters), &[ALL_VARIANTS[1]], rows);
+                continue;
+            }
             paged_rows(&label, &paged, small, (w, iters), k == 0, rows);
         }
         if asked == Rows::Paged {
@@ -886,7 +1059,31 @@ mod device {
         for s in &m.streams {
             let _ = s.synchronize();
         }
+        if asked == Rows::Background {
+            // The other rows first, printed, so a run cut short still shows them.
+            print_table(rows, iters);
+            rows.clear();
+            background_rows(&ctx, &streams, (w, iters), rows);
+        }
         Ok(())
+    }
+}
+
+/// Prints `rows` as a markdown table.
+fn print_table(rows: &[Row], iters: usize) {
+    println!("iterations per row: {iters}; pool rows: median of {REPS} interleaved runs");
+    println!("| allocator | workload | ns per alloc+free | peak reserved / peak live |");
+    println!("| --- | --- | --- | --- |");
+    for r in rows {
+        println!(
+            "| {} | {} | {:.1} | {} |",
+            r.allocator,
+            r.workload,
+            r.ns_per_pair,
+            r.reserved_over_live
+                .map(|x| format!("{x:.3}"))
+                .unwrap_or_else(|| "-".into())
+        );
     }
 }
 
@@ -941,6 +1138,7 @@ fn main() {
                     physical: bytes.div_ceil(page),
                     page,
                     mapped: Default::default(),
+                    background: false,
                 };
                 FixedPool::with_options(region, Arc::new(SyncClock), opts).ok()
             };
@@ -950,21 +1148,41 @@ fn main() {
             );
             paged_rows(&label, &paged, small, (&w, iters), k == 0, &mut rows);
         }
+        if paged || asked == Rows::Background {
+            // The placement of the background-moving region (every free span gives pages),
+            // beside the inline one's (unless the paged rows above had it).
+            for background in [false, true].into_iter().filter(|&b| b || !paged) {
+                let (page, small, shape) = if background {
+                    BACKGROUND_SHAPE
+                } else {
+                    PAGED_SHAPES[1]
+                };
+                let options = PoolOptions {
+                    small_from_top: Some(small),
+                    ..PoolOptions::serving()
+                };
+                let mut make = |_safe: bool, bytes: usize| {
+                    let region = FakePagedRegion {
+                        physical: bytes.min(PAGED_PHYSICAL).div_ceil(page),
+                        page,
+                        mapped: Default::default(),
+                        background,
+                    };
+                    FixedPool::with_options(region, Arc::new(SyncClock), options).ok()
+                };
+                let moves = if background { ", background moves" } else { "" };
+                let label = format!("Vigil FixedPool, fake paged region, {shape}{moves}");
+                pool_rows(
+                    &label,
+                    &mut make,
+                    (&w, iters),
+                    &SERVING_AND_TWO_STREAMS,
+                    &mut rows,
+                );
+            }
+        }
     }
-    println!("iterations per row: {iters}; pool rows: median of {REPS} interleaved runs");
-    println!("| allocator | workload | ns per alloc+free | peak reserved / peak live |");
-    println!("| --- | --- | --- | --- |");
-    for r in &rows {
-        println!(
-            "| {} | {} | {:.1} | {} |",
-            r.allocator,
-            r.workload,
-            r.ns_per_pair,
-            r.reserved_over_live
-                .map(|x| format!("{x:.3}"))
-                .unwrap_or_else(|| "-".into())
-        );
-    }
+    print_table(&rows, iters);
     for r in rows.iter().filter(|r| r.remaps.is_some()) {
         println!(
             "{} ({}): {} page moves in {iters} steps ({:.0} per million), pages mapped {} and \

@@ -106,6 +106,7 @@ fn run(args: &[String]) -> Result<String, String> {
             physical,
             page,
             mapped: Default::default(),
+            background: false,
         },
         group,
         maps: AtomicU64::new(0),

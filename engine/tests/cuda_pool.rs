@@ -10,7 +10,9 @@
 use std::sync::Arc;
 
 use cudarc::driver::{result, CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
-use vigil_engine::memory::cuda::{CudaClock, DevicePagedRegion, DeviceRegion};
+use vigil_engine::memory::cuda::{
+    BackgroundPagedRegion, CudaClock, DevicePagedRegion, DeviceRegion,
+};
 use vigil_engine::memory::Region;
 use vigil_engine::memory::{FixedPool, PoolOptions, StreamId};
 
@@ -313,7 +315,8 @@ fn granularity(ctx: &Arc<CudaContext>) -> usize {
 /// Pages of the granularity and of twice it: pages given back move with their bytes to a
 /// new place, the old place can be backed again at once from untouched physical pages, and
 /// writing either place never shows through the other. A page size that is not a power-of-two
-/// multiple of the granularity is refused.
+/// multiple of the granularity is refused. The same holds with every physical page also kept
+/// mapped at a home address (`keep_home_mappings`), where the moves are second mappings.
 #[test]
 fn paged_region_moves_pages_of_each_size() {
     let Some(ctx) = device() else { return };
@@ -326,10 +329,14 @@ fn paged_region_moves_pages_of_each_size() {
         DevicePagedRegion::with_page(&ctx, 1, 1, Some(granularity / 2)).is_err(),
         "a page under the granularity is refused"
     );
-    for page in [granularity, 2 * granularity] {
-        let region = DevicePagedRegion::with_page(&ctx, 64 * page, 8 * page, Some(page))
+    let shapes = [granularity, 2 * granularity].map(|p| [(p, false), (p, true)]);
+    for (page, home) in shapes.into_iter().flatten() {
+        let mut region = DevicePagedRegion::with_page(&ctx, 64 * page, 8 * page, Some(page))
             .expect("paged region");
-        println!("page {page} B");
+        if home {
+            region.keep_home_mappings().expect("home mappings");
+        }
+        println!("page {page} B, home mappings {home}");
         assert_eq!(region.page_size(), Some(page));
         assert_eq!(region.physical_pages(), 8);
         let words = page / 4;
@@ -414,4 +421,120 @@ fn paged_pool_moves_pages_only_after_the_reading_stream_is_done() {
     assert!(read_words(z_ptr, 3 * page / 4)
         .iter()
         .all(|&w| w == OVERWRITE));
+}
+
+/// A paged pool whose pages move on a mover thread (`BackgroundPagedRegion`). With the mover
+/// held back, a block whose pages are still to be mapped is handed out at once, and work on its
+/// stream (and on a stream ordered with `ready_on`) waits on the device until the pages are
+/// mapped: nothing has run while the mover is held, and every word lands once it goes on.
+/// Whether the check can fail: the child test below writes from a stream that was not ordered
+/// and faults on the unmapped page.
+#[test]
+fn background_moves_hold_the_streams_until_the_pages_are_mapped() {
+    let Some(ctx) = device() else { return };
+    let page = granularity(&ctx);
+    let rig = Rig::new(&ctx);
+    let region = DevicePagedRegion::new(&ctx, 64 * page, 8 * page).expect("paged region");
+    let region = BackgroundPagedRegion::new(region, rig.clock.clone()).expect("mover");
+    let pool = FixedPool::new(region, rig.clock.clone()).expect("paged pool");
+    let words = 3 * page / 4;
+    let paused = pool.region().pause_moves();
+    let x = pool
+        .alloc(3 * page, A)
+        .expect("x, handed out before its pages move");
+    let dst = pool.alloc(3 * page, B).expect("dst, on B");
+    assert_eq!(pool.region().inner().mapped_pages(), 0, "the mover is held");
+    assert!(pool.region().pending_moves() >= 2);
+    let (x_ptr, dst_ptr) = (x.addr() as u64, dst.addr() as u64);
+    rig.fill(&rig.sa, x_ptr, words, OVERWRITE);
+    x.ready_on(B).expect("B ordered after X's pages");
+    rig.sb.join(&rig.sa).expect("B after A's fill");
+    let n = words as u64;
+    let no_spin = 0i64;
+    unsafe {
+        rig.sb
+            .launch_builder(&rig.spin_copy)
+            .arg(&x_ptr)
+            .arg(&dst_ptr)
+            .arg(&n)
+            .arg(&no_spin)
+            .launch(CFG)
+            .expect("copy on B");
+    }
+    let done = ctx.new_event(None).expect("event");
+    done.record(&rig.sb).expect("record on B");
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let ran_early = done.try_is_complete().expect("query B");
+    println!("background moves: B done while the mover was held: {ran_early}");
+    assert!(!ran_early, "stream B ran before X's pages were mapped");
+    drop(paused);
+    rig.sb
+        .synchronize()
+        .expect("B completes once the pages are mapped");
+    rig.sa.synchronize().expect("A completes");
+    pool.region().settle().expect("moves done");
+    assert_eq!(pool.region().inner().mapped_pages(), 6);
+    let copied = read_words(dst_ptr, words);
+    let landed = copied.iter().filter(|&&w| w == OVERWRITE).count();
+    println!(
+        "background moves: {landed}/{words} words copied; mover busy {} us",
+        pool.region().mover_busy_ns() / 1000
+    );
+    assert_eq!(landed, words);
+    drop((x, dst));
+}
+
+/// The failing side of the test above, run in a child process because a fault ends the CUDA
+/// context: with the mover held, a fill of a fresh block from a stream that was never ordered
+/// after its moves must fault on the unmapped page.
+#[test]
+fn background_moves_unordered_stream_faults() {
+    if std::env::var_os("VIGIL_POOL_FAULT_CHILD").is_some() {
+        return;
+    }
+    let Some(_ctx) = device() else { return };
+    let exe = std::env::current_exe().expect("test binary");
+    let out = std::process::Command::new(exe)
+        .args([
+            "--exact",
+            "background_moves_unordered_write_child",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env("VIGIL_POOL_FAULT_CHILD", "1")
+        .output()
+        .expect("child runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    println!(
+        "child: {}",
+        text.lines()
+            .filter(|l| l.contains("unordered"))
+            .collect::<Vec<_>>()
+            .join(" | ")
+    );
+    assert!(
+        text.contains("unordered write faulted"),
+        "an unordered write to a block whose pages had not moved did not fault:\n{text}"
+    );
+}
+
+#[test]
+#[ignore = "run by background_moves_unordered_stream_faults in a child process"]
+fn background_moves_unordered_write_child() {
+    let Some(ctx) = device() else { return };
+    let page = granularity(&ctx);
+    let rig = Rig::new(&ctx);
+    let region = DevicePagedRegion::new(&ctx, 64 * page, 8 * page).expect("paged region");
+    let region = BackgroundPagedRegion::new(region, rig.clock.clone()).expect("mover");
+    let pool = FixedPool::new(region, rig.clock.clone()).expect("paged pool");
+    let _paused = pool.region().pause_moves();
+    let x = pool.alloc(2 * page, A).expect("x");
+    let other = ctx.new_stream().expect("a stream the pool does not order");
+    rig.fill(&other, x.addr() as u64, 2 * page / 4, OVERWRITE);
+    match other.synchronize() {
+        Err(e) => println!("unordered write faulted: {e}"),
+        Ok(()) => println!("unordered write completed without a fault"),
+    }
+    // The context is gone after a fault: leave without running any destructor.
+    std::process::exit(0);
 }

@@ -15,6 +15,9 @@ pub struct FakePagedRegion {
     pub page: usize,
     /// Pages mapped now.
     pub mapped: std::sync::atomic::AtomicUsize,
+    /// Say it moves pages in the background (the pool then takes pages of spans kept for a
+    /// stream without waiting for it, as over `BackgroundPagedRegion`).
+    pub background: bool,
 }
 
 impl Region for FakePagedRegion {
@@ -39,6 +42,25 @@ impl Region for FakePagedRegion {
         }
         self.mapped.fetch_add(count, Relaxed);
         Ok(())
+    }
+    fn moves_in_background(&self) -> bool {
+        self.background
+    }
+    /// The worst case of a real mover: every stream is still held behind a move, so the pool
+    /// never promotes spans kept for a stream and takes their pages instead.
+    fn stream_waits_on_moves(&self, _stream: vigil_engine::memory::StreamId) -> bool {
+        self.background
+    }
+    fn unmap_pages_after(
+        &self,
+        first: usize,
+        count: usize,
+        _after: &[(
+            vigil_engine::memory::StreamId,
+            vigil_engine::memory::EventId,
+        )],
+    ) -> vigil_engine::Result<()> {
+        self.unmap_pages(first, count)
     }
     fn unmap_pages(&self, _first: usize, count: usize) -> vigil_engine::Result<()> {
         self.mapped

@@ -16,6 +16,9 @@ use super::clock::{EventId, StreamClock, StreamId};
 use super::region::Region;
 use crate::error::{Error, Result};
 
+mod background;
+pub use background::{BackgroundPagedRegion, MovesPaused};
+
 fn cuda_err(what: &str, e: impl std::fmt::Display) -> Error {
     Error::OutOfMemory(format!("{what}: {e}"))
 }
@@ -92,6 +95,9 @@ pub struct DevicePagedRegion {
     /// Physical pages created (mapped or free).
     handles: usize,
     table: Mutex<PageTable>,
+    /// A second reserved range where every physical page stays mapped for good
+    /// ([`keep_home_mappings`](Self::keep_home_mappings)): its first byte and length.
+    home: Option<(sys::CUdeviceptr, usize)>,
 }
 
 // Every field is Send + Sync already (the handles are u64, the table sits behind a Mutex), so
@@ -171,6 +177,7 @@ impl DevicePagedRegion {
             len,
             page,
             handles: 0,
+            home: None,
             table: Mutex::new(PageTable {
                 mapped: vec![None; pages],
                 free: Vec::with_capacity(physical),
@@ -195,6 +202,70 @@ impl DevicePagedRegion {
         }
         region.handles = physical;
         Ok(region)
+    }
+
+    /// Maps every physical page, once and for good, into a second reserved range of its own
+    /// (no block is ever placed there). The moves in the region are then a page's second
+    /// mapping, which the driver makes and removes for less than a first and last one
+    /// (docs/benchmarks.md, thirteenth session: cuMemSetAccess 24 against 39 µs, cuMemUnmap 16
+    /// against 23). Costs address space only, and a first mapping of each page now. Call it
+    /// before any page is mapped.
+    pub fn keep_home_mappings(&mut self) -> Result<()> {
+        if self.home.is_some() {
+            return Ok(());
+        }
+        let t = self.table.get_mut().unwrap_or_else(|e| e.into_inner());
+        if t.free.len() != self.handles {
+            return Err(Error::BadInput(
+                "home mappings must be made before any page is mapped".into(),
+            ));
+        }
+        let len = self.handles.max(1) * self.page;
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| cuda_err("cannot bind the CUDA context", e))?;
+        let mut base: sys::CUdeviceptr = 0;
+        // SAFETY: reserves address space only; freed exactly once, in Drop (or below).
+        unsafe { sys::cuMemAddressReserve(&mut base, len, self.page, 0, 0) }
+            .result()
+            .map_err(|e| cuda_err(&format!("cannot reserve {len} B of home addresses"), e))?;
+        let mut mapped = 0;
+        let mut failed = None;
+        for (k, &handle) in t.free.iter().enumerate() {
+            let at = base + (k * self.page) as sys::CUdeviceptr;
+            // SAFETY: `at` lies in the fresh home range; `handle` is a live page-sized handle.
+            if let Err(e) = unsafe { sys::cuMemMap(at, self.page, 0, handle, 0) }.result() {
+                failed = Some(cuda_err("cuMemMap of a home page failed", e));
+                break;
+            }
+            mapped += 1;
+        }
+        if failed.is_none() && mapped > 0 {
+            let desc = sys::CUmemAccessDesc {
+                location: sys::CUmemLocation {
+                    type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                    id: self.device,
+                },
+                flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            };
+            // SAFETY: the first `mapped` pages of the home range are mapped; one descriptor.
+            let r = unsafe { sys::cuMemSetAccess(base, mapped * self.page, &desc, 1) };
+            if let Err(e) = r.result() {
+                failed = Some(cuda_err("cuMemSetAccess on the home pages failed", e));
+            }
+        }
+        if let Some(e) = failed {
+            // SAFETY: unmaps what this call mapped and frees the range it reserved.
+            unsafe {
+                if mapped > 0 {
+                    let _ = sys::cuMemUnmap(base, mapped * self.page);
+                }
+                let _ = sys::cuMemAddressFree(base, len);
+            }
+            return Err(e);
+        }
+        self.home = Some((base, len));
+        Ok(())
     }
 
     /// Pinned device memory on device `device`: what the physical pages are made of.
@@ -383,6 +454,14 @@ impl Drop for DevicePagedRegion {
             // still mapped is freed by the driver once unmapped (with the range, below).
             let _ = unsafe { sys::cuMemRelease(handle) };
         }
+        if let Some((home, len)) = self.home {
+            // SAFETY: every home page is mapped (made so in keep_home_mappings) and the range
+            // is freed only here.
+            unsafe {
+                let _ = sys::cuMemUnmap(home, len);
+                let _ = sys::cuMemAddressFree(home, len);
+            }
+        }
         // SAFETY: the range came from cuMemAddressReserve and is freed only here.
         let _ = unsafe { sys::cuMemAddressFree(self.base, self.len) };
     }
@@ -489,6 +568,12 @@ impl CudaClock {
     pub fn remove_stream(&self, id: StreamId) {
         let mut g = self.streams.lock().unwrap_or_else(|e| e.into_inner());
         g.retain(|s| s.id != id);
+    }
+
+    /// The CUDA stream registered as pool stream `id`, if any.
+    pub fn stream(&self, id: StreamId) -> Option<Arc<CudaStream>> {
+        let g = self.streams.lock().unwrap_or_else(|e| e.into_inner());
+        g.iter().find(|s| s.id == id).map(|s| Arc::clone(&s.stream))
     }
 
     /// Marks a CUDA graph capture as in progress (no events are queried until it ends).

@@ -279,7 +279,9 @@ fn stricter(a: u8, b: u8) -> u8 {
 
 /// Page mode's plan for one block: the run of spans it fills (in address order) and the page
 /// ranges to unback for it (first page, pages).
-type RemapPlan = (Vec<u32>, Vec<(usize, usize)>);
+/// A page move's plan: the window's spans, and the page ranges to unback for it (first page,
+/// pages, the donor spans' stream tags as a mask, bit `t - 1` for tag `t`).
+type RemapPlan = (Vec<u32>, Vec<(usize, usize, u64)>);
 
 /// A freed span waiting for streams to pass recorded points.
 #[derive(Debug, Clone, Copy)]
@@ -333,6 +335,10 @@ struct Inner {
     page_unmaps: u64,
     /// [`PoolOptions::reserve_first`].
     reserve_first: bool,
+    /// The region moves pages in the background ([`Region::moves_in_background`]): free spans
+    /// kept for a stream give pages too, unbacked once that stream passes a point recorded
+    /// when they are taken, so nothing waits for streams to be promoted.
+    background: bool,
 }
 
 impl Inner {
@@ -370,6 +376,7 @@ impl Inner {
             page_maps: 0,
             page_unmaps: 0,
             reserve_first: false,
+            background: false,
         };
         // The default stream is always tag 1 (its lookup short-cuts to that).
         inner.streams.push(StreamId::DEFAULT);
@@ -1027,6 +1034,7 @@ impl<R: Region> FixedPool<R> {
             phys_pages,
         );
         inner.reserve_first = opts.reserve_first;
+        inner.background = page_units > 0 && region.moves_in_background();
         Ok(Arc::new(FixedPool {
             state: UnsafeCell::new(inner),
             region,
@@ -1204,15 +1212,18 @@ impl<R: Region> FixedPool<R> {
             } else {
                 Arc::clone(self)
             };
-            return Ok(self.block(pool, node, tag, offset, units, size, stream));
+            return self.block(pool, node, tag, offset, units, size, stream);
         }
         let mut h = self.hold();
         let (node, tag, offset) = self.alloc_in(h.g(), size, units, stream)?;
         drop(h);
-        Ok(self.block(Arc::clone(self), node, tag, offset, units, size, stream))
+        self.block(Arc::clone(self), node, tag, offset, units, size, stream)
     }
 
+    /// The handle of a span just taken, with `stream` ordered after any page move still pending
+    /// behind it (a region that moves pages in the background); on failure the span goes back.
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     fn block(
         &self,
         pool: Arc<Self>,
@@ -1222,8 +1233,8 @@ impl<R: Region> FixedPool<R> {
         units: usize,
         requested: usize,
         stream: StreamId,
-    ) -> Block<R> {
-        Block {
+    ) -> Result<Block<R>> {
+        let block = Block {
             pool: ManuallyDrop::new(pool),
             node,
             tag,
@@ -1232,7 +1243,10 @@ impl<R: Region> FixedPool<R> {
             requested,
             stream,
             uses: 0,
-        }
+        };
+        self.region
+            .order_after_moves(stream, block.offset, block.size)?;
+        Ok(block)
     }
 
     /// Like [`alloc`](Self::alloc), but waits up to `timeout` for frees (or streams, or
@@ -1284,7 +1298,7 @@ impl<R: Region> FixedPool<R> {
                     self.waiters.fetch_sub(1, Ordering::SeqCst);
                     drop(sleep);
                     let pool = Arc::clone(self);
-                    return Ok(self.block(pool, node, tag, offset, units, size, stream));
+                    return self.block(pool, node, tag, offset, units, size, stream);
                 }
                 Err(e) => e,
             };
@@ -1519,6 +1533,11 @@ impl<R: Region> FixedPool<R> {
             if Some(t) == own || g.index[t as usize].fl_bitmap == 0 {
                 continue;
             }
+            // A stream held behind background page moves would keep its spans pending until
+            // the mover catches up; they stay where they are, and give pages instead.
+            if g.background && self.region.stream_waits_on_moves(g.streams[t as usize - 1]) {
+                continue;
+            }
             let epoch = g.epoch_for_fresh(self.clock.as_ref(), t);
             // Take every span of tag t out of its lists.
             for i in g.spans_of(t) {
@@ -1554,26 +1573,54 @@ impl<R: Region> FixedPool<R> {
         // Within the footprint so far first; then with spans kept for one stream made any
         // stream's (once a point recorded on it now has passed; no event during capture);
         // only then growing the footprint from the reserve.
-        let mut promoted = false;
+        // In background mode spans kept for a stream give pages at the second try instead of
+        // being promoted (not during capture, when no point may be recorded): the mover
+        // unbacks them once their stream passes a point recorded now.
+        let all_tags = g.background && !self.clock.capturing();
+        let (mut any_tag, mut promoted) = (false, false);
         let (window, steals) = loop {
-            if let Some(plan) = g.remap_plan(size, own.unwrap_or(ANY), false) {
+            if let Some(plan) = g.remap_plan(size, own.unwrap_or(ANY), false, any_tag) {
                 break plan;
             }
-            if !promoted && self.promote_foreign(g, None) {
-                self.reclaim(g);
+            if !promoted {
                 promoted = true;
-                continue;
+                if all_tags {
+                    any_tag = true;
+                    continue;
+                }
+                if !g.background && self.promote_foreign(g, None) {
+                    self.reclaim(g);
+                    continue;
+                }
             }
-            match g.remap_plan(size, own.unwrap_or(ANY), true) {
+            match g.remap_plan(size, own.unwrap_or(ANY), true, any_tag) {
                 Some(plan) => break plan,
                 None => return Ok(None),
             }
         };
+        // One point recorded now on each stream whose kept span gives pages.
+        let mut points: Vec<(u8, StreamId, EventId)> = Vec::new();
+        for &(_, _, tags) in &steals {
+            let mut mask = tags;
+            while mask != 0 {
+                let t = mask.trailing_zeros() as u8 + 1;
+                mask &= mask - 1;
+                if !points.iter().any(|p| p.0 == t) {
+                    let e = g.epoch_for_fresh(self.clock.as_ref(), t);
+                    points.push((t, g.streams[t as usize - 1], e));
+                }
+            }
+        }
         // Unback the donors' pages (the region's side; the spans change below).
         let mut unbacked: Vec<(usize, usize)> = Vec::new();
         let mut failed = None;
-        for &(first, count) in &steals {
-            match self.region.unmap_pages(first, count) {
+        for &(first, count, tags) in &steals {
+            let after: Vec<(StreamId, EventId)> = points
+                .iter()
+                .filter(|p| tags & (1 << (p.0 - 1)) != 0)
+                .map(|p| (p.1, p.2))
+                .collect();
+            match self.region.unmap_pages_after(first, count, &after) {
                 Ok(()) => unbacked.push((first, count)),
                 Err(e) => {
                     failed = Some(e);
@@ -1713,7 +1760,7 @@ impl Inner {
     /// the fewest pages (or, if the reserve cannot serve it, the first that can). Neither
     /// choice depends on the reserve's size while the footprint fits in it, so a pool sized
     /// at a run's footprint repeats that run. `None` if no window can be served.
-    fn remap_plan(&self, size: usize, own: u8, grow: bool) -> Option<RemapPlan> {
+    fn remap_plan(&self, size: usize, own: u8, grow: bool, any_tag: bool) -> Option<RemapPlan> {
         let pu = self.page_units;
         let order = self.address_order();
         let usable = |n: &Node| match n.state {
@@ -1755,20 +1802,7 @@ impl Inner {
         let reserve = if grow { self.phys_free } else { headroom };
         for (need, wi, wj) in windows {
             let end = self.nodes[order[wi] as usize].off + size;
-            // Whole pages of any-stream free spans outside `start..end`: (span size, first
-            // page, pages); the window's last span may give what lies past the block.
-            let mut donors: Vec<(usize, usize, usize)> = order
-                .iter()
-                .enumerate()
-                .filter(|&(k, _)| k < wi || k >= wj)
-                .filter_map(|(k, &i)| {
-                    let n = self.nodes[i as usize];
-                    let from = if k == wj { end.max(n.off) } else { n.off };
-                    let (p0, p1) = (from.div_ceil(pu), (n.off + n.size) / pu);
-                    (n.state == State::Free && n.tag == ANY && p1 > p0)
-                        .then(|| (n.size, p0, p1 - p0))
-                })
-                .collect();
+            let mut donors = self.donor_runs(&order, (wi, wj), end, any_tag);
             let stealable: usize = donors.iter().map(|d| d.2).sum();
             if stealable + reserve < need {
                 continue;
@@ -1782,12 +1816,12 @@ impl Inner {
                 need - need.min(headroom)
             };
             let mut steals = Vec::new();
-            for (_, p0, pages) in donors {
+            for (_, p0, pages, tags) in donors {
                 if left == 0 {
                     break;
                 }
                 let take = pages.min(left);
-                steals.push((p0 + pages - take, take));
+                steals.push((p0 + pages - take, take, tags));
                 left -= take;
             }
             return Some((order[wi..=wj].to_vec(), steals));
@@ -1795,14 +1829,71 @@ impl Inner {
         None
     }
 
-    /// Marks `off..off + len` (whole pages inside one free span, just unbacked) unbacked.
+    /// Whole pages that free spans outside the window `order[wi..wj]` can give: runs of
+    /// adjacent any-stream free spans (with `any_tag`, of every free span; spans kept for
+    /// different streams do not merge, so a page may straddle several), the window's last span
+    /// giving what lies past the block's `end`. Each run: (bytes of its spans, first page,
+    /// pages, its spans' stream tags as a mask, bit `t - 1` for tag `t`). Without `any_tag`
+    /// every run is one span (adjacent any-stream spans are always merged).
+    fn donor_runs(
+        &self,
+        order: &[u32],
+        (wi, wj): (usize, usize),
+        end: usize,
+        any_tag: bool,
+    ) -> Vec<(usize, usize, usize, u64)> {
+        let pu = self.page_units;
+        let mut donors = Vec::new();
+        // The open run: (first byte, end, bytes of its spans, tag mask).
+        let mut run: Option<(usize, usize, usize, u64)> = None;
+        let close = |run: &mut Option<(usize, usize, usize, u64)>, donors: &mut Vec<_>| {
+            if let Some((from, to, bytes, tags)) = run.take() {
+                let (p0, p1) = (from.div_ceil(pu), to / pu);
+                if p1 > p0 {
+                    donors.push((bytes, p0, p1 - p0, tags));
+                }
+            }
+        };
+        for (k, &i) in order.iter().enumerate() {
+            let n = self.nodes[i as usize];
+            let gives = (k < wi || k >= wj) && n.state == State::Free && (n.tag == ANY || any_tag);
+            if !gives {
+                close(&mut run, &mut donors);
+                continue;
+            }
+            let from = if k == wj { end.max(n.off) } else { n.off };
+            let bit = if n.tag == ANY { 0 } else { 1u64 << (n.tag - 1) };
+            match &mut run {
+                Some((_, to, bytes, tags)) if *to == from => {
+                    *to = n.off + n.size;
+                    *bytes += n.size;
+                    *tags |= bit;
+                }
+                _ => {
+                    close(&mut run, &mut donors);
+                    run = Some((from, n.off + n.size, n.size, bit));
+                }
+            }
+        }
+        close(&mut run, &mut donors);
+        donors
+    }
+
+    /// Marks `off..off + len` (whole pages of adjacent free spans, just unbacked) unbacked.
     fn unback_free(&mut self, off: usize, len: usize) {
-        let found = self.address_order().into_iter().find(|&i| {
-            let n = &self.nodes[i as usize];
-            n.state == State::Free && n.off <= off && off + len <= n.off + n.size
-        });
-        if let Some(i) = found {
-            self.carve_unmapped(i, off, len);
+        let end = off + len;
+        let parts: Vec<u32> = self
+            .address_order()
+            .into_iter()
+            .filter(|&i| {
+                let n = &self.nodes[i as usize];
+                n.state == State::Free && n.off < end && off < n.off + n.size
+            })
+            .collect();
+        for i in parts {
+            let n = self.nodes[i as usize];
+            let from = off.max(n.off);
+            self.carve_unmapped(i, from, end.min(n.off + n.size) - from);
         }
     }
 
@@ -1996,6 +2087,16 @@ impl<R: Region> Block<R> {
     /// The pool the block came from.
     pub fn pool(&self) -> &Arc<FixedPool<R>> {
         &self.pool
+    }
+
+    /// Orders `stream`'s later work after any page move still pending behind the block. Over a
+    /// region that moves pages in the background, call it before enqueuing work on a stream
+    /// other than the block's own (the owner stream is ordered when the block is handed out);
+    /// elsewhere it does nothing.
+    pub fn ready_on(&self, stream: StreamId) -> Result<()> {
+        self.pool
+            .region
+            .order_after_moves(stream, self.offset, self.size)
     }
 
     /// Declares that work already enqueued on `stream` uses the block, so it is not reused

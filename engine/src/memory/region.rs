@@ -1,6 +1,7 @@
 //! The memory a pool manages: an abstract address range, a host allocation, or host memory
 //! whose physical pages move (the host twin of the CUDA virtual-memory region).
 
+use super::clock::{EventId, StreamId};
 use crate::error::{Error, Result};
 
 /// One contiguous address range reserved up front (device or host memory).
@@ -37,6 +38,49 @@ pub trait Region: Send + Sync {
     fn unmap_pages(&self, first: usize, count: usize) -> Result<()> {
         let _ = (first, count);
         Err(Error::Unsupported("this region cannot remap pages".into()))
+    }
+    /// Whether page moves run in the background, ordered on the streams (see
+    /// [`order_after_moves`](Self::order_after_moves)); such a region can also unback pages
+    /// only once streams pass given points ([`unmap_pages_after`](Self::unmap_pages_after)).
+    fn moves_in_background(&self) -> bool {
+        false
+    }
+    /// [`unmap_pages`](Self::unmap_pages) once every stream in `after` has passed its point
+    /// (free pages last used on those streams); only a region that moves pages in the
+    /// background can wait, the others take an empty `after`.
+    fn unmap_pages_after(
+        &self,
+        first: usize,
+        count: usize,
+        after: &[(StreamId, EventId)],
+    ) -> Result<()> {
+        if after.is_empty() {
+            self.unmap_pages(first, count)
+        } else {
+            Err(Error::Unsupported(
+                "this region unbacks pages only at once, not after streams pass".into(),
+            ))
+        }
+    }
+    /// Orders `stream`'s later work after every page move still pending behind bytes
+    /// `offset..offset + len`. Only a region that moves pages in the background (stream-ordered,
+    /// like cudaMallocAsync) has any; the pool calls it for each block it hands out and each
+    /// declared use. Fails when the region can no longer move pages.
+    fn order_after_moves(&self, stream: StreamId, offset: usize, len: usize) -> Result<()> {
+        let _ = (stream, offset, len);
+        Ok(())
+    }
+    /// Whether `stream` waits on the device for a page move not yet done (a region that
+    /// moves pages in the background): a point recorded on it now would pass only after the
+    /// move, so the pool takes its spans' pages instead of waiting to promote them.
+    fn stream_waits_on_moves(&self, stream: StreamId) -> bool {
+        let _ = stream;
+        false
+    }
+    /// Waits until every page move asked for so far is done (a no-op where moves are done when
+    /// `map_pages`/`unmap_pages` return).
+    fn settle(&self) -> Result<()> {
+        Ok(())
     }
 }
 

@@ -872,6 +872,18 @@ struct FakePagedRegion {
     backed: Mutex<Vec<bool>>,
     maps: AtomicUsize,
     unmaps: AtomicUsize,
+    /// Background mode: mapped pages stay pending until `settle`, like a region whose mover
+    /// thread has not reached them yet.
+    deferred: AtomicBool,
+    pending: Mutex<Vec<bool>>,
+    /// Each `order_after_moves` call: the stream, and whether a page behind it was pending.
+    orders: Mutex<Vec<(StreamId, bool)>>,
+    /// Makes `order_after_moves` fail (a mover that can no longer move pages).
+    fail_orders: AtomicBool,
+    /// Says it moves pages in the background (read when the pool is built).
+    background: bool,
+    /// The points each `unmap_pages_after` call was to wait for.
+    afters: Mutex<Vec<Vec<(StreamId, EventId)>>>,
 }
 
 impl FakePagedRegion {
@@ -882,7 +894,24 @@ impl FakePagedRegion {
             backed: Mutex::new(vec![false; pages]),
             maps: AtomicUsize::new(0),
             unmaps: AtomicUsize::new(0),
+            deferred: AtomicBool::new(false),
+            pending: Mutex::new(vec![false; pages]),
+            orders: Mutex::new(Vec::new()),
+            fail_orders: AtomicBool::new(false),
+            background: false,
+            afters: Mutex::new(Vec::new()),
         }
+    }
+    /// A region that moves pages in the background: maps stay pending until `settle`.
+    fn background(self) -> Self {
+        self.deferred.store(true, Ordering::SeqCst);
+        FakePagedRegion {
+            background: true,
+            ..self
+        }
+    }
+    fn orders(&self) -> Vec<(StreamId, bool)> {
+        std::mem::take(&mut *self.orders.lock().unwrap())
     }
     fn backed_pages(&self) -> usize {
         self.backed.lock().unwrap().iter().filter(|b| **b).count()
@@ -917,7 +946,51 @@ impl Region for FakePagedRegion {
             return Err(Error::OutOfMemory("no physical page left".into()));
         }
         b[first..first + count].iter_mut().for_each(|x| *x = true);
+        if self.deferred.load(Ordering::SeqCst) {
+            let mut p = self.pending.lock().unwrap();
+            p[first..first + count].iter_mut().for_each(|x| *x = true);
+        }
         self.maps.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+    fn order_after_moves(
+        &self,
+        stream: StreamId,
+        offset: usize,
+        len: usize,
+    ) -> crate::error::Result<()> {
+        if self.fail_orders.load(Ordering::SeqCst) {
+            return Err(Error::OutOfMemory("the page mover failed".into()));
+        }
+        let p = self.pending.lock().unwrap();
+        let behind = (offset / self.page..(offset + len).div_ceil(self.page)).any(|i| p[i]);
+        self.orders.lock().unwrap().push((stream, behind));
+        Ok(())
+    }
+    fn moves_in_background(&self) -> bool {
+        self.background
+    }
+    /// In background mode every stream counts as held behind a move (the pool then never
+    /// promotes a stream's spans, and takes their pages instead).
+    fn stream_waits_on_moves(&self, _stream: StreamId) -> bool {
+        self.background
+    }
+    fn unmap_pages_after(
+        &self,
+        first: usize,
+        count: usize,
+        after: &[(StreamId, EventId)],
+    ) -> crate::error::Result<()> {
+        assert!(self.background || after.is_empty());
+        self.afters.lock().unwrap().push(after.to_vec());
+        self.unmap_pages(first, count)
+    }
+    fn settle(&self) -> crate::error::Result<()> {
+        self.pending
+            .lock()
+            .unwrap()
+            .iter_mut()
+            .for_each(|x| *x = false);
         Ok(())
     }
     fn unmap_pages(&self, first: usize, count: usize) -> crate::error::Result<()> {
@@ -969,6 +1042,111 @@ fn paged_pool_backs_pages_on_demand_and_reuses_backed_spans() {
         (s.committed, s.free_bytes, s.in_use),
         (3 * PAGE, 3 * PAGE, 0)
     );
+}
+
+/// Over a region that moves pages in the background, every block handed out orders its stream
+/// after the moves behind it (the region decides whether any are pending), and `ready_on` does
+/// the same for another stream.
+#[test]
+fn background_moves_order_the_streams_that_use_a_block() {
+    let region = FakePagedRegion::new(PAGE, 16, 8).background();
+    let pool = FixedPool::new(region, Arc::new(FakeClock::default())).unwrap();
+    let a = pool.alloc(6 * U, S1).unwrap(); // two pages mapped, not yet moved
+    assert_eq!(pool.region().orders(), vec![(S1, true)]);
+    a.ready_on(S2).unwrap();
+    a.ready_on(S1).unwrap();
+    assert_eq!(pool.region().orders(), vec![(S2, true), (S1, true)]);
+    pool.region().settle().unwrap();
+    // The free part of a backed page: no move behind it any more.
+    let b = pool.alloc(U, S1).unwrap();
+    assert_eq!(pool.region().orders(), vec![(S1, false)]);
+    assert_eq!(pool.region().maps.load(Ordering::SeqCst), 1);
+    drop((a, b));
+}
+
+/// In background mode the pages of spans kept for a stream move at once, without waiting for
+/// that stream: the unmap carries a point recorded on it, and no event is queried (the region
+/// unbacks them once the stream passes). The same layout over an inline region waits.
+#[test]
+fn background_moves_take_a_streams_pages_with_a_point_to_wait_for() {
+    let clock = Arc::new(FakeClock::default());
+    let region = FakePagedRegion::new(PAGE, 16, 5).background();
+    let pool = FixedPool::new(region, clock.clone()).unwrap();
+    let a = pool.alloc(2 * PAGE, S0).unwrap();
+    let b = pool.alloc(PAGE, S0).unwrap();
+    let c = pool.alloc(2 * PAGE, S0).unwrap();
+    drop(a);
+    drop(c);
+    let d = pool
+        .alloc(4 * PAGE, S0)
+        .expect("pages move without waiting for S0");
+    assert_eq!(clock.queries(), 0, "no event queried");
+    let afters = std::mem::take(&mut *pool.region().afters.lock().unwrap());
+    assert!(!afters.is_empty());
+    assert!(
+        afters.iter().all(|a| a.len() == 1 && a[0].0 == S0),
+        "every unmap waits for S0: {afters:?}"
+    );
+    assert!(pool.region().covers(d.offset(), d.size()));
+    assert!(pool.region().covers(b.offset(), b.size()));
+    assert_eq!(pool.region().backed_pages(), 5);
+    let s = pool.stats();
+    assert_eq!(
+        (s.committed, s.free_bytes, s.pending_bytes),
+        (5 * PAGE, 0, 0)
+    );
+}
+
+/// Spans kept for different streams do not merge, so a whole page may lie across several of
+/// them: in background mode such a run gives its page, with a point on each of its streams.
+#[test]
+fn background_moves_take_a_page_split_between_two_streams_spans() {
+    let clock = Arc::new(FakeClock::default());
+    let region = FakePagedRegion::new(PAGE, 16, 4).background();
+    let pool = FixedPool::new(region, clock.clone()).unwrap();
+    let a = pool.alloc(2 * U, S1).unwrap();
+    let b = pool.alloc(2 * U, S2).unwrap();
+    let c = pool.alloc(3 * PAGE, S0).unwrap();
+    assert_eq!((a.offset(), b.offset(), c.offset()), (0, 2 * U, PAGE));
+    assert_eq!(pool.region().backed_pages(), 4);
+    drop((a, b));
+    pool.region().afters.lock().unwrap().clear();
+    // No physical page left; page 0 is two free halves, one kept for S1, one for S2.
+    let d = pool
+        .alloc(PAGE, S0)
+        .expect("page 0 moves under the new block");
+    assert!(pool.region().covers(d.offset(), d.size()));
+    let afters = std::mem::take(&mut *pool.region().afters.lock().unwrap());
+    assert_eq!(afters.len(), 1, "{afters:?}");
+    let mut streams: Vec<StreamId> = afters[0].iter().map(|p| p.0).collect();
+    streams.sort();
+    assert_eq!(streams, vec![S1, S2]);
+    assert_eq!(clock.queries(), 0);
+    let s = pool.stats();
+    assert_eq!(
+        (s.committed, s.free_bytes, s.pending_bytes),
+        (4 * PAGE, 0, 0)
+    );
+    drop((c, d));
+}
+
+/// A region that can no longer move pages fails the allocation, and the span goes back.
+#[test]
+fn failed_move_ordering_fails_the_allocation_and_returns_the_span() {
+    let pool = paged_pool(16, 8, Arc::new(SyncClock));
+    let keep = pool.alloc(PAGE, S0).unwrap();
+    pool.region().fail_orders.store(true, Ordering::SeqCst);
+    match pool.alloc(2 * PAGE, S0) {
+        Err(Error::OutOfMemory(m)) => assert!(m.contains("mover"), "{m}"),
+        other => panic!("expected the mover's error, got {other:?}"),
+    }
+    let s = pool.stats();
+    assert_eq!((s.in_use, s.blocks), (PAGE, 1));
+    pool.region().fail_orders.store(false, Ordering::SeqCst);
+    let b = pool.alloc(2 * PAGE, S0).unwrap();
+    assert_eq!(b.offset(), PAGE);
+    drop((keep, b));
+    assert_eq!(pool.stats().in_use, 0);
 }
 
 /// Free pages move to where a block fits, but only once no stream can still touch them; a
