@@ -406,6 +406,39 @@ fn stream_safety_ab<R: Region>(
     }
 }
 
+/// Adds one configuration's pair and window rows: ns per step of each, the window's
+/// footprint ratio and page moves.
+fn push_pair_and_window(
+    rows: &mut Vec<Row>,
+    allocator: String,
+    streams: usize,
+    [pair, window]: [f64; 2],
+    (ratio, remaps): (f64, Option<(u64, u64, u64)>),
+) {
+    rows.push(Row {
+        allocator: allocator.clone(),
+        workload: if streams == 1 {
+            "pair"
+        } else {
+            "pair, 2 streams"
+        },
+        ns_per_pair: pair,
+        reserved_over_live: None,
+        remaps: None,
+    });
+    rows.push(Row {
+        allocator,
+        workload: if streams == 1 {
+            "window"
+        } else {
+            "window, 2 streams"
+        },
+        ns_per_pair: window,
+        reserved_over_live: Some(ratio),
+        remaps,
+    });
+}
+
 /// Repetitions of each pool row, interleaved across configurations; the median is reported.
 const REPS: usize = 3;
 
@@ -480,28 +513,16 @@ fn pool_rows<R: Region>(
         if pair[k].is_empty() {
             continue;
         }
-        rows.push(Row {
-            allocator: format!("{label} ({tag})"),
-            workload: if streams == 1 {
-                "pair"
-            } else {
-                "pair, 2 streams"
-            },
-            ns_per_pair: median(std::mem::take(&mut pair[k])),
-            reserved_over_live: None,
-            remaps: None,
-        });
-        rows.push(Row {
-            allocator: format!("{label} ({tag})"),
-            workload: if streams == 1 {
-                "window"
-            } else {
-                "window, 2 streams"
-            },
-            ns_per_pair: median(std::mem::take(&mut window[k])),
-            reserved_over_live: Some(ratio[k]),
-            remaps: (remaps[k].0 > 0).then_some(remaps[k]),
-        });
+        push_pair_and_window(
+            rows,
+            format!("{label} ({tag})"),
+            streams,
+            [
+                median(std::mem::take(&mut pair[k])),
+                median(std::mem::take(&mut window[k])),
+            ],
+            (ratio[k], (remaps[k].0 > 0).then_some(remaps[k])),
+        );
     }
 }
 
@@ -898,31 +919,17 @@ mod device {
                 "stream-safe, 2 streams, claimed"
             };
             println!(
-                "{label} ({tag}): the mover spent {:.1} ns a window step in driver calls                  (median of {REPS}), off the allocating thread",
+                "{label} ({tag}): the mover spent {:.1} ns a window step in driver calls \
+                 (median of {REPS}), off the allocating thread",
                 median(busy)
             );
-            rows.push(Row {
-                allocator: format!("{label} ({tag})"),
-                workload: if n_streams == 1 {
-                    "pair"
-                } else {
-                    "pair, 2 streams"
-                },
-                ns_per_pair: median(pair),
-                reserved_over_live: None,
-                remaps: None,
-            });
-            rows.push(Row {
-                allocator: format!("{label} ({tag})"),
-                workload: if n_streams == 1 {
-                    "window"
-                } else {
-                    "window, 2 streams"
-                },
-                ns_per_pair: median(window),
-                reserved_over_live: Some(ratio),
-                remaps: Some(remaps),
-            });
+            push_pair_and_window(
+                rows,
+                format!("{label} ({tag})"),
+                n_streams,
+                [median(pair), median(window)],
+                (ratio, Some(remaps)),
+            );
         }
     }
 

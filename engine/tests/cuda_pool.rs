@@ -423,6 +423,18 @@ fn paged_pool_moves_pages_only_after_the_reading_stream_is_done() {
         .all(|&w| w == OVERWRITE));
 }
 
+/// A pool over 8 physical pages of a region whose pages move on a mover thread, its streams
+/// on the rig's clock.
+fn background_pool(
+    ctx: &Arc<CudaContext>,
+    rig: &Rig,
+    page: usize,
+) -> Arc<FixedPool<BackgroundPagedRegion>> {
+    let region = DevicePagedRegion::new(ctx, 64 * page, 8 * page).expect("paged region");
+    let region = BackgroundPagedRegion::new(region, rig.clock.clone()).expect("mover");
+    FixedPool::new(region, rig.clock.clone()).expect("paged pool")
+}
+
 /// A paged pool whose pages move on a mover thread (`BackgroundPagedRegion`). With the mover
 /// held back, a block whose pages are still to be mapped is handed out at once, and work on its
 /// stream (and on a stream ordered with `ready_on`) waits on the device until the pages are
@@ -434,9 +446,7 @@ fn background_moves_hold_the_streams_until_the_pages_are_mapped() {
     let Some(ctx) = device() else { return };
     let page = granularity(&ctx);
     let rig = Rig::new(&ctx);
-    let region = DevicePagedRegion::new(&ctx, 64 * page, 8 * page).expect("paged region");
-    let region = BackgroundPagedRegion::new(region, rig.clock.clone()).expect("mover");
-    let pool = FixedPool::new(region, rig.clock.clone()).expect("paged pool");
+    let pool = background_pool(&ctx, &rig, page);
     let words = 3 * page / 4;
     let paused = pool.region().pause_moves();
     let x = pool
@@ -524,9 +534,7 @@ fn background_moves_unordered_write_child() {
     let Some(ctx) = device() else { return };
     let page = granularity(&ctx);
     let rig = Rig::new(&ctx);
-    let region = DevicePagedRegion::new(&ctx, 64 * page, 8 * page).expect("paged region");
-    let region = BackgroundPagedRegion::new(region, rig.clock.clone()).expect("mover");
-    let pool = FixedPool::new(region, rig.clock.clone()).expect("paged pool");
+    let pool = background_pool(&ctx, &rig, page);
     let _paused = pool.region().pause_moves();
     let x = pool.alloc(2 * page, A).expect("x");
     let other = ctx.new_stream().expect("a stream the pool does not order");

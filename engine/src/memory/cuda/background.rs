@@ -8,7 +8,7 @@
 //! paid inline. Here that thread only does the bookkeeping.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
@@ -116,6 +116,8 @@ struct Shared {
     counter: PinnedCounter,
     /// Nanoseconds the mover spent in driver calls.
     busy_ns: AtomicU64,
+    /// Set once `Queue::failed` is, so the pool's calls check it without the lock.
+    broken: AtomicBool,
 }
 
 /// Which region pages the pool has backed (what it asked for, done or not) and the ticket of
@@ -172,6 +174,7 @@ impl Shared {
         if let Err(e) = self.ctx.bind_to_thread() {
             let mut q = self.lock();
             q.failed = Some(format!("page mover cannot bind the CUDA context: {e}"));
+            self.broken.store(true, Ordering::Release);
         }
         let mut q = self.lock();
         loop {
@@ -219,6 +222,7 @@ impl Shared {
             if let Err(e) = r {
                 q.failed
                     .get_or_insert_with(|| format!("background page move failed: {e}"));
+                self.broken.store(true, Ordering::Release);
             }
             // Even after a failure the counter advances, so no stream waits forever; the
             // region then refuses every later call.
@@ -252,6 +256,7 @@ impl BackgroundPagedRegion {
             done: AtomicU64::new(0),
             counter,
             busy_ns: AtomicU64::new(0),
+            broken: AtomicBool::new(false),
         });
         let s = Arc::clone(&shared);
         let mover = std::thread::Builder::new()
@@ -456,7 +461,11 @@ impl Region for BackgroundPagedRegion {
 
     #[inline]
     fn order_after_moves(&self, stream: StreamId, offset: usize, len: usize) -> Result<()> {
-        // Fast path: nothing pending at all (two loads, no lock).
+        // A mover that failed leaves pages unmapped behind blocks: every later call fails.
+        if self.shared.broken.load(Ordering::Acquire) {
+            return Self::failed(&self.shared.lock());
+        }
+        // Fast path: nothing pending at all (three loads, no lock).
         if self.shared.done.load(Ordering::Acquire) >= self.issued.load(Ordering::Acquire) {
             return Ok(());
         }
@@ -473,9 +482,8 @@ impl Region for BackgroundPagedRegion {
                 .unwrap_or(0)
         };
         if self.shared.done.load(Ordering::Acquire) >= ticket {
-            return Self::failed(&self.shared.lock());
+            return Ok(());
         }
-        Self::failed(&self.shared.lock())?;
         let capturing = self.clock.capturing();
         let mut ordered = self.ordered.lock().unwrap_or_else(|e| e.into_inner());
         let slot = match ordered.iter().position(|o| o.0 == stream) {
