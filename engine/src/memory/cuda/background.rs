@@ -126,7 +126,6 @@ struct Logical {
     backed: Vec<bool>,
     free: usize,
     ready: Vec<u64>,
-    issued: u64,
 }
 
 /// A [`DevicePagedRegion`] whose page moves run on a mover thread and are ordered on the
@@ -146,10 +145,6 @@ pub struct BackgroundPagedRegion {
     logical: Mutex<Logical>,
     /// Tickets issued so far (also under `logical`; read without the lock on the fast path).
     issued: AtomicU64,
-    page: usize,
-    base: usize,
-    len: usize,
-    physical: usize,
     mover: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -239,13 +234,7 @@ impl BackgroundPagedRegion {
     pub fn new(region: DevicePagedRegion, clock: Arc<CudaClock>) -> Result<Self> {
         let ctx = Arc::clone(&region.ctx);
         let counter = PinnedCounter::new(&ctx)?;
-        let (page, base, len, physical) = (
-            region.page,
-            region.base(),
-            region.len(),
-            region.physical_pages(),
-        );
-        let pages = len / page;
+        let (pages, physical) = (region.len() / region.page, region.physical_pages());
         let shared = Arc::new(Shared {
             ctx,
             spare_events: Mutex::new(Vec::new()),
@@ -272,13 +261,8 @@ impl BackgroundPagedRegion {
                 backed: vec![false; pages],
                 free: physical,
                 ready: vec![0; pages],
-                issued: 0,
             }),
             issued: AtomicU64::new(0),
-            page,
-            base,
-            len,
-            physical,
             mover: Some(mover),
         })
     }
@@ -339,7 +323,8 @@ impl BackgroundPagedRegion {
         if map && l.free < count {
             return Err(Error::OutOfMemory(format!(
                 "cannot map {count} pages: {} of {} physical pages are free",
-                l.free, self.physical
+                l.free,
+                self.physical_pages()
             )));
         }
         if count == 0 {
@@ -355,8 +340,8 @@ impl BackgroundPagedRegion {
                 .unwrap_or_else(|e| e.into_inner());
         }
         Self::failed(&q)?;
-        l.issued += 1;
-        let ticket = l.issued;
+        // Tickets are issued under `logical`, so this read-then-store cannot race.
+        let ticket = self.issued.load(Ordering::Relaxed) + 1;
         for i in first..end {
             l.backed[i] = map;
             if map {
@@ -396,19 +381,19 @@ impl BackgroundPagedRegion {
 
 impl Region for BackgroundPagedRegion {
     fn base(&self) -> usize {
-        self.base
+        self.shared.region.base()
     }
 
     fn len(&self) -> usize {
-        self.len
+        self.shared.region.len()
     }
 
     fn page_size(&self) -> Option<usize> {
-        Some(self.page)
+        Some(self.shared.region.page)
     }
 
     fn physical_pages(&self) -> usize {
-        self.physical
+        self.shared.region.physical_pages()
     }
 
     fn map_pages(&self, first: usize, count: usize) -> Result<()> {
@@ -472,8 +457,8 @@ impl Region for BackgroundPagedRegion {
         let ticket = {
             let l = self.logical.lock().unwrap_or_else(|e| e.into_inner());
             let (p0, p1) = (
-                offset / self.page,
-                (offset + len.max(1)).div_ceil(self.page),
+                offset / self.shared.region.page,
+                (offset + len.max(1)).div_ceil(self.shared.region.page),
             );
             l.ready[p0.min(l.ready.len())..p1.min(l.ready.len())]
                 .iter()
@@ -562,10 +547,10 @@ impl Drop for BackgroundPagedRegion {
 impl std::fmt::Debug for BackgroundPagedRegion {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BackgroundPagedRegion")
-            .field("base", &self.base)
-            .field("len", &self.len)
-            .field("page", &self.page)
-            .field("physical_pages", &self.physical)
+            .field("base", &self.base())
+            .field("len", &self.len())
+            .field("page", &self.shared.region.page)
+            .field("physical_pages", &self.physical_pages())
             .field("pending_moves", &self.pending_moves())
             .finish()
     }
