@@ -3,7 +3,7 @@
 //! micro-kernels. Paths: pointwise (1x1, stride 1, unpadded NHWC, C % 4 == 0, u8) runs the
 //! packed product on the input in place; depthwise (group == C) runs a direct kernel with
 //! channels in vector lanes: with AVX-512 VNNI + VBMI over tap-interleaved input rows
-//! ([`Dw4`]: four horizontal taps per `vpdpbusd` lane, rows interleaved once per worker band),
+//! ([`TapGroups`]: four horizontal taps per `vpdpbusd` lane, rows interleaved once per worker band),
 //! else `vpmaddwd` of zero-extended bytes against i32 weights, requantized in registers
 //! (portable scalar fallback); everything else gathers im2col tiles (padding holds the input
 //! zero point) per worker.
@@ -42,46 +42,60 @@ struct Geom {
     nhwc: bool,
 }
 
-/// The tap-interleaved depthwise layout: for each padded input row and each position `ix`
-/// a conv window can start a tap group at, the bytes `x[ix + j][c]` for `j` in 0..4 side by
-/// side per channel (one 32-bit lane), so one `vpdpbusd` multiplies four horizontal taps of
-/// 16 channels against the matching 4-byte weight lanes.
+/// The tap-grouped depthwise layout: for each padded input row and each position `ix` a
+/// conv window can start a tap group at, the values `x[ix + j][c]` for the group's `taps`
+/// horizontal taps side by side per channel, in one 32-bit lane. With AVX-512 VNNI a lane
+/// holds four bytes, so one `vpdpbusd` multiplies four taps of 16 channels; with AVX2 it holds
+/// two zero-extended i16, so one `vpmaddwd` multiplies two taps of 8 channels (exact, where
+/// `vpmaddubsw` would saturate). Either way the weights are lanes of the same shape.
 #[derive(Debug)]
-struct Dw4 {
+struct TapGroups {
+    /// Taps per lane: 4 (bytes, AVX-512 VNNI) or 2 (i16, AVX2).
+    taps: usize,
     /// Padded input rows the conv reads (`pt` rows above the input included): rows of
     /// image `n` are keyed `n * hp + row` in a worker's ring.
     hp: usize,
     /// Interleaved positions per row, `se` padded columns apart.
     nx: usize,
     se: usize,
-    /// Tap groups of four per kernel row (`ceil(kw / 4)`).
+    /// Tap groups per kernel row (`ceil(kw / taps)`).
     ng: usize,
-    /// Channels rounded up to 16 (one 64-byte vector per 16 channels and position).
+    /// Channels rounded up to a vector's: 16 (64-byte zmm) or 8 (32-byte ymm). Channel block
+    /// `k` of position `p` lies at vector `k * nx + p` of a row.
     cp: usize,
-    /// Weights `[ky][group][cp][4]` (taps past `kw` and channels past C are zero).
-    w: Vec<i8>,
+    /// Weight lanes `[ky][group][cp]`, 4 bytes each (taps past `kw` and channels past C are
+    /// zero).
+    w: Vec<u8>,
 }
 
-impl Dw4 {
+impl TapGroups {
     /// The layout for a depthwise conv of geometry `g` (horizontal dilation 1) with int8
-    /// weights `wt` in `[c][ky][kx]` order.
-    fn new(g: &Geom, wt: &[i8]) -> Dw4 {
-        let ng = g.kw.div_ceil(4);
-        let cp = g.cin.next_multiple_of(16);
-        // Windows start at `ox * sw` and groups 4 columns apart: when the stride divides 4
-        // only every `sw`-th column is ever a start.
-        let se = if 4 % g.sw == 0 { g.sw } else { 1 };
-        let last = (g.ow - 1) * g.sw + 4 * (ng - 1);
-        let mut w = vec![0i8; g.kh * ng * cp * 4];
+    /// weights `wt` in `[c][ky][kx]` order: `taps` 4 for AVX-512 VNNI, 2 for AVX2.
+    fn new(g: &Geom, wt: &[i8], taps: usize) -> TapGroups {
+        let ng = g.kw.div_ceil(taps);
+        let cv = if taps == 4 { 16 } else { 8 };
+        let cp = g.cin.next_multiple_of(cv);
+        // Windows start at `ox * sw` and groups `taps` columns apart: when the stride divides
+        // `taps` only every `sw`-th column is ever a start.
+        let se = if taps % g.sw == 0 { g.sw } else { 1 };
+        let last = (g.ow - 1) * g.sw + taps * (ng - 1);
+        let mut w = vec![0u8; g.kh * ng * cp * 4];
         for ky in 0..g.kh {
             for kx in 0..g.kw {
-                let (gi, j) = (kx / 4, kx % 4);
+                let (gi, j) = (kx / taps, kx % taps);
                 for c in 0..g.cin {
-                    w[((ky * ng + gi) * cp + c) * 4 + j] = wt[(c * g.kh + ky) * g.kw + kx];
+                    let v = wt[(c * g.kh + ky) * g.kw + kx];
+                    let at = ((ky * ng + gi) * cp + c) * 4 + j * (4 / taps);
+                    if taps == 4 {
+                        w[at] = v as u8;
+                    } else {
+                        w[at..at + 2].copy_from_slice(&(v as i16).to_le_bytes());
+                    }
                 }
             }
         }
-        Dw4 {
+        TapGroups {
+            taps,
             hp: (g.oh - 1) * g.sh + (g.kh - 1) * g.dh + 1,
             nx: last / se + 1,
             se,
@@ -91,14 +105,30 @@ impl Dw4 {
         }
     }
 
+    /// Bytes of one interleaved row.
+    fn line_bytes(&self) -> usize {
+        self.nx * self.cp * 4
+    }
+
     /// Bytes of one worker's ring of interleaved rows (one per input row a window spans).
     fn ring_bytes(&self, g: &Geom) -> usize {
-        ((g.kh - 1) * g.dh + 1) * self.nx * self.cp * 4
+        ((g.kh - 1) * g.dh + 1) * self.line_bytes()
+    }
+
+    /// Fills `line` as an all-padding row: every tap reads the zero point `za`.
+    fn fill_padding(&self, line: &mut [u8], za: u8) {
+        if self.taps == 4 {
+            line.fill(za);
+        } else {
+            for lane in line.chunks_exact_mut(2) {
+                lane.copy_from_slice(&(za as u16).to_le_bytes());
+            }
+        }
     }
 }
 
-/// Largest kernel height of the [`Dw4`] path (its ring bookkeeping lives on the stack).
-const DW4_MAX_KH: usize = 16;
+/// Largest kernel height of the [`TapGroups`] path (its ring bookkeeping lives on the stack).
+const TAP_GROUPS_MAX_KH: usize = 16;
 
 enum Imp {
     Pointwise,
@@ -121,9 +151,10 @@ struct QConvKernel {
     /// Depthwise on AVX-512 VNNI with padding: the geometry over a scratch copy of the input
     /// with its zero-point border written out, so no output pixel takes the border path.
     dw_pad: Option<Geom>,
-    /// Depthwise on AVX-512 VNNI + VBMI: four horizontal taps per `vpdpbusd` lane over a
-    /// tap-interleaved scratch copy of the input (preferred over `dw_pad` when present).
-    dw4: Option<Dw4>,
+    /// Depthwise over a tap-interleaved scratch copy of the input: four horizontal taps per
+    /// `vpdpbusd` lane (AVX-512 VNNI + VBMI) or two per `vpmaddwd` lane (AVX2); preferred over
+    /// `dw_pad` when present.
+    taps: Option<TapGroups>,
     isa: QIsa,
     name: String,
 }
@@ -208,17 +239,19 @@ fn build_with(graph: &Graph, node: &Node, isa: QIsa) -> Result<Box<dyn Kernel>> 
         let vbmi = super::quantize::vbmi_available();
         #[cfg(not(target_arch = "x86_64"))]
         let vbmi = false;
-        let dw4 = (isa == QIsa::Avx512Vnni
-            && vbmi
-            && epi.general.is_none()
-            && g.dw == 1
-            && g.kh <= DW4_MAX_KH)
-            .then(|| Dw4::new(&g, wt));
-        let (slots, slot) = match &dw4 {
+        let group_taps = match isa {
+            QIsa::Avx512Vnni if vbmi => Some(4),
+            QIsa::AvxVnni | QIsa::Avx2 => Some(2),
+            _ => None,
+        };
+        let taps = group_taps
+            .filter(|_| epi.general.is_none() && g.dw == 1 && g.kh <= TAP_GROUPS_MAX_KH)
+            .map(|t| TapGroups::new(&g, wt, t));
+        let (slots, slot) = match &taps {
             Some(d) => (rayon::current_num_threads().max(1), d.ring_bytes(&g)),
             None => (0, 0),
         };
-        let dw_pad = (dw4.is_none() && padded && isa == QIsa::Avx512Vnni && epi.general.is_none())
+        let dw_pad = (taps.is_none() && padded && isa == QIsa::Avx512Vnni && epi.general.is_none())
             .then(|| Geom {
                 h: (g.oh - 1) * g.sh + (g.kh - 1) * g.dh + 1,
                 w: (g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1,
@@ -236,7 +269,7 @@ fn build_with(graph: &Graph, node: &Node, isa: QIsa) -> Result<Box<dyn Kernel>> 
             slots,
             slot,
             dw_pad,
-            dw4,
+            taps,
             isa,
             name: name_s,
         }));
@@ -294,7 +327,7 @@ fn build_with(graph: &Graph, node: &Node, isa: QIsa) -> Result<Box<dyn Kernel>> 
         slots: threads,
         slot,
         dw_pad: None,
-        dw4: None,
+        taps: None,
         isa,
         name: name_s,
     }))
@@ -487,18 +520,18 @@ impl QConvKernel {
 
 #[cfg(target_arch = "x86_64")]
 impl QConvKernel {
-    /// Depthwise through [`Dw4`]: output rows in bands, one per worker slot, each
+    /// Depthwise through [`TapGroups`]: output rows in bands, one per worker slot, each
     /// interleaving the input rows its windows read into its ring. The caller checked the
     /// input and output sizes; a scratch shorter than `scratch_bytes` is an error.
-    fn run_dw4(&self, x: &[u8], out: &mut [u8], scratch: &mut [u8]) -> Result<()> {
+    fn run_tap_groups(&self, x: &[u8], out: &mut [u8], scratch: &mut [u8]) -> Result<()> {
         let (g, epi) = (&self.g, &self.epis[0]);
-        let Some(d) = &self.dw4 else {
+        let Some(d) = &self.taps else {
             return Err(Error::Unsupported(format!(
                 "{}: no depthwise layout",
                 self.name
             )));
         };
-        let line = d.nx * d.cp * 4;
+        let line = d.line_bytes();
         let span = (g.kh - 1) * g.dh + 1;
         let total = g.n * g.oh;
         // One band of output rows per worker slot, each with a ring of the `span` interleaved
@@ -515,8 +548,8 @@ impl QConvKernel {
             .zip(out_rows)
             .enumerate()
             .for_each(|(b, (ring, ob))| {
-                let mut have = [usize::MAX; DW4_MAX_KH];
-                let mut lines = [std::ptr::null(); DW4_MAX_KH];
+                let mut have = [usize::MAX; TAP_GROUPS_MAX_KH];
+                let mut lines = [std::ptr::null(); TAP_GROUPS_MAX_KH];
                 for (k, o) in ob.chunks_exact_mut(g.ow * g.cout).enumerate() {
                     let r = b * per + k;
                     let (ni, oy) = (r / g.oh, r % g.oh);
@@ -529,25 +562,38 @@ impl QConvKernel {
                             let y = iy.wrapping_sub(g.pt);
                             if y < g.h {
                                 let row = &x[(ni * g.h + y) * g.w * g.cin..][..g.w * g.cin];
-                                // SAFETY: VBMI and AVX-512 VNNI were checked when `dw4` was
-                                // built; `row` is one input row and `dst` one interleaved row.
-                                unsafe { dw4_interleave(d, g, row, dst, fl, self.za) };
+                                // SAFETY: the layout's instruction set was checked available
+                                // when it was built (four taps: AVX-512 VNNI + VBMI; two: AVX2);
+                                // `row` is one input row and `dst` one interleaved row.
+                                unsafe {
+                                    if d.taps == 4 {
+                                        dw4_interleave(d, g, row, dst, fl, self.za)
+                                    } else {
+                                        dw2_interleave(d, g, row, dst, fl, self.za)
+                                    }
+                                };
                             } else {
-                                dst.fill(self.za);
+                                d.fill_padding(dst, self.za);
                             }
                         }
                         *l = dst.as_ptr();
                     }
                     // SAFETY: as above; `lines` point at the kh interleaved rows output row `r`
                     // reads (alive in `ring` until this row is done) and `o` is that row.
-                    unsafe { dw4_row(d, g, &lines[..g.kh], o, epi) };
+                    unsafe {
+                        if d.taps == 4 {
+                            dw4_row(d, g, &lines[..g.kh], o, epi)
+                        } else {
+                            dw2_row(d, g, &lines[..g.kh], o, epi)
+                        }
+                    };
                 }
             });
         Ok(())
     }
 }
 
-/// Writes one [`Dw4`] row from input row `row`: at position `p` and channel `c`, the four
+/// Writes one four-tap [`TapGroups`] row from input row `row`: at position `p` and channel `c`, the four
 /// bytes `row[p * se + j - pl][c] ^ fl` (the zero point `za` outside the image) side by side,
 /// 64 channels per step with two rounds of `vpermt2b`/`vpermt2w`; channels up to the next
 /// multiple of 16 are written too.
@@ -557,7 +603,7 @@ impl QConvKernel {
 /// `d.nx * d.cp * 4`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-unsafe fn dw4_interleave(d: &Dw4, g: &Geom, row: &[u8], dst: &mut [u8], fl: u8, za: u8) {
+unsafe fn dw4_interleave(d: &TapGroups, g: &Geom, row: &[u8], dst: &mut [u8], fl: u8, za: u8) {
     use std::arch::x86_64::*;
     // Byte i of a pair interleave takes byte i / 2 of the first operand (even i) or of the
     // second (odd i, bit 6); the word interleave likewise with bit 5.
@@ -617,7 +663,7 @@ unsafe fn dw4_interleave(d: &Dw4, g: &Geom, row: &[u8], dst: &mut [u8], fl: u8, 
     }
 }
 
-/// One output row of a depthwise conv over the [`Dw4`] rows `lines` (one per kernel row):
+/// One output row of a depthwise conv over the four-tap [`TapGroups`] rows `lines` (one per kernel row):
 /// per group of eight pixels
 /// and 16 channels, one `vpdpbusd` per kernel row and tap group (the weight vector shared by
 /// the four pixels' independent chains), requantized in registers.
@@ -628,7 +674,7 @@ unsafe fn dw4_interleave(d: &Dw4, g: &Geom, row: &[u8], dst: &mut [u8], fl: u8, 
 /// `epi.general` is `None`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn dw4_row(d: &Dw4, g: &Geom, lines: &[*const u8], o: &mut [u8], epi: &QEpilogue) {
+unsafe fn dw4_row(d: &TapGroups, g: &Geom, lines: &[*const u8], o: &mut [u8], epi: &QEpilogue) {
     use std::arch::x86_64::*;
     const PX: usize = 8;
     let c = g.cin;
@@ -667,6 +713,148 @@ unsafe fn dw4_row(d: &Dw4, g: &Geom, lines: &[*const u8], o: &mut [u8], epi: &QE
             ox0 += np;
         }
         cb += nb;
+    }
+}
+
+/// Writes one two-tap [`TapGroups`] row from input row `row`: at position `p` and channel
+/// `c`, the pair `row[p * se + j - pl][c] ^ fl` for `j` in 0..2 (the zero point `za` outside
+/// the image), each byte zero-extended to i16; 16 channels per step with one byte unpack;
+/// channels up to the next multiple of 8 are written too.
+///
+/// # Safety
+/// AVX2 must be available; `row` holds `g.w * g.cin` bytes and `dst` `d.line_bytes()`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn dw2_interleave(d: &TapGroups, g: &Geom, row: &[u8], dst: &mut [u8], fl: u8, za: u8) {
+    use std::arch::x86_64::*;
+    let flv = _mm_set1_epi8(fl as i8);
+    let zav = _mm_set1_epi8(za as i8);
+    let c = g.cin;
+    let (rp, dp) = (row.as_ptr(), dst.as_mut_ptr());
+    let block = d.nx * 32;
+    for p in 0..d.nx {
+        let ix = p * d.se;
+        let src: [*const u8; 2] = std::array::from_fn(|j| {
+            let col = (ix + j).wrapping_sub(g.pl);
+            if col < g.w {
+                rp.add(col * c)
+            } else {
+                std::ptr::null()
+            }
+        });
+        let out = dp.add(p * 32);
+        let mut cb = 0;
+        while cb < c {
+            let nb = (c - cb).min(16);
+            let v: [__m128i; 2] = std::array::from_fn(|j| {
+                if src[j].is_null() {
+                    zav
+                } else if nb == 16 {
+                    _mm_xor_si128(_mm_loadu_si128(src[j].add(cb) as *const __m128i), flv)
+                } else {
+                    // Channel tail: copy what exists (the lanes past C meet zero weights).
+                    let mut t = [0u8; 16];
+                    std::ptr::copy_nonoverlapping(src[j].add(cb), t.as_mut_ptr(), nb);
+                    _mm_xor_si128(_mm_loadu_si128(t.as_ptr() as *const __m128i), flv)
+                }
+            });
+            let o = out.add(cb / 8 * block);
+            let lo = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(v[0], v[1]));
+            _mm256_storeu_si256(o as *mut __m256i, lo);
+            if nb > 8 {
+                let hi = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(v[0], v[1]));
+                _mm256_storeu_si256(o.add(block) as *mut __m256i, hi);
+            }
+            cb += nb;
+        }
+    }
+}
+
+/// Output pixels per step of [`dw2_row`] (independent accumulation chains per vector).
+const DW2_PX: usize = 4;
+
+/// One output row of a depthwise conv over the two-tap [`TapGroups`] rows `lines` (one per
+/// kernel row): per 16 channels (two vectors; 8 at an odd end) and four pixels, one
+/// `vpmaddwd` + `vpaddd` per kernel row, tap pair and vector, requantized in registers.
+///
+/// # Safety
+/// AVX2 must be available; each of the `kh` lines holds `d.line_bytes()` bytes written by
+/// [`dw2_interleave`], `o` the `ow * C` bytes of the output row, and `epi.general` is `None`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn dw2_row(d: &TapGroups, g: &Geom, lines: &[*const u8], o: &mut [u8], epi: &QEpilogue) {
+    let blocks = d.cp / 8;
+    let mut k = 0;
+    while k < blocks {
+        if k + 1 < blocks {
+            dw2_block::<2>(d, g, lines, k, o, epi);
+            k += 2;
+        } else {
+            dw2_block::<1>(d, g, lines, k, o, epi);
+            k += 1;
+        }
+    }
+}
+
+/// Channel blocks `k..k + NV` (8 channels each) of one [`dw2_row`] output row.
+///
+/// # Safety
+/// As for [`dw2_row`], and `k + NV <= d.cp / 8`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+#[allow(clippy::needless_range_loop)] // register tiles index several arrays in step
+unsafe fn dw2_block<const NV: usize>(
+    d: &TapGroups,
+    g: &Geom,
+    lines: &[*const u8],
+    k: usize,
+    o: &mut [u8],
+    epi: &QEpilogue,
+) {
+    use std::arch::x86_64::*;
+    const PX: usize = DW2_PX;
+    let c = g.cin;
+    // Positions between tap groups and between pixels (`se` divides 2), hoisted.
+    let (gstep, pstep) = (2 / d.se, g.sw / d.se);
+    let block = d.nx * 32;
+    let wp = d.w.as_ptr();
+    let mut ox0 = 0;
+    while ox0 < g.ow {
+        let np = PX.min(g.ow - ox0);
+        // Start position of each pixel's window (the last group repeats its final pixel).
+        let pos: [usize; PX] = std::array::from_fn(|p| (ox0 + p.min(np - 1)) * pstep * 32);
+        let mut acc = [[_mm256_setzero_si256(); PX]; NV];
+        for (ky, &line) in lines.iter().enumerate() {
+            for gi in 0..d.ng {
+                let step = gi * gstep * 32;
+                for v in 0..NV {
+                    let wv = _mm256_loadu_si256(
+                        wp.add(((ky * d.ng + gi) * d.cp + (k + v) * 8) * 4) as *const __m256i,
+                    );
+                    let rb = line.add((k + v) * block + step);
+                    for p in 0..PX {
+                        let a = _mm256_loadu_si256(rb.add(pos[p]) as *const __m256i);
+                        acc[v][p] = _mm256_add_epi32(acc[v][p], _mm256_madd_epi16(a, wv));
+                    }
+                }
+            }
+        }
+        for v in 0..NV {
+            let cb = (k + v) * 8;
+            for p in 0..np {
+                let at = (ox0 + p) * c + cb;
+                if cb + 8 <= c {
+                    let q = epi.requant8(acc[v][p], cb);
+                    _mm_storel_epi64(o.as_mut_ptr().add(at) as *mut __m128i, q);
+                } else {
+                    let mut t = [0i32; 8];
+                    _mm256_storeu_si256(t.as_mut_ptr() as *mut __m256i, acc[v][p]);
+                    epi.store(&t[..c - cb], cb, &mut o[at..at + c - cb]);
+                }
+            }
+        }
+        ox0 += np;
     }
 }
 
@@ -952,8 +1140,8 @@ impl Kernel for QConvKernel {
         }
         match &self.imp {
             #[cfg(target_arch = "x86_64")]
-            Imp::Depthwise { .. } if self.dw4.is_some() => {
-                self.run_dw4(x.bytes, out.bytes, scratch)
+            Imp::Depthwise { .. } if self.taps.is_some() => {
+                self.run_tap_groups(x.bytes, out.bytes, scratch)
             }
             Imp::Depthwise { w } => match &self.dw_pad {
                 Some(pg) => {
