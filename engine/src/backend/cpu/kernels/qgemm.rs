@@ -3,8 +3,10 @@
 //! the zero-point correction `-za * sum_k B[k][n]`). `B` is packed once at build time into
 //! panels of 32 (or a 16-wide tail) columns, K in groups of 4: `[k/4][column][4]`, the operand
 //! layout of `vpdpbusd`. Micro-kernels are chosen at run time: AVX-512 VNNI (6 x 32), AVX-VNNI
-//! 256-bit (2 x 32), AVX2 (exact i16 widening + `vpmaddwd`, 1 x 32; `vpmaddubsw` would saturate)
-//! and a portable scalar one. Also the QGemm node kernel (a folded `DQ -> Gemm -> Q`).
+//! 256-bit (2 x 32), AVX2 and a portable scalar one. AVX2 packs `B` widened to i16 instead
+//! (16-column panels, `[k/2][column][2]`) and widens each block of six A rows once, so its
+//! 6 x 16 tile is one `vpmaddwd` + `vpaddd` per 16 products, exact (`vpmaddubsw` would
+//! saturate). Also the QGemm node kernel (a folded `DQ -> Gemm -> Q`).
 
 use rayon::prelude::*;
 
@@ -94,9 +96,11 @@ pub struct PackedQB {
     /// K rounded up to a multiple of 4 (A rows must provide this many readable bytes).
     pub kp: usize,
     pub n: usize,
-    /// Panels: (first column, width 16 or 32, byte offset).
+    /// Panels: (first column, width 16 or 32, offset into `data`, or into `wide` for AVX2).
     panels: Vec<(usize, usize, usize)>,
     data: Vec<i8>,
+    /// AVX2: 16-column panels widened to i16, `[kp / 2][16][2]` each.
+    wide: Vec<i16>,
     /// `sum_k B[k][n]` per column.
     pub col_sums: Vec<i32>,
 }
@@ -107,9 +111,22 @@ impl PackedQB {
         let kp = k.div_ceil(4) * 4;
         let mut panels = Vec::new();
         let mut data = Vec::new();
+        let mut wide = Vec::new();
         let mut col = 0;
         while col < n {
             let rest = n - col;
+            if isa == QIsa::Avx2 {
+                let off = wide.len();
+                wide.resize(off + kp * 16, 0);
+                for kk in 0..k {
+                    for j in 0..16.min(rest) {
+                        wide[off + (kk / 2) * 32 + j * 2 + kk % 2] = b(kk, col + j) as i16;
+                    }
+                }
+                panels.push((col, 16, off));
+                col += 16;
+                continue;
+            }
             let w = if rest > 16 { NR } else { 16 };
             let off = data.len();
             data.resize(off + kp * w, 0);
@@ -130,6 +147,7 @@ impl PackedQB {
             n,
             panels,
             data,
+            wide,
             col_sums,
         }
     }
@@ -169,7 +187,11 @@ impl PackedQB {
                         self.run_fused_vnni512(m, a, lda, out, ldc, epi);
                         return Ok(());
                     }
-                    QIsa::AvxVnni | QIsa::Avx2 if epi.general.is_none() => {
+                    QIsa::Avx2 => {
+                        self.run_wide_avx2(m, a, lda, out, ldc, epi);
+                        return Ok(());
+                    }
+                    QIsa::AvxVnni if epi.general.is_none() => {
                         self.run_fused_avx2(m, a, lda, out, ldc, epi);
                         return Ok(());
                     }
@@ -177,7 +199,7 @@ impl PackedQB {
                         self.run_avx512(m, a, lda, out, ldc, epi);
                         return Ok(());
                     }
-                    QIsa::AvxVnni | QIsa::Avx2 => {
+                    QIsa::AvxVnni => {
                         self.run_avx2(m, a, lda, out, ldc, epi);
                         return Ok(());
                     }
@@ -245,12 +267,11 @@ impl PackedQB {
         }
     }
 
-    /// AVX2 / AVX-VNNI product with the requantization in registers (8 columns per vector;
-    /// a column tail below 8 goes through the scalar epilogue).
+    /// AVX-VNNI product with the requantization in registers (8 columns per vector; a column
+    /// tail below 8 goes through the scalar epilogue).
     ///
     /// # Safety
-    /// AVX2 available (and AVX-VNNI for that ISA); sizes checked by [`PackedQB::run`];
-    /// `epi.general` None.
+    /// AVX2 and AVX-VNNI available; sizes checked by [`PackedQB::run`]; `epi.general` None.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
     unsafe fn run_fused_avx2(
@@ -262,39 +283,105 @@ impl PackedQB {
         ldc: usize,
         epi: &QEpilogue,
     ) {
-        // AVX2 runs two rows per tile here (B widened once for both).
-        let mr = if self.isa == QIsa::Avx2 {
-            2
-        } else {
-            self.isa.mr()
-        };
+        let mr = self.isa.mr();
         for &(c0, w, off) in &self.panels {
             let panel = &self.data[off..off + self.kp * w];
             let valid = w.min(self.n - c0);
             let mut i = 0;
             while i < m {
                 let rows = mr.min(m - i);
-                let arow = &a[i * lda..];
-                let t = if self.isa == QIsa::AvxVnni {
-                    micro_avxvnni_regs(rows, arow, lda, panel, w, self.kp)
-                } else {
-                    micro_avx2_2rows(rows, arow, lda, panel, w, self.kp)
-                };
+                let t = micro_avxvnni_regs(rows, &a[i * lda..], lda, panel, w, self.kp);
                 for (r, tr) in t.iter().enumerate().take(rows) {
                     let o = &mut out[(i + r) * ldc + c0..(i + r) * ldc + c0 + valid];
-                    let mut j = 0;
-                    while j + 8 <= valid {
-                        let q = epi.requant8(tr[j / 8], c0 + j);
-                        _mm_storel_epi64(o.as_mut_ptr().add(j) as *mut __m128i, q);
-                        j += 8;
-                    }
-                    if j < valid {
-                        let mut tmp = [0i32; 8];
-                        _mm256_storeu_si256(tmp.as_mut_ptr() as *mut __m256i, tr[j / 8]);
-                        epi.store(&tmp[..valid - j], c0 + j, &mut o[j..]);
-                    }
+                    store_avx2(tr, o, c0, epi);
                 }
                 i += rows;
+            }
+        }
+    }
+
+    /// AVX2 product over the i16-widened panels, in blocks of up to [`WIDE_ROWS`] rows of A
+    /// ([`PackedQB::wide_block`] for each block's height).
+    ///
+    /// # Safety
+    /// AVX2 available; sizes checked by [`PackedQB::run`]; packed for [`QIsa::Avx2`].
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn run_wide_avx2(
+        &self,
+        m: usize,
+        a: &[u8],
+        lda: usize,
+        out: &mut [u8],
+        ldc: usize,
+        epi: &QEpilogue,
+    ) {
+        let mut buf = [0u32; WIDE_ROWS * WIDE_CHUNK];
+        let mut i = 0;
+        while i < m {
+            let rows = WIDE_ROWS.min(m - i);
+            let (ap, op) = (a.as_ptr().add(i * lda), out.as_mut_ptr().add(i * ldc));
+            match rows {
+                6 => self.wide_block::<6>(ap, lda, op, ldc, epi, &mut buf),
+                5 => self.wide_block::<5>(ap, lda, op, ldc, epi, &mut buf),
+                4 => self.wide_block::<4>(ap, lda, op, ldc, epi, &mut buf),
+                3 => self.wide_block::<3>(ap, lda, op, ldc, epi, &mut buf),
+                2 => self.wide_block::<2>(ap, lda, op, ldc, epi, &mut buf),
+                _ => self.wide_block::<1>(ap, lda, op, ldc, epi, &mut buf),
+            }
+            i += rows;
+        }
+    }
+
+    /// `R` rows of A against every panel: the rows widened to i16 pairs once (in chunks of
+    /// [`WIDE_CHUNK`] pairs in `buf`, again per panel only when K is longer), an `R` x 16
+    /// register tile per panel, requantized in registers with the panel's bias and
+    /// multipliers loaded once (the scalar epilogue for a column tail or general activation).
+    ///
+    /// # Safety
+    /// AVX2 available; `R` rows of `kp` bytes readable from `ap` (stride `lda`) and `R` rows
+    /// of `n` bytes writable at `op` (stride `ldc`); packed for [`QIsa::Avx2`].
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    #[allow(clippy::needless_range_loop)] // register tiles index several arrays in step
+    unsafe fn wide_block<const R: usize>(
+        &self,
+        ap: *const u8,
+        lda: usize,
+        op: *mut u8,
+        ldc: usize,
+        epi: &QEpilogue,
+        buf: &mut [u32; WIDE_ROWS * WIDE_CHUNK],
+    ) {
+        let pairs = self.kp / 2;
+        let once = pairs <= WIDE_CHUNK;
+        if once {
+            widen_rows(ap, lda, R, 0, pairs, buf);
+        }
+        for &(c0, _, off) in &self.panels {
+            let bp = self.wide.as_ptr().add(off);
+            let mut acc = [[_mm256_setzero_si256(); 2]; R];
+            let mut k0 = 0;
+            while k0 < pairs {
+                let kc = WIDE_CHUNK.min(pairs - k0);
+                if !once {
+                    widen_rows(ap, lda, R, k0, kc, buf);
+                }
+                tile_wide_avx2::<R>(&mut acc, buf, bp.add(k0 * 32), kc);
+                k0 += kc;
+            }
+            let valid = 16.min(self.n - c0);
+            if valid == 16 && epi.general.is_none() {
+                let rq = Requant16::new(epi, c0);
+                for r in 0..R {
+                    let q = rq.apply(epi, acc[r][0], acc[r][1]);
+                    _mm_storeu_si128(op.add(r * ldc + c0) as *mut __m128i, q);
+                }
+            } else {
+                for r in 0..R {
+                    let o = std::slice::from_raw_parts_mut(op.add(r * ldc + c0), valid);
+                    store_avx2(&acc[r], o, c0, epi);
+                }
             }
         }
     }
@@ -364,7 +451,8 @@ impl PackedQB {
                 match self.isa {
                     QIsa::Avx512Vnni => return micro_vnni512(rows, a, lda, panel, w, kp, acc),
                     QIsa::AvxVnni => return micro_avxvnni(rows, a, lda, panel, w, kp, acc),
-                    QIsa::Avx2 => return micro_avx2(a, panel, w, kp, &mut acc[0]),
+                    // AVX2 runs its own widened panels (`run_wide_avx2`).
+                    QIsa::Avx2 => {}
                     QIsa::Portable => {}
                 }
             }
@@ -570,73 +658,167 @@ unsafe fn micro_avxvnni_regs(
     c
 }
 
-/// AVX2 tile of two rows (the second repeats the first when `rows == 1`) by a 16- or 32-wide
-/// panel, 16 columns at a time: each B quad widened to i16 once for both rows, exact
-/// `vpmaddwd` pair sums, then horizontal adds into column order (8 columns per vector).
+/// Rows of A per AVX2 register tile (6 x 16: twelve accumulators, two B vectors and a
+/// broadcast in the sixteen ymm registers).
+const WIDE_ROWS: usize = 6;
+
+/// K pairs of A widened at once (`WIDE_ROWS` rows of them: 24 KiB on the stack).
+const WIDE_CHUNK: usize = 1024;
+
+/// Writes pairs `k0..k0 + kc` of `rows` rows of A (from `ap`, stride `lda`) zero-extended to
+/// i16 into `buf` (row `r` at `r * WIDE_CHUNK`), one u32 lane per pair.
+///
+/// # Safety
+/// AVX2 available; each row has `2 * (k0 + kc)` readable bytes, `rows <= WIDE_ROWS` and
+/// `kc <= WIDE_CHUNK`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn widen_rows(
+    ap: *const u8,
+    lda: usize,
+    rows: usize,
+    k0: usize,
+    kc: usize,
+    buf: &mut [u32],
+) {
+    for r in 0..rows {
+        let src = ap.add(r * lda + 2 * k0);
+        let dst = buf.as_mut_ptr().add(r * WIDE_CHUNK);
+        let mut j = 0;
+        while j + 8 <= kc {
+            let v = _mm_loadu_si128(src.add(2 * j) as *const __m128i);
+            _mm256_storeu_si256(dst.add(j) as *mut __m256i, _mm256_cvtepu8_epi16(v));
+            j += 8;
+        }
+        while j < kc {
+            let (lo, hi) = (*src.add(2 * j) as u32, *src.add(2 * j + 1) as u32);
+            *dst.add(j) = lo | hi << 16;
+            j += 1;
+        }
+    }
+}
+
+/// Accumulates `kc` pairs of the `R` widened rows in `buf` against one 16-column i16 panel
+/// chunk at `bp` (`[kc][16][2]`) into `acc`.
+///
+/// # Safety
+/// AVX2 available; `bp` holds `kc * 32` i16 values, `buf` `R * WIDE_CHUNK` lanes, `R <= 6`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 #[inline]
 #[allow(clippy::needless_range_loop)] // register tiles index several arrays in step
-unsafe fn micro_avx2_2rows(
-    rows: usize,
-    a: &[u8],
-    lda: usize,
-    panel: &[i8],
-    w: usize,
-    kp: usize,
-) -> [[__m256i; 4]; 2] {
-    let a0p = a.as_ptr();
-    let a1p = a0p.add((rows - 1).min(1) * lda);
-    let bp = panel.as_ptr();
-    let mut o = [[_mm256_setzero_si256(); 4]; 2];
-    for half in 0..w / 16 {
-        let mut c = [[_mm256_setzero_si256(); 4]; 2];
-        for g in 0..kp / 4 {
-            let w0 = (a0p.add(g * 4) as *const u32).read_unaligned();
-            let w1 = (a1p.add(g * 4) as *const u32).read_unaligned();
-            let a0 = _mm256_broadcastq_epi64(_mm_cvtepu8_epi16(_mm_cvtsi32_si128(w0 as i32)));
-            let a1 = _mm256_broadcastq_epi64(_mm_cvtepu8_epi16(_mm_cvtsi32_si128(w1 as i32)));
-            for q in 0..4 {
-                let b = _mm_loadu_si128(bp.add(g * w * 4 + (half * 4 + q) * 16) as *const _);
-                let b16 = _mm256_cvtepi8_epi16(b);
-                c[0][q] = _mm256_add_epi32(c[0][q], _mm256_madd_epi16(a0, b16));
-                c[1][q] = _mm256_add_epi32(c[1][q], _mm256_madd_epi16(a1, b16));
-            }
-        }
-        for r in 0..2 {
-            for v in 0..2 {
-                let h = _mm256_hadd_epi32(c[r][2 * v], c[r][2 * v + 1]);
-                o[r][half * 2 + v] = _mm256_permute4x64_epi64::<0b11_01_10_00>(h);
-            }
+unsafe fn tile_wide_avx2<const R: usize>(
+    acc: &mut [[__m256i; 2]; R],
+    buf: &[u32],
+    bp: *const i16,
+    kc: usize,
+) {
+    let mut c = *acc;
+    let ap = buf.as_ptr();
+    for g in 0..kc {
+        let b0 = _mm256_loadu_si256(bp.add(g * 32) as *const __m256i);
+        let b1 = _mm256_loadu_si256(bp.add(g * 32 + 16) as *const __m256i);
+        for r in 0..R {
+            let a = _mm256_set1_epi32(*ap.add(r * WIDE_CHUNK + g) as i32);
+            c[r][0] = _mm256_add_epi32(c[r][0], _mm256_madd_epi16(a, b0));
+            c[r][1] = _mm256_add_epi32(c[r][1], _mm256_madd_epi16(a, b1));
         }
     }
-    o
+    *acc = c;
+}
+
+/// Stores one row's accumulators (8 columns per vector, columns `c0..c0 + o.len()`) through
+/// the epilogue: in registers for whole vectors when it has no general activation, else (and
+/// for a tail below 8) through [`QEpilogue::store`].
+///
+/// # Safety
+/// AVX2 available; `tr` holds at least `ceil(o.len() / 8)` vectors and the epilogue covers
+/// columns `c0..c0 + o.len()`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn store_avx2(tr: &[__m256i], o: &mut [u8], c0: usize, epi: &QEpilogue) {
+    let valid = o.len();
+    let mut j = 0;
+    if epi.general.is_none() {
+        while j + 8 <= valid {
+            let q = epi.requant8(tr[j / 8], c0 + j);
+            _mm_storel_epi64(o.as_mut_ptr().add(j) as *mut __m128i, q);
+            j += 8;
+        }
+    }
+    while j < valid {
+        let mut tmp = [0i32; 8];
+        _mm256_storeu_si256(tmp.as_mut_ptr() as *mut __m256i, tr[j / 8]);
+        let n = (valid - j).min(8);
+        epi.store(&tmp[..n], c0 + j, &mut o[j..j + n]);
+        j += n;
+    }
+}
+
+/// [`QEpilogue::requant8`] for 16 columns at once with their bias and multipliers held in
+/// registers (loaded once per panel, used for every row of a tile).
+#[cfg(target_arch = "x86_64")]
+struct Requant16 {
+    bias: [__m256i; 2],
+    mult: [__m256; 2],
+    lo: __m256,
+    hi: __m256,
+    zy: __m256i,
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-#[allow(clippy::needless_range_loop)] // register tiles index several arrays in step
-unsafe fn micro_avx2(a: &[u8], panel: &[i8], w: usize, kp: usize, acc: &mut [i32; NR]) {
-    let ap = a.as_ptr();
-    let bp = panel.as_ptr();
-    // Per 4 columns one accumulator of pair sums: [c0 k01, c0 k23, c1 k01, ...].
-    let mut c = [_mm256_setzero_si256(); 8];
-    let nq = w / 4;
-    for g in 0..kp / 4 {
-        let a4 = (ap.add(g * 4) as *const u32).read_unaligned();
-        let a16 = _mm_cvtepu8_epi16(_mm_cvtsi32_si128(a4 as i32));
-        let av = _mm256_broadcastq_epi64(a16);
-        for q in 0..nq {
-            let b = _mm_loadu_si128(bp.add(g * w * 4 + q * 16) as *const _);
-            let b16 = _mm256_cvtepi8_epi16(b);
-            c[q] = _mm256_add_epi32(c[q], _mm256_madd_epi16(av, b16));
+impl Requant16 {
+    /// Loads columns `c0..c0 + 16` of `epi`.
+    ///
+    /// # Safety
+    /// AVX2 available and `c0 + 16 <= epi.bias.len()`.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn new(epi: &QEpilogue, c0: usize) -> Self {
+        let (bp, mp) = (epi.bias.as_ptr().add(c0), epi.mult.as_ptr().add(c0));
+        Requant16 {
+            bias: [
+                _mm256_loadu_si256(bp as *const __m256i),
+                _mm256_loadu_si256(bp.add(8) as *const __m256i),
+            ],
+            mult: [_mm256_loadu_ps(mp), _mm256_loadu_ps(mp.add(8))],
+            lo: _mm256_set1_ps(epi.lo - epi.zy),
+            hi: _mm256_set1_ps(epi.hi - epi.zy),
+            zy: _mm256_set1_epi32(epi.zy as i32),
         }
     }
-    for q in 0..nq {
-        let mut t = [0i32; 8];
-        _mm256_storeu_si256(t.as_mut_ptr() as *mut _, c[q]);
-        for j in 0..4 {
-            acc[q * 4 + j] = t[2 * j] + t[2 * j + 1];
+
+    /// The 16 output bytes of accumulators `a0` (first 8 columns) and `a1`; bit-identical
+    /// to [`QEpilogue::store`].
+    ///
+    /// # Safety
+    /// AVX2 available; `epi` is the epilogue this was loaded from, `general` None.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn apply(&self, epi: &QEpilogue, a0: __m256i, a1: __m256i) -> __m128i {
+        let q = |a: __m256i, v: usize| {
+            let mut f = _mm256_mul_ps(
+                _mm256_cvtepi32_ps(_mm256_add_epi32(a, self.bias[v])),
+                self.mult[v],
+            );
+            if epi.slope != 1.0 {
+                let neg = _mm256_cmp_ps::<_CMP_LT_OQ>(f, _mm256_setzero_ps());
+                f = _mm256_blendv_ps(f, _mm256_mul_ps(f, _mm256_set1_ps(epi.slope)), neg);
+            }
+            let f = _mm256_min_ps(_mm256_max_ps(f, self.lo), self.hi);
+            _mm256_add_epi32(_mm256_cvtps_epi32(f), self.zy)
+        };
+        // In range after the clamp, so the saturating packs only reorder: per 128-bit lane
+        // [a0 0..4, a1 0..4 | a0 4..8, a1 4..8], put back in column order.
+        let w = _mm256_packs_epi32(q(a0, 0), q(a1, 1));
+        let w = _mm256_permute4x64_epi64::<0b11_01_10_00>(w);
+        let (lo, hi) = (_mm256_castsi256_si128(w), _mm256_extracti128_si256::<1>(w));
+        if epi.signed {
+            _mm_packs_epi16(lo, hi)
+        } else {
+            _mm_packus_epi16(lo, hi)
         }
     }
 }
@@ -1001,6 +1183,8 @@ mod tests {
             (6, 37, 33),
             (20, 300, 70),
             (9, 16, 100),
+            (30, 16, 96),
+            (14, 2500, 40),
         ] {
             let a: Vec<u8> = (0..m * k)
                 .map(|i| if i % 7 == 0 { 255 } else { rng.next() as u8 })
