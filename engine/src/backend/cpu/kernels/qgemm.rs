@@ -3,10 +3,10 @@
 //! the zero-point correction `-za * sum_k B[k][n]`). `B` is packed once at build time into
 //! panels of 32 (or a 16-wide tail) columns, K in groups of 4: `[k/4][column][4]`, the operand
 //! layout of `vpdpbusd`. Micro-kernels are chosen at run time: AVX-512 VNNI (6 x 32), AVX-VNNI
-//! 256-bit (2 x 32), AVX2 and a portable scalar one. AVX2 packs `B` widened to i16 instead
-//! (16-column panels, `[k/2][column][2]`) and widens each block of six A rows once, so its
-//! 6 x 16 tile is one `vpmaddwd` + `vpaddd` per 16 products, exact (`vpmaddubsw` would
-//! saturate). Also the QGemm node kernel (a folded `DQ -> Gemm -> Q`).
+//! 256-bit (2 x 32), AVX2 and a portable scalar one. AVX2 packs `B` in K pairs instead
+//! (16-column panels, `[k/2][column][2]`), widens each block of six A rows to i16 once and each
+//! B vector as it is loaded, so its 6 x 16 tile is one `vpmaddwd` + `vpaddd` per 16 products,
+//! exact (`vpmaddubsw` would saturate). Also the QGemm node kernel (a folded `DQ -> Gemm -> Q`).
 
 use rayon::prelude::*;
 
@@ -96,11 +96,11 @@ pub struct PackedQB {
     /// K rounded up to a multiple of 4 (A rows must provide this many readable bytes).
     pub kp: usize,
     pub n: usize,
-    /// Panels: (first column, width 16 or 32, offset into `data`, or into `wide` for AVX2).
+    /// Panels: (first column, width 16 or 32, offset into `data`, or into `pairs` for AVX2).
     panels: Vec<(usize, usize, usize)>,
     data: Vec<i8>,
-    /// AVX2: 16-column panels widened to i16, `[kp / 2][16][2]` each.
-    wide: Vec<i16>,
+    /// AVX2: 16-column panels in K pairs, `[kp / 2][16][2]` each.
+    pairs: Vec<i8>,
     /// `sum_k B[k][n]` per column.
     pub col_sums: Vec<i32>,
 }
@@ -111,16 +111,16 @@ impl PackedQB {
         let kp = k.div_ceil(4) * 4;
         let mut panels = Vec::new();
         let mut data = Vec::new();
-        let mut wide = Vec::new();
+        let mut pairs = Vec::new();
         let mut col = 0;
         while col < n {
             let rest = n - col;
             if isa == QIsa::Avx2 {
-                let off = wide.len();
-                wide.resize(off + kp * 16, 0);
+                let off = pairs.len();
+                pairs.resize(off + kp * 16, 0);
                 for kk in 0..k {
                     for j in 0..16.min(rest) {
-                        wide[off + (kk / 2) * 32 + j * 2 + kk % 2] = b(kk, col + j) as i16;
+                        pairs[off + (kk / 2) * 32 + j * 2 + kk % 2] = b(kk, col + j);
                     }
                 }
                 panels.push((col, 16, off));
@@ -147,7 +147,7 @@ impl PackedQB {
             n,
             panels,
             data,
-            wide,
+            pairs,
             col_sums,
         }
     }
@@ -300,7 +300,7 @@ impl PackedQB {
         }
     }
 
-    /// AVX2 product over the i16-widened panels, in blocks of up to [`WIDE_ROWS`] rows of A
+    /// AVX2 product over the K-pair panels, in blocks of up to [`WIDE_ROWS`] rows of A
     /// ([`PackedQB::wide_block`] for each block's height).
     ///
     /// # Safety
@@ -359,7 +359,7 @@ impl PackedQB {
             widen_rows(ap, lda, R, 0, pairs, buf);
         }
         for &(c0, _, off) in &self.panels {
-            let bp = self.wide.as_ptr().add(off);
+            let bp = self.pairs.as_ptr().add(off);
             let mut acc = [[_mm256_setzero_si256(); 2]; R];
             let mut k0 = 0;
             while k0 < pairs {
@@ -699,11 +699,11 @@ unsafe fn widen_rows(
     }
 }
 
-/// Accumulates `kc` pairs of the `R` widened rows in `buf` against one 16-column i16 panel
-/// chunk at `bp` (`[kc][16][2]`) into `acc`.
+/// Accumulates `kc` pairs of the `R` widened rows in `buf` against one 16-column K-pair panel
+/// chunk at `bp` (`[kc][16][2]`, widened to i16 as loaded) into `acc`.
 ///
 /// # Safety
-/// AVX2 available; `bp` holds `kc * 32` i16 values, `buf` `R * WIDE_CHUNK` lanes, `R <= 6`.
+/// AVX2 available; `bp` holds `kc * 32` bytes, `buf` `R * WIDE_CHUNK` lanes, `R <= 6`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 #[inline]
@@ -711,14 +711,14 @@ unsafe fn widen_rows(
 unsafe fn tile_wide_avx2<const R: usize>(
     acc: &mut [[__m256i; 2]; R],
     buf: &[u32],
-    bp: *const i16,
+    bp: *const i8,
     kc: usize,
 ) {
     let mut c = *acc;
     let ap = buf.as_ptr();
     for g in 0..kc {
-        let b0 = _mm256_loadu_si256(bp.add(g * 32) as *const __m256i);
-        let b1 = _mm256_loadu_si256(bp.add(g * 32 + 16) as *const __m256i);
+        let b0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(bp.add(g * 32) as *const __m128i));
+        let b1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(bp.add(g * 32 + 16) as *const __m128i));
         for r in 0..R {
             let a = _mm256_set1_epi32(*ap.add(r * WIDE_CHUNK + g) as i32);
             c[r][0] = _mm256_add_epi32(c[r][0], _mm256_madd_epi16(a, b0));
