@@ -369,13 +369,17 @@ impl Kernel for LutKernel {
         let xs = x.bytes;
         let t = &self.table;
         #[cfg(target_arch = "x86_64")]
-        let vbmi = vbmi_available();
+        let (vbmi, avx2) = (vbmi_available(), is_x86_feature_detected!("avx2"));
         drive(out.bytes, |start, chunk| {
             let src = &xs[start..start + chunk.len()];
             #[cfg(target_arch = "x86_64")]
             if vbmi {
                 // SAFETY: AVX-512 VBMI/BW checked at run time; equal slice lengths.
                 unsafe { lut_vbmi(t, src, chunk) };
+                return;
+            } else if avx2 {
+                // SAFETY: AVX2 checked at run time.
+                unsafe { lut_avx2(t, src, chunk) };
                 return;
             }
             lut_scalar(t, src, chunk);
@@ -429,6 +433,37 @@ unsafe fn lut_vbmi(t: &[u8; 256], src: &[u8], dst: &mut [u8]) {
         _mm512_mask_storeu_epi8(dst.as_mut_ptr().add(i) as *mut i8, m, y);
         i += 64;
     }
+}
+
+/// Table lookup of 32 bytes at a time with AVX2: the table as sixteen 16-byte rows, each
+/// looked up by the low nibble (`vpshufb`) and blended in where the high nibble selects
+/// that row; the tail goes through [`lut_scalar`].
+///
+/// # Safety
+/// AVX2 must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn lut_avx2(t: &[u8; 256], src: &[u8], dst: &mut [u8]) {
+    use std::arch::x86_64::*;
+    let rows: [__m256i; 16] = std::array::from_fn(|r| {
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(t.as_ptr().add(r * 16) as *const __m128i))
+    });
+    let nib = _mm256_set1_epi8(0x0f);
+    let n = src.len().min(dst.len());
+    let mut i = 0;
+    while i + 32 <= n {
+        let x = _mm256_loadu_si256(src.as_ptr().add(i) as *const __m256i);
+        let lo = _mm256_and_si256(x, nib);
+        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(x), nib);
+        let mut y = _mm256_shuffle_epi8(rows[0], lo);
+        for (r, row) in rows.iter().enumerate().skip(1) {
+            let sel = _mm256_cmpeq_epi8(hi, _mm256_set1_epi8(r as i8));
+            y = _mm256_blendv_epi8(y, _mm256_shuffle_epi8(*row, lo), sel);
+        }
+        _mm256_storeu_si256(dst.as_mut_ptr().add(i) as *mut __m256i, y);
+        i += 32;
+    }
+    lut_scalar(t, &src[i..n], &mut dst[i..n]);
 }
 
 #[cfg(test)]
@@ -550,7 +585,7 @@ mod tests {
             *v = (i as u8).wrapping_mul(37).wrapping_add(11);
         }
         // All byte values, a length with a 64-byte tail, and an empty run.
-        for n in [0usize, 1, 63, 64, 256 + 77] {
+        for n in [0usize, 1, 31, 32, 63, 64, 256 + 77] {
             let src: Vec<u8> = (0..n).map(|i| (i * 151 % 256) as u8).collect();
             let want: Vec<u8> = src
                 .iter()
@@ -567,6 +602,15 @@ mod tests {
                 assert_eq!(got, want, "vbmi n={n}");
             } else {
                 println!("SKIP: QLut VBMI path because this CPU lacks AVX-512 VBMI");
+            }
+            #[cfg(target_arch = "x86_64")]
+            if is_x86_feature_detected!("avx2") {
+                let mut got = vec![0u8; n];
+                // SAFETY: availability checked just above.
+                unsafe { lut_avx2(&t, &src, &mut got) };
+                assert_eq!(got, want, "avx2 n={n}");
+            } else {
+                println!("SKIP: QLut AVX2 path because this CPU lacks AVX2");
             }
         }
     }
