@@ -37,6 +37,10 @@ pub const SCAN_LIMIT: usize = 32;
 /// (completion of GPU work signals no condition variable, so it is polled).
 const PENDING_POLL: Duration = Duration::from_millis(1);
 
+/// Longest an allocation waits for a background mover to finish its page moves before it
+/// moves pages itself (a few moves' worth: ~40-60 µs each on an H200).
+const MOVER_WAIT: Duration = Duration::from_micros(200);
+
 const NIL: u32 = u32::MAX;
 const SL_BITS: u32 = 5;
 const SL: usize = 1 << SL_BITS;
@@ -1459,6 +1463,19 @@ impl<R: Region> FixedPool<R> {
             self.reclaim(g);
             found = g.take(units, own);
         }
+        // Background moves: free spans kept for a stream held on the device behind a move are
+        // not promoted (their point would pass only after the mover). Waiting briefly for the
+        // mover, then promoting them, beats moving more pages: each move adds tens of µs of
+        // mover time, and stream-alternating work would otherwise move pages every step.
+        if found.is_none()
+            && g.background
+            && self.held_foreign_spans(g, own)
+            && self.region.settle_within(MOVER_WAIT)?
+            && self.promote_foreign(g, own)
+        {
+            self.reclaim(g);
+            found = g.take(units, own);
+        }
         if found.is_none() && g.page_units > 0 {
             found = self.remap_take(g, units, own)?;
         }
@@ -1524,6 +1541,16 @@ impl<R: Region> FixedPool<R> {
 
     /// Makes spans reserved for other streams available to every stream once those streams
     /// pass a freshly recorded point (one event per stream). Returns whether any moved.
+    /// Whether a stream other than `own` keeps free spans and waits on the device behind a
+    /// background page move (so [`Self::promote_foreign`] passes it over).
+    fn held_foreign_spans(&self, g: &Inner, own: Option<u8>) -> bool {
+        (1..g.index.len() as u8).any(|t| {
+            Some(t) != own
+                && g.index[t as usize].fl_bitmap != 0
+                && self.region.stream_waits_on_moves(g.streams[t as usize - 1])
+        })
+    }
+
     fn promote_foreign(&self, g: &mut Inner, own: Option<u8>) -> bool {
         if self.clock.capturing() || !self.stream_safe {
             return false;

@@ -82,6 +82,12 @@ pub trait Region: Send + Sync {
     fn settle(&self) -> Result<()> {
         Ok(())
     }
+    /// Waits at most `limit` for the page moves asked for so far; true when none is left
+    /// (always, where moves are done when `map_pages`/`unmap_pages` return).
+    fn settle_within(&self, limit: std::time::Duration) -> Result<bool> {
+        let _ = limit;
+        Ok(true)
+    }
 }
 
 /// Alignment of a [`HostRegion`]'s base address.

@@ -884,6 +884,12 @@ struct FakePagedRegion {
     background: bool,
     /// The points each `unmap_pages_after` call was to wait for.
     afters: Mutex<Vec<Vec<(StreamId, EventId)>>>,
+    /// Background mode: streams count as held only while a move is pending, and
+    /// `settle_within` finishes the moves (else every stream is held and the mover never
+    /// finishes in time).
+    held_until_settled: bool,
+    /// `settle_within` calls.
+    settles: AtomicUsize,
 }
 
 impl FakePagedRegion {
@@ -900,6 +906,16 @@ impl FakePagedRegion {
             fail_orders: AtomicBool::new(false),
             background: false,
             afters: Mutex::new(Vec::new()),
+            held_until_settled: false,
+            settles: AtomicUsize::new(0),
+        }
+    }
+    /// Background mode where streams are held only while a move is pending, and a short wait
+    /// for the mover finishes the moves.
+    fn held_until_settled(self) -> Self {
+        FakePagedRegion {
+            held_until_settled: true,
+            ..self
         }
     }
     /// A region that moves pages in the background: maps stay pending until `settle`.
@@ -973,7 +989,17 @@ impl Region for FakePagedRegion {
     /// In background mode every stream counts as held behind a move (the pool then never
     /// promotes a stream's spans, and takes their pages instead).
     fn stream_waits_on_moves(&self, _stream: StreamId) -> bool {
+        if self.held_until_settled {
+            return self.pending.lock().unwrap().iter().any(|p| *p);
+        }
         self.background
+    }
+    fn settle_within(&self, _limit: std::time::Duration) -> crate::error::Result<bool> {
+        self.settles.fetch_add(1, Ordering::SeqCst);
+        if self.held_until_settled {
+            self.settle()?;
+        }
+        Ok(self.held_until_settled)
     }
     fn unmap_pages_after(
         &self,
@@ -1128,6 +1154,33 @@ fn background_moves_take_a_page_split_between_two_streams_spans() {
         (4 * PAGE, 0, 0)
     );
     drop((c, d));
+}
+
+/// Stream-alternating work over a background region: a span kept for a stream held behind a
+/// move is promoted after a short wait for the mover, instead of giving its pages, so the
+/// other stream reuses it and no page moves again.
+#[test]
+fn background_moves_wait_briefly_for_the_mover_before_moving_more_pages() {
+    let region = FakePagedRegion::new(PAGE, 16, 8)
+        .background()
+        .held_until_settled();
+    let pool = FixedPool::new(region, Arc::new(SyncClock)).unwrap();
+    let a = pool.alloc(3 * PAGE, S0).unwrap(); // three pages mapped, still moving
+    let off = a.offset();
+    drop(a);
+    assert!(pool.region().stream_waits_on_moves(S0));
+    let maps = pool.region().maps.load(Ordering::SeqCst);
+    let b = pool
+        .alloc(3 * PAGE, S1)
+        .expect("S0's span, once the mover is done");
+    assert_eq!(b.offset(), off, "the span kept for S0, promoted");
+    assert_eq!(
+        pool.region().maps.load(Ordering::SeqCst),
+        maps,
+        "no page moved"
+    );
+    assert!(pool.region().afters.lock().unwrap().is_empty());
+    assert_eq!(pool.region().settles.load(Ordering::SeqCst), 1);
 }
 
 /// A region that can no longer move pages fails the allocation, and the span goes back.

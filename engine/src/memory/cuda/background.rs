@@ -522,6 +522,26 @@ impl Region for BackgroundPagedRegion {
     fn settle(&self) -> Result<()> {
         self.wait_done(self.issued.load(Ordering::Acquire))
     }
+
+    fn settle_within(&self, limit: std::time::Duration) -> Result<bool> {
+        let ticket = self.issued.load(Ordering::Acquire);
+        let deadline = Instant::now() + limit;
+        let mut q = self.shared.lock();
+        while self.shared.done.load(Ordering::Acquire) < ticket {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            q = self
+                .shared
+                .done_cv
+                .wait_timeout(q, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        Self::failed(&q)?;
+        Ok(self.shared.done.load(Ordering::Acquire) >= ticket)
+    }
 }
 
 impl Drop for BackgroundPagedRegion {
