@@ -77,7 +77,7 @@ impl TapGroups {
         let cp = g.cin.next_multiple_of(cv);
         // Windows start at `ox * sw` and groups `taps` columns apart: when the stride divides
         // `taps` only every `sw`-th column is ever a start.
-        let se = if taps % g.sw == 0 { g.sw } else { 1 };
+        let se = if taps.is_multiple_of(g.sw) { g.sw } else { 1 };
         let last = (g.ow - 1) * g.sw + taps * (ng - 1);
         let mut w = vec![0u8; g.kh * ng * cp * 4];
         for ky in 0..g.kh {
