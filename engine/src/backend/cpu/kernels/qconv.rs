@@ -116,6 +116,7 @@ impl TapGroups {
     }
 
     /// Fills `line` as an all-padding row: every tap reads the zero point `za`.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     fn fill_padding(&self, line: &mut [u8], za: u8) {
         if self.taps == 4 {
             line.fill(za);
