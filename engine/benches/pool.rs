@@ -887,6 +887,7 @@ mod device {
                 let Some(pool) = make() else { return };
                 let mut p = Pool::new(pool, true);
                 let ns = run_pair(&mut p, w, iters, n_streams);
+                let pair_moves = (p.pool.stats().remaps, p.pool.region().mover_busy_ns());
                 drop(p);
                 let Some(pool) = make() else { return };
                 let mut p = Pool::new(pool, true);
@@ -901,8 +902,11 @@ mod device {
                         remaps = (st.remaps, st.pages_mapped, st.pages_unmapped);
                         // Printed as it goes, so a run cut short still shows its rounds.
                         println!(
-                            "{label}, {n_streams} stream(s): pair {ns:.1} ns, window {wns:.1} ns \
-                             at {ratio:.3}; mover {:.1} ns a window step; {} stream waits",
+                            "{label}, {n_streams} stream(s): pair {ns:.1} ns ({} page moves, \
+                             mover {:.1} ns a step), window {wns:.1} ns at {ratio:.3}; mover \
+                             {:.1} ns a window step; {} stream waits",
+                            pair_moves.0,
+                            pair_moves.1 as f64 / iters as f64,
                             region.mover_busy_ns() as f64 / iters as f64,
                             region.stream_waits()
                         );
