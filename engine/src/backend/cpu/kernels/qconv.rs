@@ -2,11 +2,12 @@
 //! activations, int8 OIHW weights packed at build time for the [`qgemm`](super::qgemm)
 //! micro-kernels. Paths: pointwise (1x1, stride 1, unpadded NHWC, C % 4 == 0, u8) runs the
 //! packed product on the input in place; depthwise (group == C) runs a direct kernel with
-//! channels in vector lanes: with AVX-512 VNNI + VBMI over tap-interleaved input rows
-//! ([`TapGroups`]: four horizontal taps per `vpdpbusd` lane, rows interleaved once per worker band),
-//! else `vpmaddwd` of zero-extended bytes against i32 weights, requantized in registers
-//! (portable scalar fallback); everything else gathers im2col tiles (padding holds the input
-//! zero point) per worker.
+//! channels in vector lanes over tap-interleaved input rows ([`TapGroups`], rows interleaved
+//! once per worker band): four horizontal taps per `vpdpbusd` lane with AVX-512 VNNI + VBMI, two
+//! zero-extended i16 taps per `vpmaddwd` lane with AVX2; geometries it does not take (dilated
+//! columns, general activations) run `vpmaddwd` of zero-extended bytes against i32 weights per
+//! tap, all requantized in registers (portable scalar fallback); everything else gathers im2col
+//! tiles (padding holds the input zero point) per worker.
 
 use rayon::prelude::*;
 

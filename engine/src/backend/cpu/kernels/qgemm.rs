@@ -192,7 +192,7 @@ impl PackedQB {
                         return Ok(());
                     }
                     QIsa::AvxVnni if epi.general.is_none() => {
-                        self.run_fused_avx2(m, a, lda, out, ldc, epi);
+                        self.run_fused_avxvnni(m, a, lda, out, ldc, epi);
                         return Ok(());
                     }
                     QIsa::Avx512Vnni => {
@@ -274,7 +274,7 @@ impl PackedQB {
     /// AVX2 and AVX-VNNI available; sizes checked by [`PackedQB::run`]; `epi.general` None.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
-    unsafe fn run_fused_avx2(
+    unsafe fn run_fused_avxvnni(
         &self,
         m: usize,
         a: &[u8],
