@@ -1539,8 +1539,6 @@ impl<R: Region> FixedPool<R> {
         }
     }
 
-    /// Makes spans reserved for other streams available to every stream once those streams
-    /// pass a freshly recorded point (one event per stream). Returns whether any moved.
     /// Whether a stream other than `own` keeps free spans and waits on the device behind a
     /// background page move (so [`Self::promote_foreign`] passes it over).
     fn held_foreign_spans(&self, g: &Inner, own: Option<u8>) -> bool {
@@ -1551,6 +1549,8 @@ impl<R: Region> FixedPool<R> {
         })
     }
 
+    /// Makes spans reserved for other streams available to every stream once those streams
+    /// pass a freshly recorded point (one event per stream). Returns whether any moved.
     fn promote_foreign(&self, g: &mut Inner, own: Option<u8>) -> bool {
         if self.clock.capturing() || !self.stream_safe {
             return false;

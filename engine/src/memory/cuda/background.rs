@@ -367,15 +367,35 @@ impl BackgroundPagedRegion {
 
     /// Waits on the host until the mover has finished `ticket`.
     fn wait_done(&self, ticket: u64) -> Result<()> {
+        self.wait_done_until(ticket, None).map(|_| ())
+    }
+
+    /// Waits on the host until the mover has finished `ticket` or `deadline` passes; true
+    /// when the ticket is done. A mover that failed is an error either way.
+    fn wait_done_until(&self, ticket: u64, deadline: Option<Instant>) -> Result<bool> {
         let mut q = self.shared.lock();
         while self.shared.done.load(Ordering::Acquire) < ticket {
-            q = self
-                .shared
-                .done_cv
-                .wait(q)
-                .unwrap_or_else(|e| e.into_inner());
+            q = match deadline {
+                None => self
+                    .shared
+                    .done_cv
+                    .wait(q)
+                    .unwrap_or_else(|e| e.into_inner()),
+                Some(d) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        break;
+                    }
+                    self.shared
+                        .done_cv
+                        .wait_timeout(q, left)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0
+                }
+            };
         }
-        Self::failed(&q)
+        Self::failed(&q)?;
+        Ok(self.shared.done.load(Ordering::Acquire) >= ticket)
     }
 }
 
@@ -525,22 +545,7 @@ impl Region for BackgroundPagedRegion {
 
     fn settle_within(&self, limit: std::time::Duration) -> Result<bool> {
         let ticket = self.issued.load(Ordering::Acquire);
-        let deadline = Instant::now() + limit;
-        let mut q = self.shared.lock();
-        while self.shared.done.load(Ordering::Acquire) < ticket {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            q = self
-                .shared
-                .done_cv
-                .wait_timeout(q, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-        Self::failed(&q)?;
-        Ok(self.shared.done.load(Ordering::Acquire) >= ticket)
+        self.wait_done_until(ticket, Some(Instant::now() + limit))
     }
 }
 

@@ -12,6 +12,8 @@
 use rayon::prelude::*;
 
 use super::elementwise::{input, output};
+#[cfg(target_arch = "x86_64")]
+use super::qgemm::store_avx2;
 use super::qgemm::{bias_i32, copy_row, u8_params, weights_i8, PackedQB, QEpilogue, QIsa};
 use super::{Kernel, TensorMut, TensorRef};
 use crate::error::{Error, Result};
@@ -114,6 +116,20 @@ impl TapGroups {
     /// Bytes of one worker's ring of interleaved rows (one per input row a window spans).
     fn ring_bytes(&self, g: &Geom) -> usize {
         ((g.kh - 1) * g.dh + 1) * self.line_bytes()
+    }
+
+    /// Where the `J` taps of interleaved position `p` read input row `rp`: the first byte of
+    /// each tap's column, null for a column outside the image (padding).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    fn sources<const J: usize>(&self, g: &Geom, rp: *const u8, p: usize) -> [*const u8; J] {
+        std::array::from_fn(|j| {
+            let col = (p * self.se + j).wrapping_sub(g.pl);
+            if col < g.w {
+                rp.wrapping_add(col * g.cin)
+            } else {
+                std::ptr::null()
+            }
+        })
     }
 
     /// Fills `line` as an all-padding row: every tap reads the zero point `za`.
@@ -623,15 +639,7 @@ unsafe fn dw4_interleave(d: &TapGroups, g: &Geom, row: &[u8], dst: &mut [u8], fl
     let c = g.cin;
     let (rp, dp) = (row.as_ptr(), dst.as_mut_ptr());
     for p in 0..d.nx {
-        let ix = p * d.se;
-        let src: [*const u8; 4] = std::array::from_fn(|j| {
-            let col = (ix + j).wrapping_sub(g.pl);
-            if col < g.w {
-                rp.add(col * c)
-            } else {
-                std::ptr::null()
-            }
-        });
+        let src: [*const u8; 4] = d.sources(g, rp, p);
         // Channel block k of position p lies at block k * nx + p of the row.
         let out = dp.add(p * 64) as *mut __m512i;
         let mut cb = 0;
@@ -735,15 +743,7 @@ unsafe fn dw2_interleave(d: &TapGroups, g: &Geom, row: &[u8], dst: &mut [u8], fl
     let (rp, dp) = (row.as_ptr(), dst.as_mut_ptr());
     let block = d.nx * 32;
     for p in 0..d.nx {
-        let ix = p * d.se;
-        let src: [*const u8; 2] = std::array::from_fn(|j| {
-            let col = (ix + j).wrapping_sub(g.pl);
-            if col < g.w {
-                rp.add(col * c)
-            } else {
-                std::ptr::null()
-            }
-        });
+        let src: [*const u8; 2] = d.sources(g, rp, p);
         let out = dp.add(p * 32);
         let mut cb = 0;
         while cb < c {
@@ -844,16 +844,10 @@ unsafe fn dw2_block<const NV: usize>(
         }
         for v in 0..NV {
             let cb = (k + v) * 8;
+            let nb = 8.min(c - cb);
             for p in 0..np {
                 let at = (ox0 + p) * c + cb;
-                if cb + 8 <= c {
-                    let q = epi.requant8(acc[v][p], cb);
-                    _mm_storel_epi64(o.as_mut_ptr().add(at) as *mut __m128i, q);
-                } else {
-                    let mut t = [0i32; 8];
-                    _mm256_storeu_si256(t.as_mut_ptr() as *mut __m256i, acc[v][p]);
-                    epi.store(&t[..c - cb], cb, &mut o[at..at + c - cb]);
-                }
+                store_avx2(&acc[v][p..p + 1], &mut o[at..at + nb], cb, epi);
             }
         }
         ox0 += np;

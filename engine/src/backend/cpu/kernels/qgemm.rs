@@ -738,7 +738,7 @@ unsafe fn tile_wide_avx2<const R: usize>(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn store_avx2(tr: &[__m256i], o: &mut [u8], c0: usize, epi: &QEpilogue) {
+pub(super) unsafe fn store_avx2(tr: &[__m256i], o: &mut [u8], c0: usize, epi: &QEpilogue) {
     let valid = o.len();
     let mut j = 0;
     if epi.general.is_none() {
