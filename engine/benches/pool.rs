@@ -19,11 +19,11 @@ use vigil_engine::memory::{
     SMALL_BLOCK,
 };
 
-#[path = "common/fake_paged_region.rs"]
-mod fake_paged_region;
+#[path = "common/fake_region.rs"]
+mod fake_region;
 #[path = "common/workload.rs"]
 mod workload;
-use fake_paged_region::{FakePagedRegion, PAGED_ADDRESS};
+use fake_region::{FakePagedRegion, FakeRegion, PAGED_ADDRESS};
 use workload::{window_peak_live, Workload, TABLE, WINDOW};
 
 /// Region of the pools in the first run of each row.
@@ -168,18 +168,6 @@ impl<R: Region> Alloc for Pool<R> {
     fn reset_peak(&mut self) {}
     fn settle(&mut self) -> Result<(), String> {
         self.pool.region().settle().map_err(|e| e.to_string())
-    }
-}
-
-/// A region at a fake address, for the host-only rows (never dereferenced).
-struct FakeRegion(usize);
-
-impl Region for FakeRegion {
-    fn base(&self) -> usize {
-        1 << 40
-    }
-    fn len(&self) -> usize {
-        self.0
     }
 }
 

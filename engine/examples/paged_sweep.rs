@@ -10,8 +10,8 @@
 //! `GROUP` pages inside a mapped or unmapped range were one physical handle: an optimistic
 //! bound for mixed page sizes (the driver charges per handle).
 
-#[path = "../benches/common/fake_paged_region.rs"]
-mod fake_paged_region;
+#[path = "../benches/common/fake_region.rs"]
+mod fake_region;
 #[path = "../benches/common/workload.rs"]
 mod workload;
 
@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use fake_paged_region::FakePagedRegion;
+use fake_region::FakePagedRegion;
 use vigil_engine::memory::{FixedPool, PoolOptions, Region, StreamId, SyncClock};
 use workload::{window_peak_live, Workload, TABLE, WINDOW};
 

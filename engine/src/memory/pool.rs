@@ -587,7 +587,7 @@ impl Inner {
 
     /// Takes the best span for `size` units usable by stream tag `own` (or any stream), splits
     /// it, and returns the used node.
-    #[inline]
+    #[inline(always)]
     fn take(&mut self, size: usize, own: Option<u8>) -> Option<u32> {
         let class = mapping(size);
         let any = self.best_in(ANY, size, class);
@@ -716,7 +716,7 @@ impl Inner {
 
     /// Returns node `i` to the free lists under `tag`, merging compatible free neighbours.
     /// A merge into one neighbour that keeps its size class and tag touches no list.
-    #[inline]
+    #[inline(always)]
     fn release(&mut self, i: u32, tag: u8) {
         let n = self.nodes[i as usize];
         let mut tag = tag;
@@ -777,6 +777,18 @@ impl Inner {
         }
     }
 
+    /// [`Self::take`] out of line, for the slow paths (the allocation path inlines it).
+    #[inline(never)]
+    fn take_cold(&mut self, size: usize, own: Option<u8>) -> Option<u32> {
+        self.take(size, own)
+    }
+
+    /// [`Self::release`] out of line, for the slow paths (the free path inlines it).
+    #[inline(never)]
+    fn release_cold(&mut self, i: u32, tag: u8) {
+        self.release(i, tag)
+    }
+
     fn largest_free(&self) -> usize {
         let mut best = 0;
         for idx in &self.index {
@@ -812,20 +824,23 @@ impl Inner {
 }
 
 /// This thread's token: never 0, unique for the life of the process (not reused when a thread
-/// exits, unlike a thread-local's address).
+/// exits, unlike a thread-local's address). Inlined: every allocation and free reads it.
+#[inline]
 fn thread_token() -> u64 {
-    static NEXT: AtomicU64 = AtomicU64::new(1);
     thread_local! {
         static TOKEN: Cell<u64> = const { Cell::new(0) };
     }
-    TOKEN.with(|t| {
-        let v = t.get();
-        if v != 0 {
-            return v;
-        }
+    #[cold]
+    #[inline(never)]
+    fn first(t: &Cell<u64>) -> u64 {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
         let v = NEXT.fetch_add(1, Ordering::Relaxed);
         t.set(v);
         v
+    }
+    TOKEN.with(|t| match t.get() {
+        0 => first(t),
+        v => v,
     })
 }
 
@@ -1160,11 +1175,19 @@ impl<R: Region> FixedPool<R> {
         h
     }
 
-    /// Returns every block queued on the remote-free list to the free lists.
+    /// Returns every block queued on the remote-free list to the free lists (inlined: every
+    /// allocation checks the list).
+    #[inline(always)]
     fn drain_remote(&self, g: &mut Inner) {
-        if self.remote.load(Ordering::Relaxed).is_null() {
-            return;
+        if !self.remote.load(Ordering::Relaxed).is_null() {
+            self.drain_remote_list(g);
         }
+    }
+
+    /// [`Self::drain_remote`] once the list holds blocks.
+    #[cold]
+    #[inline(never)]
+    fn drain_remote_list(&self, g: &mut Inner) {
         let mut p = self.remote.swap(ptr::null_mut(), Ordering::SeqCst);
         while !p.is_null() {
             // SAFETY: entries come from `Box::into_raw` in `free_remote`; the swap made this
@@ -1227,7 +1250,7 @@ impl<R: Region> FixedPool<R> {
     /// The handle of a span just taken, with `stream` ordered after any page move still pending
     /// behind it (a region that moves pages in the background); on failure the span goes back.
     #[allow(clippy::too_many_arguments)]
-    #[inline]
+    #[inline(always)]
     fn block(
         &self,
         pool: Arc<Self>,
@@ -1351,7 +1374,7 @@ impl<R: Region> FixedPool<R> {
         // on its own; merging with a neighbour reserved for another stream keeps that tag.
         for i in g.spans_of(t) {
             g.unlink_free(i);
-            g.release(i, ANY);
+            g.release_cold(i, ANY);
         }
         g.retired[k] = true;
     }
@@ -1415,7 +1438,7 @@ impl<R: Region> FixedPool<R> {
     }
 
     /// Takes a span for `units` on `stream`: (node, owner tag, byte offset).
-    #[inline]
+    #[inline(always)]
     fn alloc_in(
         &self,
         g: &mut Inner,
@@ -1457,11 +1480,11 @@ impl<R: Region> FixedPool<R> {
         let mut found = None;
         if self.pending_count.load(Ordering::Acquire) > 0 {
             self.reclaim(g);
-            found = g.take(units, own);
+            found = g.take_cold(units, own);
         }
         if found.is_none() && self.promote_foreign(g, own) {
             self.reclaim(g);
-            found = g.take(units, own);
+            found = g.take_cold(units, own);
         }
         // Background moves: free spans kept for a stream held on the device behind a move are
         // not promoted (their point would pass only after the mover). Waiting briefly for the
@@ -1474,7 +1497,7 @@ impl<R: Region> FixedPool<R> {
             && self.promote_foreign(g, own)
         {
             self.reclaim(g);
-            found = g.take(units, own);
+            found = g.take_cold(units, own);
         }
         if found.is_none() && g.page_units > 0 {
             found = self.remap_take(g, units, own)?;
@@ -1532,7 +1555,7 @@ impl<R: Region> FixedPool<R> {
                 let size = g.nodes[p.node as usize].size;
                 g.pending_units -= size;
                 self.pending_count.fetch_sub(1, Ordering::AcqRel);
-                g.release(p.node, p.tag);
+                g.release_cold(p.node, p.tag);
             } else {
                 k += 1;
             }
@@ -1719,7 +1742,7 @@ impl<R: Region> FixedPool<R> {
 
     /// Returns a block's span: free at once for its own stream, or pending on the streams
     /// declared to use it.
-    #[inline]
+    #[inline(always)]
     fn release_in(&self, g: &mut Inner, node: u32, tag: u8, uses: u64) {
         let size = g.nodes[node as usize].size;
         g.in_use -= size;
@@ -2011,7 +2034,7 @@ impl Inner {
         }
         if let Some((r, tag)) = rest {
             // Not yet linked; `release` links it, merging a free neighbour on its right.
-            self.release(r, tag);
+            self.release_cold(r, tag);
         }
         chain[0]
     }

@@ -365,6 +365,74 @@ impl BackgroundPagedRegion {
         Ok(())
     }
 
+    /// [`Region::order_after_moves`] once a move is pending (or the mover failed): orders
+    /// `stream` after the moves behind `offset..offset + len`, on the device where it can.
+    #[cold]
+    #[inline(never)]
+    fn order_after_pending_moves(&self, stream: StreamId, offset: usize, len: usize) -> Result<()> {
+        // A mover that failed leaves pages unmapped behind blocks: every later call fails.
+        if self.shared.broken.load(Ordering::Acquire) {
+            return Self::failed(&self.shared.lock());
+        }
+        let ticket = {
+            let l = self.logical.lock().unwrap_or_else(|e| e.into_inner());
+            let (p0, p1) = (
+                offset / self.shared.region.page,
+                (offset + len.max(1)).div_ceil(self.shared.region.page),
+            );
+            l.ready[p0.min(l.ready.len())..p1.min(l.ready.len())]
+                .iter()
+                .copied()
+                .max()
+                .unwrap_or(0)
+        };
+        if self.shared.done.load(Ordering::Acquire) >= ticket {
+            return Ok(());
+        }
+        let capturing = self.clock.capturing();
+        let mut ordered = self.ordered.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = match ordered.iter().position(|o| o.0 == stream) {
+            Some(i) => i,
+            None => {
+                ordered.push((stream, 0));
+                ordered.len() - 1
+            }
+        };
+        if !capturing && ordered[slot].1 >= ticket {
+            return Ok(());
+        }
+        let Some(s) = self.clock.stream(stream) else {
+            drop(ordered);
+            return self.wait_done(ticket);
+        };
+        self.shared
+            .ctx
+            .bind_to_thread()
+            .map_err(|e| cuda_err("cannot bind the CUDA context", e))?;
+        // SAFETY: the counter is a live pinned allocation mapped for the device, and outlives
+        // the stream's wait (the region's drop waits for nothing, but a dropped pool has no
+        // streams waiting on blocks it handed out).
+        let r = unsafe {
+            sys::cuStreamWaitValue64_v2(
+                s.cu_stream(),
+                self.shared.counter.device,
+                ticket,
+                sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as std::ffi::c_uint,
+            )
+        };
+        match r.result() {
+            Ok(()) => {
+                if !capturing {
+                    ordered[slot].1 = ticket;
+                }
+                self.waits.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            // No device-side wait: the host waits for the move instead.
+            Err(_) => self.wait_done(ticket),
+        }
+    }
+
     /// Waits on the host until the mover has finished `ticket`.
     fn wait_done(&self, ticket: u64) -> Result<()> {
         self.wait_done_until(ticket, None).map(|_| ())
@@ -466,71 +534,14 @@ impl Region for BackgroundPagedRegion {
 
     #[inline]
     fn order_after_moves(&self, stream: StreamId, offset: usize, len: usize) -> Result<()> {
-        // A mover that failed leaves pages unmapped behind blocks: every later call fails.
-        if self.shared.broken.load(Ordering::Acquire) {
-            return Self::failed(&self.shared.lock());
-        }
-        // Fast path: nothing pending at all (three loads, no lock).
-        if self.shared.done.load(Ordering::Acquire) >= self.issued.load(Ordering::Acquire) {
+        // Fast path, inlined into every allocation: no move pending and the mover sound
+        // (three loads, no lock).
+        if !self.shared.broken.load(Ordering::Acquire)
+            && self.shared.done.load(Ordering::Acquire) >= self.issued.load(Ordering::Acquire)
+        {
             return Ok(());
         }
-        let ticket = {
-            let l = self.logical.lock().unwrap_or_else(|e| e.into_inner());
-            let (p0, p1) = (
-                offset / self.shared.region.page,
-                (offset + len.max(1)).div_ceil(self.shared.region.page),
-            );
-            l.ready[p0.min(l.ready.len())..p1.min(l.ready.len())]
-                .iter()
-                .copied()
-                .max()
-                .unwrap_or(0)
-        };
-        if self.shared.done.load(Ordering::Acquire) >= ticket {
-            return Ok(());
-        }
-        let capturing = self.clock.capturing();
-        let mut ordered = self.ordered.lock().unwrap_or_else(|e| e.into_inner());
-        let slot = match ordered.iter().position(|o| o.0 == stream) {
-            Some(i) => i,
-            None => {
-                ordered.push((stream, 0));
-                ordered.len() - 1
-            }
-        };
-        if !capturing && ordered[slot].1 >= ticket {
-            return Ok(());
-        }
-        let Some(s) = self.clock.stream(stream) else {
-            drop(ordered);
-            return self.wait_done(ticket);
-        };
-        self.shared
-            .ctx
-            .bind_to_thread()
-            .map_err(|e| cuda_err("cannot bind the CUDA context", e))?;
-        // SAFETY: the counter is a live pinned allocation mapped for the device, and outlives
-        // the stream's wait (the region's drop waits for nothing, but a dropped pool has no
-        // streams waiting on blocks it handed out).
-        let r = unsafe {
-            sys::cuStreamWaitValue64_v2(
-                s.cu_stream(),
-                self.shared.counter.device,
-                ticket,
-                sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as std::ffi::c_uint,
-            )
-        };
-        match r.result() {
-            Ok(()) => {
-                if !capturing {
-                    ordered[slot].1 = ticket;
-                }
-                self.waits.fetch_add(1, Ordering::Relaxed);
-                Ok(())
-            }
-            // No device-side wait: the host waits for the move instead.
-            Err(_) => self.wait_done(ticket),
-        }
+        self.order_after_pending_moves(stream, offset, len)
     }
 
     fn stream_waits_on_moves(&self, stream: StreamId) -> bool {

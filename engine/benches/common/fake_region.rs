@@ -1,7 +1,21 @@
-//! A remappable region that maps nothing, for host-only paged pools: shared by
-//! `benches/pool.rs` and `examples/paged_sweep.rs`.
+//! Regions at fake addresses that map nothing, for host-only pools: shared by
+//! `benches/pool.rs`, `examples/paged_sweep.rs` and `examples/pool_pair.rs`.
+// Each including target uses part of it.
+#![allow(dead_code)]
 
 use vigil_engine::memory::Region;
+
+/// A fixed region of `.0` bytes at a fake address (never dereferenced).
+pub struct FakeRegion(pub usize);
+
+impl Region for FakeRegion {
+    fn base(&self) -> usize {
+        1 << 40
+    }
+    fn len(&self) -> usize {
+        self.0
+    }
+}
 
 /// Address space of the paged pools: physical memory is what they are sized by.
 pub const PAGED_ADDRESS: usize = 64 << 30;

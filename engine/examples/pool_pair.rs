@@ -1,0 +1,88 @@
+//! The allocator benchmark's pair loop alone (allocate then free, size uniform in [1 B, 10 MB],
+//! default stream, claimed) over a host-only pool, for profilers: under
+//! `valgrind --tool=cachegrind` it gives a deterministic instruction count per pair, which a
+//! noisy VM's timings cannot resolve (`scripts/pool-pair-instructions.sh`).
+//!
+//! `cargo run --release -p vigil-engine --example pool_pair -- [fixed|paged|background] [STEPS]`:
+//! `fixed` is a fixed 8 GiB region; `paged` and `background` are the benchmark's 4 MiB-page
+//! shapes over a fake remappable region, moving pages inline or (as placed) in the background.
+
+#[path = "../benches/common/fake_region.rs"]
+mod fake_region;
+#[path = "../benches/common/workload.rs"]
+mod workload;
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+use fake_region::{FakePagedRegion, FakeRegion};
+use vigil_engine::memory::{FixedPool, PoolOptions, Region, StreamClock, StreamId, SyncClock};
+use workload::{Workload, TABLE};
+
+/// Runs `steps` pairs on `pool` from this thread's claim: ns per pair.
+fn run<R: Region>(pool: Arc<FixedPool<R>>, w: &Workload, steps: usize) -> Result<f64, String> {
+    let _claim = pool.claim();
+    let t = Instant::now();
+    for i in 0..steps {
+        let block = pool
+            .alloc(w.pair_sizes[i % TABLE], StreamId::DEFAULT)
+            .map_err(|e| format!("pair step {i}: {e}"))?;
+        drop(std::hint::black_box(block));
+    }
+    Ok(t.elapsed().as_nanos() as f64 / steps.max(1) as f64)
+}
+
+fn main() -> ExitCode {
+    let mut args = std::env::args().skip(1);
+    let shape = args.next().unwrap_or_else(|| "fixed".into());
+    let steps = match args.next().map(|a| a.parse::<usize>()) {
+        None => 10_000_000,
+        Some(Ok(n)) => n,
+        Some(Err(e)) => {
+            eprintln!("STEPS must be a count: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let w = Workload::new();
+    let clock: Arc<dyn StreamClock> = Arc::new(SyncClock);
+    let paged = |background: bool| {
+        // The benchmark's shapes: 4 MiB pages, blocks under one page (inline) or two pages
+        // (background) from the top of their span, 2 GiB of physical pages.
+        let page = 4 << 20;
+        let region = FakePagedRegion {
+            physical: (2usize << 30) / page,
+            page,
+            mapped: Default::default(),
+            background,
+        };
+        let options = PoolOptions {
+            small_from_top: Some(if background { 2 * page } else { page }),
+            ..PoolOptions::serving()
+        };
+        FixedPool::with_options(region, clock.clone(), options)
+    };
+    let result = match shape.as_str() {
+        "fixed" => {
+            FixedPool::with_options(FakeRegion(8 << 30), clock.clone(), PoolOptions::serving())
+                .map_err(|e| e.to_string())
+                .and_then(|p| run(p, &w, steps))
+        }
+        "paged" | "background" => paged(shape == "background")
+            .map_err(|e| e.to_string())
+            .and_then(|p| run(p, &w, steps)),
+        other => Err(format!(
+            "unknown shape {other:?}: fixed, paged or background"
+        )),
+    };
+    match result {
+        Ok(ns) => {
+            println!("{shape}: {steps} pairs, {ns:.1} ns per pair");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
