@@ -886,12 +886,15 @@ mod device {
                         let region = p.pool.region();
                         busy.push(region.mover_busy_ns() as f64 / iters as f64);
                         let st = p.pool.stats();
-                        ratio = r.max(st.footprint as f64 / peak as f64);
+                        // The row reports the largest footprint of its rounds (the mover's
+                        // pace can move a block, so rounds may differ).
+                        let round = r.max(st.footprint as f64 / peak as f64);
+                        ratio = f64::max(ratio, round);
                         remaps = (st.remaps, st.pages_mapped, st.pages_unmapped);
                         // Printed as it goes, so a run cut short still shows its rounds.
                         println!(
                             "{label}, {n_streams} stream(s): pair {ns:.1} ns ({} page moves, \
-                             mover {:.1} ns a step), window {wns:.1} ns at {ratio:.3}; mover \
+                             mover {:.1} ns a step), window {wns:.1} ns at {round:.3}; mover \
                              {:.1} ns a window step; {} stream waits",
                             pair_moves.0,
                             pair_moves.1 as f64 / iters as f64,
