@@ -2,7 +2,8 @@
 # Instructions per alloc+free pair of the fixed pool's fast path, counted by cachegrind: a
 # deterministic figure where a noisy VM's timings are not (docs/benchmarks.md). Counts two runs
 # of N and 2N pairs and divides the difference, so set-up costs cancel.
-# Usage: scripts/pool-pair-instructions.sh [fixed|paged|background ...]   (N=200000 by default)
+# Usage: scripts/pool-pair-instructions.sh [fixed|paged|background ...]   (N=200000 by default;
+# OFF=1 turns stream safety off, the stream-safety A/B's other arm)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v valgrind >/dev/null || { echo "valgrind is needed (apt-get install valgrind)" >&2; exit 1; }
@@ -10,7 +11,7 @@ N=${N:-200000}
 cargo build --release -q -p vigil-engine --example pool_pair
 bin=${CARGO_TARGET_DIR:-target}/release/examples/pool_pair
 count() {
-    valgrind --tool=cachegrind --cache-sim=no --cachegrind-out-file=/dev/null "$bin" "$1" "$2" 2>&1 |
+    valgrind --tool=cachegrind --cache-sim=no --cachegrind-out-file=/dev/null "$bin" "$1" "$2" ${OFF:+off} 2>&1 |
         awk '/I *refs/ { gsub(",", "", $NF); print $NF }'
 }
 shapes=("$@")
@@ -18,5 +19,5 @@ shapes=("$@")
 for s in "${shapes[@]}"; do
     a=$(count "$s" "$N")
     b=$(count "$s" $((2 * N)))
-    echo "$s: $(((b - a) / N)) instructions per pair"
+    echo "$s${OFF:+ (stream safety off)}: $(((b - a) / N)) instructions per pair"
 done

@@ -3,9 +3,10 @@
 //! `valgrind --tool=cachegrind` it gives a deterministic instruction count per pair, which a
 //! noisy VM's timings cannot resolve (`scripts/pool-pair-instructions.sh`).
 //!
-//! `cargo run --release -p vigil-engine --example pool_pair -- [fixed|paged|background] [STEPS]`:
-//! `fixed` is a fixed 8 GiB region; `paged` and `background` are the benchmark's 4 MiB-page
-//! shapes over a fake remappable region, moving pages inline or (as placed) in the background.
+//! `cargo run --release -p vigil-engine --example pool_pair -- [fixed|paged|background] [STEPS]
+//! [off]`: `fixed` is a fixed 8 GiB region; `paged` and `background` are the benchmark's 4 MiB-page
+//! shapes over a fake remappable region, moving pages inline or (as placed) in the background;
+//! `off` turns stream safety off (the benchmark's A/B arm).
 
 #[path = "../benches/common/fake_region.rs"]
 mod fake_region;
@@ -44,6 +45,14 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let stream_safe = match args.next().as_deref() {
+        None => true,
+        Some("off") => false,
+        Some(other) => {
+            eprintln!("unknown option {other:?}: only `off` (stream safety off)");
+            return ExitCode::FAILURE;
+        }
+    };
     let w = Workload::new();
     let clock: Arc<dyn StreamClock> = Arc::new(SyncClock);
     let paged = |background: bool| {
@@ -58,6 +67,7 @@ fn main() -> ExitCode {
         };
         let options = PoolOptions {
             small_from_top: Some(if background { 2 * page } else { page }),
+            stream_safe,
             ..PoolOptions::serving()
         };
         FixedPool::with_options(region, clock.clone(), options)
