@@ -50,6 +50,8 @@ struct QAddKernel {
     p: Params,
     relu: bool,
     general: Option<Activation>,
+    /// Read by the x86 loops only.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     isa: QIsa,
     len: usize,
     name: String,

@@ -52,6 +52,8 @@ struct Geom {
 /// two zero-extended i16, so one `vpmaddwd` multiplies two taps of 8 channels (exact, where
 /// `vpmaddubsw` would saturate). Either way the weights are lanes of the same shape.
 #[derive(Debug)]
+// Built only for x86 ISAs, whose kernels are the only readers of every field.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 struct TapGroups {
     /// Taps per lane: 4 (bytes, AVX-512 VNNI) or 2 (i16, AVX2).
     taps: usize,
@@ -172,7 +174,9 @@ struct QConvKernel {
     /// Depthwise over a tap-interleaved scratch copy of the input: four horizontal taps per
     /// `vpdpbusd` lane (AVX-512 VNNI + VBMI) or two per `vpmaddwd` lane (AVX2); preferred over
     /// `dw_pad` when present.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     taps: Option<TapGroups>,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     isa: QIsa,
     name: String,
 }
@@ -773,6 +777,7 @@ unsafe fn dw2_interleave(d: &TapGroups, g: &Geom, row: &[u8], dst: &mut [u8], fl
 }
 
 /// Output pixels per step of [`dw2_row`] (independent accumulation chains per vector).
+#[cfg(target_arch = "x86_64")]
 const DW2_PX: usize = 4;
 
 /// One output row of a depthwise conv over the two-tap [`TapGroups`] rows `lines` (one per

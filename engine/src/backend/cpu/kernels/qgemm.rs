@@ -99,7 +99,8 @@ pub struct PackedQB {
     /// Panels: (first column, width 16 or 32, offset into `data`, or into `pairs` for AVX2).
     panels: Vec<(usize, usize, usize)>,
     data: Vec<i8>,
-    /// AVX2: 16-column panels in K pairs, `[kp / 2][16][2]` each.
+    /// AVX2: 16-column panels in K pairs, `[kp / 2][16][2]` each (empty for other ISAs).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pairs: Vec<i8>,
     /// `sum_k B[k][n]` per column.
     pub col_sums: Vec<i32>,
@@ -660,9 +661,11 @@ unsafe fn micro_avxvnni_regs(
 
 /// Rows of A per AVX2 register tile (6 x 16: twelve accumulators, two B vectors and a
 /// broadcast in the sixteen ymm registers).
+#[cfg(target_arch = "x86_64")]
 const WIDE_ROWS: usize = 6;
 
 /// K pairs of A widened at once (`WIDE_ROWS` rows of them: 24 KiB on the stack).
+#[cfg(target_arch = "x86_64")]
 const WIDE_CHUNK: usize = 1024;
 
 /// Writes pairs `k0..k0 + kc` of `rows` rows of A (from `ap`, stride `lda`) zero-extended to

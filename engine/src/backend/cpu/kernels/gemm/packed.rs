@@ -10,7 +10,9 @@ use crate::error::{Error, Result};
 use crate::ir::Activation;
 
 /// Instruction set a packed product runs with (chosen at pack time; panels depend on it).
+/// Only x86-64 selects the SIMD variants.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub enum Isa {
     /// AVX-512F: 8 x 32 tiles (16-wide tail panels).
     Avx512,
@@ -91,7 +93,8 @@ impl Epilogue {
         }
     }
 
-    /// (negative slope, lower clamp, upper clamp) of the fused part.
+    /// (negative slope, lower clamp, upper clamp) of the fused part (read by the x86 kernels).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub fn linear(&self) -> (f32, f32, f32) {
         (self.slope, self.lo, self.hi)
     }
