@@ -7,15 +7,18 @@
 # The last column is ORT running the QDQ model as written (ORT_AS_WRITTEN=1: DQ, float op, Q),
 # its exact path on x86 CPUs without VNNI, where its fused u8s8 kernels saturate.
 # ROUNDS=R (default 1) runs the four measurements R times in turn and prints the median of the
-# rounds' p50s and of the rounds' ratios, so a drift of a shared VM moves both sides alike.
+# rounds' p50s and of the rounds' ratios (each round's ORT / Vigil ratio in a last column), so a
+# drift of a shared VM moves both sides of a ratio alike.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${N:-200}
 ROUNDS=${ROUNDS:-1}
 cargo build --release -q -p vigil
 python3 scripts/make-qdq-models.py >/dev/null 2>&1 || python3 scripts/make-qdq-models.py
-echo "| model | threads | Vigil FP32 p50 ms | Vigil INT8 p50 ms | ORT $(python3 -c 'import onnxruntime as o; print(o.__version__)') QDQ p50 ms | FP32 / INT8 | ORT-QDQ / Vigil-INT8 | ORT as written p50 ms |"
-echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+extra=() sep=()
+[ "$ROUNDS" -gt 1 ] && extra=(" ORT-QDQ / Vigil-INT8 by round |") sep=(" --- |")
+echo "| model | threads | Vigil FP32 p50 ms | Vigil INT8 p50 ms | ORT $(python3 -c 'import onnxruntime as o; print(o.__version__)') QDQ p50 ms | FP32 / INT8 | ORT-QDQ / Vigil-INT8 | ORT as written p50 ms |${extra[*]}"
+echo "| --- | --- | --- | --- | --- | --- | --- | --- |${sep[*]}"
 for model in efficientnet-lite0 nanodet-m-416; do
     for t in 1 2; do
         fp=() q=() ort=() orw=()
@@ -36,8 +39,9 @@ o = [r["p50_ms"] for r in ort]
 w = [r["p50_ms"] for r in orw]
 m = statistics.median
 fi = m([a / b for a, b in zip(f, i)])
-oi = m([a / b for a, b in zip(o, i)])
-print(f"| {model} | {t} | {m(f):.2f} | {m(i):.2f} | {m(o):.2f} | {fi:.2f} | {oi:.2f} | {m(w):.2f} |")
+oi = [a / b for a, b in zip(o, i)]
+rounds = f" {', '.join(f'{r:.2f}' for r in oi)} |" if n > 1 else ""
+print(f"| {model} | {t} | {m(f):.2f} | {m(i):.2f} | {m(o):.2f} | {fi:.2f} | {m(oi):.2f} | {m(w):.2f} |{rounds}")
 PY
     done
 done
