@@ -6,7 +6,8 @@
 //! `cargo run --release -p vigil-engine --example pool_pair -- [fixed|paged|background] [STEPS]
 //! [off]`: `fixed` is a fixed 8 GiB region; `paged` and `background` are the benchmark's 4 MiB-page
 //! shapes over a fake remappable region, moving pages inline or (as placed) in the background;
-//! `off` turns stream safety off (the benchmark's A/B arm).
+//! `off` turns stream safety off (the benchmark's A/B arm; the fixed region only: paged pools
+//! need stream tracking).
 
 #[path = "../benches/common/fake_region.rs"]
 mod fake_region;
@@ -55,32 +56,35 @@ fn main() -> ExitCode {
     };
     let w = Workload::new();
     let clock: Arc<dyn StreamClock> = Arc::new(SyncClock);
-    let paged = |background: bool| {
-        // The benchmark's shapes: 4 MiB pages, blocks under one page (inline) or two pages
-        // (background) from the top of their span, 2 GiB of physical pages.
-        let page = 4 << 20;
-        let region = FakePagedRegion {
-            physical: (2usize << 30) / page,
-            page,
-            mapped: Default::default(),
-            background,
-        };
-        let options = PoolOptions {
-            small_from_top: Some(if background { 2 * page } else { page }),
-            stream_safe,
-            ..PoolOptions::serving()
-        };
-        FixedPool::with_options(region, clock.clone(), options)
+    // The benchmark's shapes: the serving options; paged, 4 MiB pages with blocks under one page
+    // (inline) or two pages (background) from the top of their span, 2 GiB of physical pages.
+    let page = 4 << 20;
+    let options = |small_from_top: Option<usize>| PoolOptions {
+        small_from_top,
+        stream_safe,
+        ..PoolOptions::serving()
     };
     let result = match shape.as_str() {
-        "fixed" => {
-            FixedPool::with_options(FakeRegion(8 << 30), clock.clone(), PoolOptions::serving())
+        "fixed" => FixedPool::with_options(
+            FakeRegion(8 << 30),
+            clock,
+            options(PoolOptions::serving().small_from_top),
+        )
+        .map_err(|e| e.to_string())
+        .and_then(|p| run(p, &w, steps)),
+        "paged" | "background" => {
+            let background = shape == "background";
+            let region = FakePagedRegion {
+                physical: (2usize << 30) / page,
+                page,
+                mapped: Default::default(),
+                background,
+            };
+            let small = if background { 2 * page } else { page };
+            FixedPool::with_options(region, clock, options(Some(small)))
                 .map_err(|e| e.to_string())
                 .and_then(|p| run(p, &w, steps))
         }
-        "paged" | "background" => paged(shape == "background")
-            .map_err(|e| e.to_string())
-            .and_then(|p| run(p, &w, steps)),
         other => Err(format!(
             "unknown shape {other:?}: fixed, paged or background"
         )),
