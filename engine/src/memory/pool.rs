@@ -298,11 +298,64 @@ struct Pending {
     epochs: [EventId; MAX_STREAMS],
 }
 
+/// A vector indexed by numbers the pool hands out itself: node numbers (from
+/// [`Table::push`] via `Inner::new_node`) and stream tags (from `Inner::tag_of`). Neither
+/// table ever shrinks, so every number the pool stores (list heads, neighbour and free links,
+/// a block's node and tag) is in bounds: indexing skips the bounds check, which the allocation
+/// and free paths would otherwise pay a dozen times (checked in debug builds, which the tests
+/// run).
+struct Table<T>(Vec<T>);
+
+impl<T> Table<T> {
+    fn with_capacity(n: usize) -> Self {
+        Table(Vec::with_capacity(n))
+    }
+
+    /// Appends `item`; its number.
+    #[inline]
+    fn push(&mut self, item: T) -> u32 {
+        self.0.push(item);
+        (self.0.len() - 1) as u32
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn get(&self, i: usize) -> Option<&T> {
+        self.0.get(i)
+    }
+
+    fn iter(&self) -> std::slice::Iter<'_, T> {
+        self.0.iter()
+    }
+}
+
+impl<T> std::ops::Index<usize> for Table<T> {
+    type Output = T;
+
+    #[inline(always)]
+    fn index(&self, i: usize) -> &T {
+        debug_assert!(i < self.0.len(), "entry {i} of {}", self.0.len());
+        // SAFETY: the numbers the pool stores are in bounds (see the type's comment).
+        unsafe { self.0.get_unchecked(i) }
+    }
+}
+
+impl<T> std::ops::IndexMut<usize> for Table<T> {
+    #[inline(always)]
+    fn index_mut(&mut self, i: usize) -> &mut T {
+        debug_assert!(i < self.0.len(), "entry {i} of {}", self.0.len());
+        // SAFETY: as for `index`.
+        unsafe { self.0.get_unchecked_mut(i) }
+    }
+}
+
 struct Inner {
-    nodes: Vec<Node>,
+    nodes: Table<Node>,
     spare: Vec<u32>,
     /// Per tag: its free lists (index 0 = any stream).
-    index: Vec<FreeIndex>,
+    index: Table<FreeIndex>,
     /// Registered streams; stream `streams[i]` has tag `i + 1`.
     streams: Vec<StreamId>,
     /// Per registered stream: the last recorded epoch, and whether a use was declared since.
@@ -348,10 +401,10 @@ struct Inner {
 impl Inner {
     fn new(units: usize, small_units: usize, page_units: usize, phys_pages: usize) -> Inner {
         let mut inner = Inner {
-            nodes: Vec::with_capacity(1024),
+            nodes: Table::with_capacity(1024),
             spare: Vec::with_capacity(1024),
             index: {
-                let mut v = Vec::with_capacity(MAX_STREAMS + 1);
+                let mut v = Table::with_capacity(MAX_STREAMS + 1);
                 v.push(FreeIndex::new());
                 v
             },
@@ -463,10 +516,7 @@ impl Inner {
                 self.nodes[i as usize] = node;
                 i
             }
-            None => {
-                self.nodes.push(node);
-                (self.nodes.len() - 1) as u32
-            }
+            None => self.nodes.push(node),
         }
     }
 
@@ -791,7 +841,7 @@ impl Inner {
 
     fn largest_free(&self) -> usize {
         let mut best = 0;
-        for idx in &self.index {
+        for idx in self.index.iter() {
             if idx.fl_bitmap == 0 {
                 continue;
             }
