@@ -868,6 +868,24 @@ mod device {
             FixedPool::with_options(region, clock, opts).ok()
         };
         let peak = window_peak_live(w, iters);
+        // The region's per-allocation check alone (no move pending), to tell its share of the
+        // pair from the pool's.
+        if let Some(pool) = make() {
+            let region = pool.region();
+            let calls = iters * 4;
+            let t = Instant::now();
+            for i in 0..calls {
+                let off = std::hint::black_box(i << 8);
+                if let Err(e) = region.order_after_moves(StreamId::DEFAULT, off, 256) {
+                    println!("{label}: {e}");
+                    return;
+                }
+            }
+            println!(
+                "{label}: order_after_moves alone {:.2} ns a call ({calls} calls)",
+                t.elapsed().as_nanos() as f64 / calls as f64
+            );
+        }
         for n_streams in 1..=most_streams {
             let (mut pair, mut window, mut busy) = (Vec::new(), Vec::new(), Vec::new());
             let (mut ratio, mut remaps) = (0.0, (0, 0, 0));

@@ -7,7 +7,9 @@
 //! [off]`: `fixed` is a fixed 8 GiB region; `paged` and `background` are the benchmark's 4 MiB-page
 //! shapes over a fake remappable region, moving pages inline or (as placed) in the background;
 //! `off` turns stream safety off (the benchmark's A/B arm; the fixed region only: paged pools
-//! need stream tracking).
+//! need stream tracking). `POOL_PAIR_SMALL_PAGES=N` carves blocks under N pages from the top
+//! in a paged shape (default 1 inline, 2 background), to tell the placement's share of a
+//! difference from the background region's.
 
 #[path = "../benches/common/fake_region.rs"]
 mod fake_region;
@@ -80,7 +82,19 @@ fn main() -> ExitCode {
                 mapped: Default::default(),
                 background,
             };
-            let small = if background { 2 * page } else { page };
+            let pages = match std::env::var("POOL_PAIR_SMALL_PAGES") {
+                Err(_) => Ok(if background { 2 } else { 1 }),
+                Ok(v) => v
+                    .parse::<usize>()
+                    .map_err(|e| format!("POOL_PAIR_SMALL_PAGES must be a count: {e}")),
+            };
+            let small = match pages {
+                Ok(n) => n * page,
+                Err(e) => {
+                    eprintln!("{e}");
+                    return ExitCode::FAILURE;
+                }
+            };
             FixedPool::with_options(region, clock, options(Some(small)))
                 .map_err(|e| e.to_string())
                 .and_then(|p| run(p, &w, steps))
