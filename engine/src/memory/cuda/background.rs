@@ -44,6 +44,12 @@ struct Queue {
     shutdown: bool,
     /// The first driver failure; later calls fail with it.
     failed: Option<String>,
+    /// The mover is parked on `Shared::work`: only then does queuing a move wake it. The
+    /// condition variables' notify is a futex system call whether or not anyone waits (on
+    /// gVisor hosts, microseconds), and the pool's thread queues moves while the mover works.
+    mover_parked: bool,
+    /// Threads parked on `Shared::done_cv`: the mover signals a finished move only to them.
+    done_waiters: usize,
 }
 
 /// A word of pinned host memory the device can read: the last ticket the mover finished.
@@ -178,7 +184,9 @@ impl Shared {
             }
             let next = if q.paused { None } else { q.moves.pop_front() };
             let Some(m) = next else {
+                q.mover_parked = true;
                 q = self.work.wait(q).unwrap_or_else(|e| e.into_inner());
+                q.mover_parked = false;
                 continue;
             };
             let broken = q.failed.is_some();
@@ -223,7 +231,9 @@ impl Shared {
             // region then refuses every later call.
             self.done.store(m.ticket, Ordering::Release);
             self.counter.store(m.ticket);
-            self.done_cv.notify_all();
+            if q.done_waiters > 0 {
+                self.done_cv.notify_all();
+            }
         }
     }
 }
@@ -333,11 +343,13 @@ impl BackgroundPagedRegion {
         let mut q = self.shared.lock();
         Self::failed(&q)?;
         while q.moves.len() >= MAX_QUEUED && q.failed.is_none() {
+            q.done_waiters += 1;
             q = self
                 .shared
                 .done_cv
                 .wait(q)
                 .unwrap_or_else(|e| e.into_inner());
+            q.done_waiters -= 1;
         }
         Self::failed(&q)?;
         // Tickets are issued under `logical`, so this read-then-store cannot race.
@@ -361,7 +373,9 @@ impl BackgroundPagedRegion {
             after,
         });
         self.issued.store(ticket, Ordering::Release);
-        self.shared.work.notify_one();
+        if q.mover_parked {
+            self.shared.work.notify_one();
+        }
         Ok(())
     }
 
@@ -443,17 +457,18 @@ impl BackgroundPagedRegion {
     fn wait_done_until(&self, ticket: u64, deadline: Option<Instant>) -> Result<bool> {
         let mut q = self.shared.lock();
         while self.shared.done.load(Ordering::Acquire) < ticket {
-            q = match deadline {
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            if left.is_some_and(|l| l.is_zero()) {
+                break;
+            }
+            q.done_waiters += 1;
+            q = match left {
                 None => self
                     .shared
                     .done_cv
                     .wait(q)
                     .unwrap_or_else(|e| e.into_inner()),
-                Some(d) => {
-                    let left = d.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        break;
-                    }
+                Some(left) => {
                     self.shared
                         .done_cv
                         .wait_timeout(q, left)
@@ -461,6 +476,7 @@ impl BackgroundPagedRegion {
                         .0
                 }
             };
+            q.done_waiters -= 1;
         }
         Self::failed(&q)?;
         Ok(self.shared.done.load(Ordering::Acquire) >= ticket)
