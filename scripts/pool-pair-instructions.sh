@@ -3,7 +3,8 @@
 # deterministic figure where a noisy VM's timings are not (docs/benchmarks.md). Counts two runs
 # of N and 2N pairs and divides the difference, so set-up costs cancel.
 # Usage: scripts/pool-pair-instructions.sh [fixed|paged|background ...]   (N=200000 by default;
-# OFF=1 turns stream safety off, the stream-safety A/B's other arm: fixed region only)
+# OFF=1 turns stream safety off, the stream-safety A/B's other arm: fixed region only;
+# POOL_PAIR_WINDOW=1 counts the window workload's steps instead)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v valgrind >/dev/null || { echo "valgrind is needed (apt-get install valgrind)" >&2; exit 1; }
@@ -20,5 +21,6 @@ for s in "${shapes[@]}"; do
     "$bin" "$s" 1 ${OFF:+off} >/dev/null # says why a shape cannot run (paged pools need stream safety)
     a=$(count "$s" "$N")
     b=$(count "$s" $((2 * N)))
-    echo "$s${OFF:+ (stream safety off)}: $(((b - a) / N)) instructions per pair"
+    what=pair; [ -n "${POOL_PAIR_WINDOW:-}" ] && what="window step"
+    echo "$s${OFF:+ (stream safety off)}: $(((b - a) / N)) instructions per $what"
 done

@@ -9,7 +9,8 @@
 //! `off` turns stream safety off (the benchmark's A/B arm; the fixed region only: paged pools
 //! need stream tracking). `POOL_PAIR_SMALL_PAGES=N` carves blocks under N pages from the top
 //! in a paged shape (default 1 inline, 2 background), to tell the placement's share of a
-//! difference from the background region's.
+//! difference from the background region's. `POOL_PAIR_WINDOW=1` runs the window workload's
+//! steps instead (64 live blocks, a random victim freed and replaced each step).
 
 #[path = "../benches/common/fake_region.rs"]
 mod fake_region;
@@ -22,10 +23,13 @@ use std::time::Instant;
 
 use fake_region::{FakePagedRegion, FakeRegion};
 use vigil_engine::memory::{FixedPool, PoolOptions, Region, StreamClock, StreamId, SyncClock};
-use workload::{Workload, TABLE};
+use workload::{Workload, TABLE, WINDOW};
 
 /// Runs `steps` pairs on `pool` from this thread's claim: ns per pair.
 fn run<R: Region>(pool: Arc<FixedPool<R>>, w: &Workload, steps: usize) -> Result<f64, String> {
+    if std::env::var_os("POOL_PAIR_WINDOW").is_some() {
+        return run_window(pool, w, steps);
+    }
     let _claim = pool.claim();
     let t = Instant::now();
     for i in 0..steps {
@@ -33,6 +37,34 @@ fn run<R: Region>(pool: Arc<FixedPool<R>>, w: &Workload, steps: usize) -> Result
             .alloc(w.pair_sizes[i % TABLE], StreamId::DEFAULT)
             .map_err(|e| format!("pair step {i}: {e}"))?;
         drop(std::hint::black_box(block));
+    }
+    Ok(t.elapsed().as_nanos() as f64 / steps.max(1) as f64)
+}
+
+/// Runs `steps` window steps on `pool` from this thread's claim: ns per step.
+fn run_window<R: Region>(
+    pool: Arc<FixedPool<R>>,
+    w: &Workload,
+    steps: usize,
+) -> Result<f64, String> {
+    let _claim = pool.claim();
+    let mut live = Vec::with_capacity(WINDOW);
+    for (i, &size) in w.window_sizes[..WINDOW].iter().enumerate() {
+        let block = pool
+            .alloc(size, StreamId::DEFAULT)
+            .map_err(|e| format!("window block {i}: {e}"))?;
+        live.push(Some(block));
+    }
+    let t = Instant::now();
+    for i in 0..steps {
+        // The victim is freed before its replacement is taken, as in the benchmark.
+        let v = w.victims[i % TABLE];
+        drop(live[v].take());
+        let size = w.window_sizes[(i + WINDOW) % TABLE];
+        let block = pool
+            .alloc(size, StreamId::DEFAULT)
+            .map_err(|e| format!("window step {i}: {e}"))?;
+        live[v] = Some(block);
     }
     Ok(t.elapsed().as_nanos() as f64 / steps.max(1) as f64)
 }
@@ -105,7 +137,12 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(ns) => {
-            println!("{shape}: {steps} pairs, {ns:.1} ns per pair");
+            let what = if std::env::var_os("POOL_PAIR_WINDOW").is_some() {
+                "window steps"
+            } else {
+                "pairs"
+            };
+            println!("{shape}: {steps} {what}, {ns:.1} ns each");
             ExitCode::SUCCESS
         }
         Err(e) => {
