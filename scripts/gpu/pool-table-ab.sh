@@ -8,7 +8,7 @@
 #   core), new and old builds interleaved, 3 rounds: fixed, paged and background shapes, and the
 #   new build's paged and background shapes with the other's top-carve threshold
 #   (POOL_PAIR_SMALL_PAGES), so the host's response to the placement shows apart from the
-#   device region's;
+#   device region's; then the new build's window steps over the fixed and background shapes;
 # - background: the allocator benchmark's `background` rows (which now time the background
 #   region's `order_after_moves` alone) of the new, old and new builds;
 # - ab: the stream-safety A/B (POOL_BENCH_ROWS=ab, 20 M steps) of the new, old and new builds.
@@ -33,6 +33,9 @@ if [[ $PARTS == *pair* ]]; then
         done
         echo "round $r pool_pair small=2 $(POOL_PAIR_SMALL_PAGES=2 taskset -c 2 /tmp/pool_pair paged ${PAIR_STEPS:-10000000})"
         echo "round $r pool_pair small=1 $(POOL_PAIR_SMALL_PAGES=1 taskset -c 2 /tmp/pool_pair background ${PAIR_STEPS:-10000000})"
+        for s in fixed background; do
+            echo "round $r pool_pair window $(POOL_PAIR_WINDOW=1 taskset -c 2 /tmp/pool_pair $s 2000000)"
+        done
     done 2>&1 | tee "$OUT/pool_pair.txt"
 fi
 for b in ${BENCHES:-pool pool_old pool}; do
