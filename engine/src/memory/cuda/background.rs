@@ -22,6 +22,11 @@ use crate::memory::region::Region;
 /// How often the mover looks at a stream it waits for before unbacking pages.
 const STREAM_POLL: std::time::Duration = std::time::Duration::from_micros(20);
 
+/// How long the mover keeps looking for more work before it parks. Moves come in bursts (a
+/// remap queues an unmap and a map, and a busy pool remaps every few microseconds); a parked
+/// mover costs the pool's thread a wake-up system call per move.
+const MOVER_SPIN: std::time::Duration = std::time::Duration::from_micros(20);
+
 /// Most page moves queued before the pool's calls wait for the mover (bounds the queue).
 const MAX_QUEUED: usize = 4096;
 
@@ -119,6 +124,9 @@ struct Shared {
     done_cv: Condvar,
     /// Last ticket finished (also in `counter`, for the device).
     done: AtomicU64,
+    /// Tickets issued so far (under the region's `logical` lock; read without it on the
+    /// allocation's fast path, and by the mover while it waits for more work).
+    issued: AtomicU64,
     counter: PinnedCounter,
     /// Nanoseconds the mover spent in driver calls.
     busy_ns: AtomicU64,
@@ -149,8 +157,6 @@ pub struct BackgroundPagedRegion {
     /// Device-side waits enqueued so far.
     waits: AtomicU64,
     logical: Mutex<Logical>,
-    /// Tickets issued so far (also under `logical`; read without the lock on the fast path).
-    issued: AtomicU64,
     mover: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -184,6 +190,19 @@ impl Shared {
             }
             let next = if q.paused { None } else { q.moves.pop_front() };
             let Some(m) = next else {
+                if !q.paused {
+                    // Spin a little for the next move of a burst before parking.
+                    let seen = self.issued.load(Ordering::Acquire);
+                    drop(q);
+                    let until = Instant::now() + MOVER_SPIN;
+                    while self.issued.load(Ordering::Acquire) == seen && Instant::now() < until {
+                        std::hint::spin_loop();
+                    }
+                    q = self.lock();
+                    if !q.moves.is_empty() || q.shutdown {
+                        continue;
+                    }
+                }
                 q.mover_parked = true;
                 q = self.work.wait(q).unwrap_or_else(|e| e.into_inner());
                 q.mover_parked = false;
@@ -253,6 +272,7 @@ impl BackgroundPagedRegion {
             work: Condvar::new(),
             done_cv: Condvar::new(),
             done: AtomicU64::new(0),
+            issued: AtomicU64::new(0),
             counter,
             busy_ns: AtomicU64::new(0),
             broken: AtomicBool::new(false),
@@ -272,7 +292,6 @@ impl BackgroundPagedRegion {
                 free: physical,
                 ready: vec![0; pages],
             }),
-            issued: AtomicU64::new(0),
             mover: Some(mover),
         })
     }
@@ -291,7 +310,7 @@ impl BackgroundPagedRegion {
 
     /// Page moves queued and not yet done.
     pub fn pending_moves(&self) -> u64 {
-        self.issued.load(Ordering::Acquire) - self.shared.done.load(Ordering::Acquire)
+        self.shared.issued.load(Ordering::Acquire) - self.shared.done.load(Ordering::Acquire)
     }
 
     /// Device-side waits enqueued on streams so far (one per stream per newer move at most).
@@ -353,7 +372,7 @@ impl BackgroundPagedRegion {
         }
         Self::failed(&q)?;
         // Tickets are issued under `logical`, so this read-then-store cannot race.
-        let ticket = self.issued.load(Ordering::Relaxed) + 1;
+        let ticket = self.shared.issued.load(Ordering::Relaxed) + 1;
         for i in first..end {
             l.backed[i] = map;
             if map {
@@ -372,7 +391,7 @@ impl BackgroundPagedRegion {
             ticket,
             after,
         });
-        self.issued.store(ticket, Ordering::Release);
+        self.shared.issued.store(ticket, Ordering::Release);
         if q.mover_parked {
             self.shared.work.notify_one();
         }
@@ -553,7 +572,8 @@ impl Region for BackgroundPagedRegion {
         // Fast path, inlined into every allocation: no move pending and the mover sound
         // (three loads, no lock).
         if !self.shared.broken.load(Ordering::Acquire)
-            && self.shared.done.load(Ordering::Acquire) >= self.issued.load(Ordering::Acquire)
+            && self.shared.done.load(Ordering::Acquire)
+                >= self.shared.issued.load(Ordering::Acquire)
         {
             return Ok(());
         }
@@ -567,11 +587,11 @@ impl Region for BackgroundPagedRegion {
     }
 
     fn settle(&self) -> Result<()> {
-        self.wait_done(self.issued.load(Ordering::Acquire))
+        self.wait_done(self.shared.issued.load(Ordering::Acquire))
     }
 
     fn settle_within(&self, limit: std::time::Duration) -> Result<bool> {
-        let ticket = self.issued.load(Ordering::Acquire);
+        let ticket = self.shared.issued.load(Ordering::Acquire);
         self.wait_done_until(ticket, Some(Instant::now() + limit))
     }
 }
@@ -581,7 +601,9 @@ impl Drop for BackgroundPagedRegion {
         // Release any stream still waiting on the counter, and let it read the counter
         // before the counter is freed.
         self.shared.counter.store(u64::MAX);
-        if self.issued.load(Ordering::Acquire) > 0 && self.shared.ctx.bind_to_thread().is_ok() {
+        if self.shared.issued.load(Ordering::Acquire) > 0
+            && self.shared.ctx.bind_to_thread().is_ok()
+        {
             let _ = self.shared.ctx.synchronize();
         }
         {
