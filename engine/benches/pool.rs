@@ -812,12 +812,6 @@ mod device {
         Ok(())
     }
 
-    /// `POOL_BENCH_MOVER_SPIN_US`: how long the background rows' mover spins before parking
-    /// (the region's default when unset or not a number).
-    fn mover_spin_us() -> Option<u64> {
-        std::env::var("POOL_BENCH_MOVER_SPIN_US").ok()?.parse().ok()
-    }
-
     /// The paged pool with 4 MiB pages whose moves run on a mover thread
     /// (`BackgroundPagedRegion`), default stream claimed and two streams: ns per step include
     /// waiting for the mover at the end of each run; prints the mover's driver time per step.
@@ -844,9 +838,8 @@ mod device {
     ) {
         let (page, small, shape) = BACKGROUND_SHAPE;
         let homes = if home { ", home mappings" } else { "" };
-        let spin = mover_spin_us().map_or(String::new(), |us| format!(", mover spin {us} us"));
         let label =
-            format!("Vigil FixedPool, paged device region, {shape}, background moves{homes}{spin}");
+            format!("Vigil FixedPool, paged device region, {shape}, background moves{homes}");
         let make = || -> Option<Arc<FixedPool<BackgroundPagedRegion>>> {
             let clock = CudaClock::new(ctx);
             for (i, s) in streams.iter().enumerate() {
@@ -861,11 +854,7 @@ mod device {
                         Ok(r)
                     })
                     .and_then(|r| BackgroundPagedRegion::new(r, Arc::clone(&clock)))
-                    .inspect(|r| {
-                        if let Some(us) = mover_spin_us() {
-                            r.set_mover_spin(std::time::Duration::from_micros(us));
-                        }
-                    }) {
+                {
                     Ok(r) => r,
                     Err(e) => {
                         println!("{label}: {e}");

@@ -11,8 +11,7 @@
 #   (POOL_PAIR_SMALL_PAGES), so the host's response to the placement shows apart from the
 #   device region's; then the new build's window steps over the fixed and background shapes;
 # - background: the allocator benchmark's `background` rows (which now time the background
-#   region's `order_after_moves` alone) of the new, old and new builds (BENCHES); SPIN sets the
-#   new build's mover spin in microseconds (POOL_BENCH_MOVER_SPIN_US; 0 parks at once);
+#   region's `order_after_moves` alone) of the new, old and new builds;
 # - ab: the stream-safety A/B (POOL_BENCH_ROWS=ab, 20 M steps) of the new, old and new builds.
 # run(command="bash scripts/gpu/pool-table-ab.sh", carry=[".gpu/s38"])
 set -o pipefail
@@ -42,8 +41,8 @@ if [[ $PARTS == *pair* ]]; then
 fi
 for b in ${BENCHES:-pool pool_old pool}; do
     [[ $PARTS == *background* ]] || break
-    echo "== $b ${SPIN:+(mover spin $SPIN us)}"
-    POOL_BENCH_MOVER_SPIN_US=$SPIN POOL_BENCH_ROWS=background timeout ${BENCH_S:-140} taskset -c 2,3 /tmp/$b ${ITERS:-2000000} 2>&1 | tee -a "$OUT/pool_ab.txt" |
+    echo "== $b"
+    POOL_BENCH_ROWS=background timeout ${BENCH_S:-140} taskset -c 2,3 /tmp/$b ${ITERS:-2000000} 2>&1 | tee -a "$OUT/pool_ab.txt" |
         grep -E "^\| |page moves|mover|alone" | grep -v "^| ---"
 done
 for b in pool pool_old pool pool_old pool; do

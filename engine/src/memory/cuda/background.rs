@@ -22,11 +22,10 @@ use crate::memory::region::Region;
 /// How often the mover looks at a stream it waits for before unbacking pages.
 const STREAM_POLL: std::time::Duration = std::time::Duration::from_micros(20);
 
-/// How long the mover keeps looking for more work before it parks, by default
-/// ([`BackgroundPagedRegion::set_mover_spin`]). Moves come in bursts (a remap queues an unmap
-/// and a map, and a busy pool remaps every few microseconds); a parked mover costs the pool's
-/// thread a wake-up system call per move.
-pub const MOVER_SPIN: std::time::Duration = std::time::Duration::from_micros(20);
+/// How long the mover keeps looking for more work before it parks. Moves come in bursts (a
+/// remap queues an unmap and a map, and a busy pool remaps every few microseconds); a parked
+/// mover costs the pool's thread a wake-up system call per move.
+const MOVER_SPIN: std::time::Duration = std::time::Duration::from_micros(20);
 
 /// Most page moves queued before the pool's calls wait for the mover (bounds the queue).
 const MAX_QUEUED: usize = 4096;
@@ -131,8 +130,6 @@ struct Shared {
     counter: PinnedCounter,
     /// Nanoseconds the mover spent in driver calls.
     busy_ns: AtomicU64,
-    /// Nanoseconds the mover spins for more work before parking.
-    spin_ns: AtomicU64,
     /// Set once `Queue::failed` is, so the pool's calls check it without the lock.
     broken: AtomicBool,
 }
@@ -193,12 +190,11 @@ impl Shared {
             }
             let next = if q.paused { None } else { q.moves.pop_front() };
             let Some(m) = next else {
-                let spin = self.spin_ns.load(Ordering::Relaxed);
-                if !q.paused && spin > 0 {
+                if !q.paused {
                     // Spin a little for the next move of a burst before parking.
                     let seen = self.issued.load(Ordering::Acquire);
                     drop(q);
-                    let until = Instant::now() + std::time::Duration::from_nanos(spin);
+                    let until = Instant::now() + MOVER_SPIN;
                     while self.issued.load(Ordering::Acquire) == seen && Instant::now() < until {
                         std::hint::spin_loop();
                     }
@@ -279,7 +275,6 @@ impl BackgroundPagedRegion {
             issued: AtomicU64::new(0),
             counter,
             busy_ns: AtomicU64::new(0),
-            spin_ns: AtomicU64::new(MOVER_SPIN.as_nanos() as u64),
             broken: AtomicBool::new(false),
         });
         let s = Arc::clone(&shared);
@@ -311,13 +306,6 @@ impl BackgroundPagedRegion {
     pub fn pause_moves(&self) -> MovesPaused<'_> {
         self.shared.lock().paused = true;
         MovesPaused(self)
-    }
-
-    /// Sets how long the mover looks for more work before it parks ([`MOVER_SPIN`] by default;
-    /// zero parks at once, for hosts where a core must not spin).
-    pub fn set_mover_spin(&self, spin: std::time::Duration) {
-        let ns = u64::try_from(spin.as_nanos()).unwrap_or(u64::MAX);
-        self.shared.spin_ns.store(ns, Ordering::Relaxed);
     }
 
     /// Page moves queued and not yet done.
