@@ -1,8 +1,9 @@
 #!/bin/bash
 # Issue 3 on the H200, twenty-fifth session: the pool's node and tag tables without bounds checks
-# (c0f3ca7), and the background region's wake-ups only for parked threads (d31259c) with a mover
-# that spins 20 us before parking, against the build before them (9408af0), on one host, and
-# where the background pool's pair goes.
+# (c0f3ca7), and the background region's wake-ups only for parked threads (d31259c), against the
+# build before them (9408af0), on one host, and where the background pool's pair goes. (The
+# session also measured a mover that spun 20 us before parking, with SPIN=0 for the other arm:
+# no measurable difference, so it was removed; docs/benchmarks.md.)
 # Parts (PARTS, default "tests pair background ab"):
 # - tests: the CUDA pool tests;
 # - pair: the pair loop alone over fake regions (`examples/pool_pair`, host only, one pinned

@@ -22,11 +22,6 @@ use crate::memory::region::Region;
 /// How often the mover looks at a stream it waits for before unbacking pages.
 const STREAM_POLL: std::time::Duration = std::time::Duration::from_micros(20);
 
-/// How long the mover keeps looking for more work before it parks. Moves come in bursts (a
-/// remap queues an unmap and a map, and a busy pool remaps every few microseconds); a parked
-/// mover costs the pool's thread a wake-up system call per move.
-const MOVER_SPIN: std::time::Duration = std::time::Duration::from_micros(20);
-
 /// Most page moves queued before the pool's calls wait for the mover (bounds the queue).
 const MAX_QUEUED: usize = 4096;
 
@@ -125,7 +120,7 @@ struct Shared {
     /// Last ticket finished (also in `counter`, for the device).
     done: AtomicU64,
     /// Tickets issued so far (under the region's `logical` lock; read without it on the
-    /// allocation's fast path, and by the mover while it waits for more work).
+    /// allocation's fast path).
     issued: AtomicU64,
     counter: PinnedCounter,
     /// Nanoseconds the mover spent in driver calls.
@@ -190,19 +185,6 @@ impl Shared {
             }
             let next = if q.paused { None } else { q.moves.pop_front() };
             let Some(m) = next else {
-                if !q.paused {
-                    // Spin a little for the next move of a burst before parking.
-                    let seen = self.issued.load(Ordering::Acquire);
-                    drop(q);
-                    let until = Instant::now() + MOVER_SPIN;
-                    while self.issued.load(Ordering::Acquire) == seen && Instant::now() < until {
-                        std::hint::spin_loop();
-                    }
-                    q = self.lock();
-                    if !q.moves.is_empty() || q.shutdown {
-                        continue;
-                    }
-                }
                 q.mover_parked = true;
                 q = self.work.wait(q).unwrap_or_else(|e| e.into_inner());
                 q.mover_parked = false;
