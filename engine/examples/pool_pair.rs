@@ -25,9 +25,14 @@ use fake_region::{FakePagedRegion, FakeRegion};
 use vigil_engine::memory::{FixedPool, PoolOptions, Region, StreamClock, StreamId, SyncClock};
 use workload::{Workload, TABLE, WINDOW};
 
-/// Runs `steps` pairs on `pool` from this thread's claim: ns per pair.
-fn run<R: Region>(pool: Arc<FixedPool<R>>, w: &Workload, steps: usize) -> Result<f64, String> {
-    if std::env::var_os("POOL_PAIR_WINDOW").is_some() {
+/// Runs `steps` pairs (or window steps) on `pool` from this thread's claim: ns per step.
+fn run<R: Region>(
+    pool: Arc<FixedPool<R>>,
+    w: &Workload,
+    steps: usize,
+    window: bool,
+) -> Result<f64, String> {
+    if window {
         return run_window(pool, w, steps);
     }
     let _claim = pool.claim();
@@ -88,6 +93,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let window = std::env::var_os("POOL_PAIR_WINDOW").is_some();
     let w = Workload::new();
     let clock: Arc<dyn StreamClock> = Arc::new(SyncClock);
     // The benchmark's shapes: the serving options; paged, 4 MiB pages with blocks under one page
@@ -105,7 +111,7 @@ fn main() -> ExitCode {
             options(PoolOptions::serving().small_from_top),
         )
         .map_err(|e| e.to_string())
-        .and_then(|p| run(p, &w, steps)),
+        .and_then(|p| run(p, &w, steps, window)),
         "paged" | "background" => {
             let background = shape == "background";
             let region = FakePagedRegion {
@@ -129,7 +135,7 @@ fn main() -> ExitCode {
             };
             FixedPool::with_options(region, clock, options(Some(small)))
                 .map_err(|e| e.to_string())
-                .and_then(|p| run(p, &w, steps))
+                .and_then(|p| run(p, &w, steps, window))
         }
         other => Err(format!(
             "unknown shape {other:?}: fixed, paged or background"
@@ -137,11 +143,7 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(ns) => {
-            let what = if std::env::var_os("POOL_PAIR_WINDOW").is_some() {
-                "window steps"
-            } else {
-                "pairs"
-            };
+            let what = if window { "window steps" } else { "pairs" };
             println!("{shape}: {steps} {what}, {ns:.1} ns each");
             ExitCode::SUCCESS
         }
