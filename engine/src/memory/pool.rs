@@ -5,6 +5,9 @@
 //! device memory. Free spans sit in per-tag size-class lists found through two bitmaps: finding
 //! a span, splitting it, and merging a freed span with its physical neighbours are O(1); the
 //! only loop is the best-fit scan inside one size class, capped at [`SCAN_LIMIT`] spans.
+//! A freed span merges with neighbours of its own stream tag at once; over a fixed region with
+//! several streams in use it stays apart from any-stream space until its stream needs the room
+//! ([`Inner::consolidate`]), so streams that alternate do not take each other's free space.
 //!
 //! Over a remappable region ([`Region::page_size`]) the pool also moves physical pages: free
 //! spans are always backed, unbacked address ranges are `Unmapped` spans outside the lists, and
@@ -265,8 +268,9 @@ fn next_class(fl: usize, sl: usize) -> (usize, usize) {
     }
 }
 
-/// Two spans may merge unless they are reserved for different streams; the merged span keeps
-/// the stricter tag (a span free for any stream may serve one stream only).
+/// Whether a span of tag `a` may serve stream tag `b` together with one of tag `b` (they are
+/// reserved for the same stream, or one is free for any stream); the merged span keeps the
+/// stricter tag (a span free for any stream may serve one stream only).
 #[inline]
 fn compatible(a: u8, b: u8) -> bool {
     a == b || a == ANY || b == ANY
@@ -363,6 +367,14 @@ struct Inner {
     dirty: Vec<bool>,
     /// Per registered stream: retired (its tag may go to a new stream once nothing waits on it).
     retired: Vec<bool>,
+    /// A fixed region with more than one registered stream not retired. A span freed for one
+    /// stream then stays apart from its any-stream neighbours, so that the other streams keep
+    /// them with no event recorded; [`Inner::consolidate`] merges them when that stream's
+    /// allocation needs it. Page mode never keeps them apart: it stays within its footprint by
+    /// promoting spans, and spans kept apart there fragment the backed bytes into more page
+    /// moves (`examples/stream_counts`: 10.5k against 5.0k pages a million two-stream window
+    /// steps).
+    multi: bool,
     pending: Vec<Pending>,
     free_units: usize,
     free_spans: usize,
@@ -412,6 +424,7 @@ impl Inner {
             last_epoch: Vec::with_capacity(MAX_STREAMS),
             dirty: Vec::with_capacity(MAX_STREAMS),
             retired: Vec::with_capacity(MAX_STREAMS),
+            multi: false,
             pending: Vec::with_capacity(64),
             free_units: 0,
             free_spans: 0,
@@ -493,6 +506,7 @@ impl Inner {
             self.last_epoch[k] = None;
             self.dirty[k] = true;
             self.retired[k] = false;
+            self.note_streams();
             return Ok(k as u8 + 1);
         }
         if self.streams.len() >= MAX_STREAMS {
@@ -506,7 +520,47 @@ impl Inner {
         self.dirty.push(true);
         self.retired.push(false);
         self.index.push(FreeIndex::new());
+        self.note_streams();
         Ok(self.streams.len() as u8)
+    }
+
+    /// Updates [`Self::multi`] after a stream is registered or retired.
+    fn note_streams(&mut self) {
+        self.multi = self.page_units == 0 && self.retired.iter().filter(|&&r| !r).count() > 1;
+    }
+
+    /// Whether spans may have been kept apart ([`Self::multi`] was ever set): a fixed region
+    /// that registered a second stream.
+    fn may_keep_apart(&self) -> bool {
+        self.page_units == 0 && self.streams.len() > 1
+    }
+
+    /// Merges the free spans reserved for stream tag `t` with their any-stream neighbours (kept
+    /// apart while several streams are in use), when `t`'s allocation finds no span that fits:
+    /// no event is needed for that stream's own use. Returns whether any merged. O(spans of `t`).
+    fn consolidate(&mut self, t: u8) -> bool {
+        let mut merged = false;
+        for i in self.spans_of(t) {
+            let n = self.nodes[i as usize];
+            if n.state != State::Free || n.tag != t {
+                // Merged into an earlier span of this pass.
+                continue;
+            }
+            // A neighbour of tag `t` is one this pass just merged (with the any-stream span
+            // between them).
+            let joins = |j: u32| {
+                j != NIL && {
+                    let m = &self.nodes[j as usize];
+                    m.state == State::Free && (m.tag == ANY || m.tag == t)
+                }
+            };
+            if joins(n.prev_phys) || joins(n.next_phys) {
+                self.unlink_free(i);
+                self.release_with(i, t, true);
+                merged = true;
+            }
+        }
+        merged
     }
 
     #[inline]
@@ -764,16 +818,27 @@ impl Inner {
         self.link_free(i);
     }
 
-    /// Returns node `i` to the free lists under `tag`, merging compatible free neighbours.
+    /// Returns node `i` to the free lists under `tag`, merging free neighbours of the same tag
+    /// and, while one stream is in use ([`Self::multi`]), any-stream ones. With several streams
+    /// a span freed for one would otherwise take its any-stream neighbours from the others, and
+    /// stream-alternating work would record and query an event every step to promote it back.
     /// A merge into one neighbour that keeps its size class and tag touches no list.
     #[inline(always)]
     fn release(&mut self, i: u32, tag: u8) {
+        self.release_with(i, tag, !self.multi)
+    }
+
+    /// [`Self::release`], merging any-stream neighbours into a span reserved for one stream
+    /// (and the reverse) when `absorb_any`.
+    #[inline(always)]
+    fn release_with(&mut self, i: u32, tag: u8, absorb_any: bool) {
         let n = self.nodes[i as usize];
         let mut tag = tag;
         let free_with = |inner: &Inner, j: u32, tag: u8| {
             j != NIL && {
                 let m = &inner.nodes[j as usize];
-                m.state == State::Free && compatible(m.tag, tag)
+                m.state == State::Free
+                    && (m.tag == tag || ((m.tag == ANY || tag == ANY) && absorb_any))
             }
         };
         let left = free_with(self, n.prev_phys, tag);
@@ -1427,6 +1492,7 @@ impl<R: Region> FixedPool<R> {
             g.release_cold(i, ANY);
         }
         g.retired[k] = true;
+        g.note_streams();
     }
 
     /// A snapshot of the pool's occupancy.
@@ -1527,14 +1593,21 @@ impl<R: Region> FixedPool<R> {
         units: usize,
         (stream, own): (StreamId, Option<u8>),
     ) -> Result<u32> {
+        // Spans kept apart from this stream's own first (no event needed), then pending spans
+        // whose streams passed, then other streams' spans.
         let mut found = None;
-        if self.pending_count.load(Ordering::Acquire) > 0 {
+        if let Some(t) = own.filter(|_| g.may_keep_apart()) {
+            if g.consolidate(t) {
+                found = g.take_cold(units, own);
+            }
+        }
+        if found.is_none() && self.pending_count.load(Ordering::Acquire) > 0 {
             self.reclaim(g);
-            found = g.take_cold(units, own);
+            found = Self::retake(g, units, own);
         }
         if found.is_none() && self.promote_foreign(g, own) {
             self.reclaim(g);
-            found = g.take_cold(units, own);
+            found = Self::retake(g, units, own);
         }
         // Background moves: free spans kept for a stream held on the device behind a move are
         // not promoted (their point would pass only after the mover). Waiting briefly for the
@@ -1547,7 +1620,7 @@ impl<R: Region> FixedPool<R> {
             && self.promote_foreign(g, own)
         {
             self.reclaim(g);
-            found = g.take_cold(units, own);
+            found = Self::retake(g, units, own);
         }
         if found.is_none() && g.page_units > 0 {
             found = self.remap_take(g, units, own)?;
@@ -1567,6 +1640,15 @@ impl<R: Region> FixedPool<R> {
                 g.pending_units << self.shift
             ))
         })
+    }
+
+    /// [`Inner::take`] after spans came back to the free lists: merges them with the stream's
+    /// own first where spans may have been kept apart ([`Inner::may_keep_apart`]).
+    fn retake(g: &mut Inner, units: usize, own: Option<u8>) -> Option<u32> {
+        if let Some(t) = own.filter(|_| g.may_keep_apart()) {
+            g.consolidate(t);
+        }
+        g.take_cold(units, own)
     }
 
     /// Moves pending spans whose streams have all passed their epochs to the free lists.
@@ -2116,13 +2198,17 @@ impl Inner {
 
     /// Every free span reserved for stream tag `t`.
     fn spans_of(&self, t: u8) -> Vec<u32> {
+        let idx = &self.index[t as usize];
         let mut spans = Vec::new();
-        for fl in 0..FL {
-            if self.index[t as usize].sl_bitmap[fl] == 0 {
-                continue;
-            }
-            for sl in 0..SL {
-                let mut cur = self.index[t as usize].heads[fl][sl];
+        let mut fls = idx.fl_bitmap;
+        while fls != 0 {
+            let fl = fls.trailing_zeros() as usize;
+            fls &= fls - 1;
+            let mut sls = idx.sl_bitmap[fl];
+            while sls != 0 {
+                let sl = sls.trailing_zeros() as usize;
+                sls &= sls - 1;
+                let mut cur = idx.heads[fl][sl];
                 while cur != NIL {
                     spans.push(cur);
                     cur = self.nodes[cur as usize].next_free;

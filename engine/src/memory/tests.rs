@@ -584,6 +584,64 @@ fn best_fit_prefers_smallest_span_across_tags() {
     assert_eq!((clock.queries(), clock.records()), (0, 0));
 }
 
+/// Two streams alternating over a fixed region: each block freed on its stream stays apart
+/// from the space free for any stream, so neither stream waits for the other's point and no
+/// event is recorded or queried (with the freed span merged into the free space, every step
+/// would promote the other stream's span; this fake clock never completes, so it would fail).
+#[test]
+fn two_streams_alternating_record_no_event() {
+    // Room for a few blocks of the largest size per stream (the pool sizes of the benchmark's
+    // pair workload are larger still).
+    let (pool, clock) = fake_pool(128);
+    let mut x = 0x1234_5678_9abc_def1u64;
+    for step in 0..2000 {
+        x = xorshift(x);
+        let s = if step % 2 == 0 { S1 } else { S2 };
+        let size = 1 + (x >> 8) as usize % (16 * U);
+        let b = pool
+            .alloc(size, s)
+            .unwrap_or_else(|e| panic!("step {step}: {e}"));
+        drop(b);
+    }
+    assert_eq!((clock.records(), clock.queries()), (0, 0));
+    assert_eq!(pool.stats().in_use, 0);
+}
+
+/// A span freed for one stream stays apart from its any-stream neighbour while another stream
+/// is in use (which takes that neighbour with no event), and merges with it, still with no
+/// event, when its own stream needs the room.
+#[test]
+fn spans_kept_apart_merge_when_their_stream_needs_them() {
+    let (pool, clock) = fake_pool(8);
+    let x = pool.alloc(U, S2).unwrap();
+    let a = pool.alloc(2 * U, S1).unwrap();
+    assert_eq!(a.offset(), U);
+    drop(a);
+    // S1's span [1, 3) and the free tail [3, 8) are two spans.
+    let s = pool.stats();
+    assert_eq!((s.free_blocks, s.free_bytes), (2, 7 * U));
+    let y = pool.alloc(5 * U, S2).unwrap();
+    assert_eq!(y.offset(), 3 * U);
+    drop(y);
+    // S1 now needs [1, 8): its span and the free tail (the tail is S2's again, so not yet).
+    assert!(matches!(pool.alloc(7 * U, S1), Err(Error::OutOfMemory(_))));
+    assert_eq!(clock.records(), 1); // the promotion of S2's span
+    clock.complete(S2);
+    let c = pool.alloc(7 * U, S1).unwrap();
+    assert_eq!(c.offset(), U);
+    assert_eq!(clock.records(), 1);
+    drop((x, c));
+    // Within the free tail and S1's span on their own, no event at all.
+    let (pool, clock) = fake_pool(8);
+    let _x = pool.alloc(U, S2).unwrap();
+    drop(pool.alloc(2 * U, S1).unwrap());
+    assert_eq!(pool.stats().free_blocks, 2);
+    let c = pool.alloc(7 * U, S1).unwrap();
+    assert_eq!(c.offset(), U);
+    assert_eq!((clock.records(), clock.queries()), (0, 0));
+    assert_eq!(pool.stats().free_blocks, 0);
+}
+
 /// A claimed pool serves its thread without the lock; a block freed on another thread waits
 /// on the remote-free list until the owner's next allocation drains it.
 #[test]
