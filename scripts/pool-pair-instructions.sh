@@ -4,7 +4,8 @@
 # of N and 2N pairs and divides the difference, so set-up costs cancel.
 # Usage: scripts/pool-pair-instructions.sh [fixed|paged|background ...]   (N=200000 by default;
 # OFF=1 turns stream safety off, the stream-safety A/B's other arm: fixed region only;
-# POOL_PAIR_WINDOW=1 counts the window workload's steps instead)
+# POOL_PAIR_WINDOW=1 counts the window workload's steps instead; POOL_PAIR_STREAMS=2 alternates
+# the allocations between two streams)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v valgrind >/dev/null || { echo "valgrind is needed (apt-get install valgrind)" >&2; exit 1; }
@@ -22,5 +23,5 @@ for s in "${shapes[@]}"; do
     a=$(count "$s" "$N")
     b=$(count "$s" $((2 * N)))
     what=pair; [ -n "${POOL_PAIR_WINDOW:-}" ] && what="window step"
-    echo "$s${OFF:+ (stream safety off)}: $(((b - a) / N)) instructions per $what"
+    echo "$s${OFF:+ (stream safety off)}${POOL_PAIR_STREAMS:+, $POOL_PAIR_STREAMS streams}: $(((b - a) / N)) instructions per $what"
 done

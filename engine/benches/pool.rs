@@ -207,7 +207,8 @@ enum Rows {
     /// `ab`: only the stream-safety A/B over the fixed region.
     Ab,
     /// `background`: the paged pool whose pages move on a thread of their own, beside the
-    /// fixed region, the inline-moving paged pool and cudaMallocAsync (GPU).
+    /// fixed region (default stream and two streams), the inline-moving paged pool and
+    /// cudaMallocAsync (GPU).
     Background,
 }
 
@@ -1008,7 +1009,7 @@ mod device {
                 "Vigil FixedPool, cudaMalloc'd region",
                 &mut make,
                 (w, iters),
-                &[ALL_VARIANTS[0], ALL_VARIANTS[1]],
+                &[ALL_VARIANTS[0], ALL_VARIANTS[1], ALL_VARIANTS[3]],
                 rows,
             );
         }

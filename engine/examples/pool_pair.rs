@@ -11,6 +11,8 @@
 //! in a paged shape (default 1 inline, 2 background), to tell the placement's share of a
 //! difference from the background region's. `POOL_PAIR_WINDOW=1` runs the window workload's
 //! steps instead (64 live blocks, a random victim freed and replaced each step).
+//! `POOL_PAIR_STREAMS=N` alternates the allocations between N streams (the default one and
+//! N - 1 others; the benchmark's two-stream rows), each block freed on its own stream.
 
 #[path = "../benches/common/fake_region.rs"]
 mod fake_region;
@@ -25,21 +27,22 @@ use fake_region::{FakePagedRegion, FakeRegion};
 use vigil_engine::memory::{FixedPool, PoolOptions, Region, StreamClock, StreamId, SyncClock};
 use workload::{Workload, TABLE, WINDOW};
 
-/// Runs `steps` pairs (or window steps) on `pool` from this thread's claim: ns per step.
+/// Runs `steps` pairs (or window steps) on `pool` from this thread's claim, alternating
+/// between `streams` streams: ns per step.
 fn run<R: Region>(
     pool: Arc<FixedPool<R>>,
     w: &Workload,
-    steps: usize,
+    (steps, streams): (usize, u64),
     window: bool,
 ) -> Result<f64, String> {
     if window {
-        return run_window(pool, w, steps);
+        return run_window(pool, w, (steps, streams));
     }
     let _claim = pool.claim();
     let t = Instant::now();
     for i in 0..steps {
         let block = pool
-            .alloc(w.pair_sizes[i % TABLE], StreamId::DEFAULT)
+            .alloc(w.pair_sizes[i % TABLE], StreamId(i as u64 % streams))
             .map_err(|e| format!("pair step {i}: {e}"))?;
         drop(std::hint::black_box(block));
     }
@@ -50,13 +53,13 @@ fn run<R: Region>(
 fn run_window<R: Region>(
     pool: Arc<FixedPool<R>>,
     w: &Workload,
-    steps: usize,
+    (steps, streams): (usize, u64),
 ) -> Result<f64, String> {
     let _claim = pool.claim();
     let mut live = Vec::with_capacity(WINDOW);
     for (i, &size) in w.window_sizes[..WINDOW].iter().enumerate() {
         let block = pool
-            .alloc(size, StreamId::DEFAULT)
+            .alloc(size, StreamId(i as u64 % streams))
             .map_err(|e| format!("window block {i}: {e}"))?;
         live.push(Some(block));
     }
@@ -67,7 +70,7 @@ fn run_window<R: Region>(
         drop(live[v].take());
         let size = w.window_sizes[(i + WINDOW) % TABLE];
         let block = pool
-            .alloc(size, StreamId::DEFAULT)
+            .alloc(size, StreamId(i as u64 % streams))
             .map_err(|e| format!("window step {i}: {e}"))?;
         live[v] = Some(block);
     }
@@ -94,6 +97,14 @@ fn main() -> ExitCode {
         }
     };
     let window = std::env::var_os("POOL_PAIR_WINDOW").is_some();
+    let streams = match std::env::var("POOL_PAIR_STREAMS").map(|v| v.parse::<u64>()) {
+        Err(_) => 1,
+        Ok(Ok(n)) if n >= 1 => n,
+        Ok(_) => {
+            eprintln!("POOL_PAIR_STREAMS must be a count of at least 1");
+            return ExitCode::FAILURE;
+        }
+    };
     let w = Workload::new();
     let clock: Arc<dyn StreamClock> = Arc::new(SyncClock);
     // The benchmark's shapes: the serving options; paged, 4 MiB pages with blocks under one page
@@ -111,7 +122,7 @@ fn main() -> ExitCode {
             options(PoolOptions::serving().small_from_top),
         )
         .map_err(|e| e.to_string())
-        .and_then(|p| run(p, &w, steps, window)),
+        .and_then(|p| run(p, &w, (steps, streams), window)),
         "paged" | "background" => {
             let background = shape == "background";
             let region = FakePagedRegion {
@@ -135,7 +146,7 @@ fn main() -> ExitCode {
             };
             FixedPool::with_options(region, clock, options(Some(small)))
                 .map_err(|e| e.to_string())
-                .and_then(|p| run(p, &w, steps, window))
+                .and_then(|p| run(p, &w, (steps, streams), window))
         }
         other => Err(format!(
             "unknown shape {other:?}: fixed, paged or background"

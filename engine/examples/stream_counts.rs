@@ -1,0 +1,170 @@
+//! Counts what the allocator benchmark's workloads ask of the driver, without a GPU: events
+//! recorded and queried, and pages mapped, per million steps, on one stream and alternating
+//! between two, over a fake fixed region and fake paged regions (inline and background moves).
+//! On the H200 an event record or query costs a few hundred ns and a mapped page about a µs
+//! (docs/benchmarks.md), so these counts say where a two-stream step's time goes.
+//!
+//! `cargo run --release -p vigil-engine --example stream_counts -- [STEPS]` (default 1000000).
+
+#[path = "../benches/common/fake_region.rs"]
+mod fake_region;
+#[path = "../benches/common/workload.rs"]
+mod workload;
+
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+use fake_region::{FakePagedRegion, FakeRegion};
+use vigil_engine::memory::{
+    EventId, FixedPool, PoolOptions, Region, StreamClock, StreamId, DEFAULT_ALIGN,
+};
+use workload::{window_peak_live, Workload, TABLE, WINDOW};
+
+/// A clock of an idle device (every point has passed) that counts the calls a real one makes.
+#[derive(Default)]
+struct CountingClock {
+    records: AtomicU64,
+    queries: AtomicU64,
+}
+
+impl StreamClock for CountingClock {
+    fn record(&self, _stream: StreamId) -> EventId {
+        EventId(self.records.fetch_add(1, Relaxed) + 1)
+    }
+    fn is_complete(&self, _stream: StreamId, _epoch: EventId) -> bool {
+        self.queries.fetch_add(1, Relaxed);
+        true
+    }
+    fn capturing(&self) -> bool {
+        false
+    }
+}
+
+/// One run's counts per million steps, and the window's footprint over its peak live bytes.
+struct Counts {
+    records: f64,
+    queries: f64,
+    pages: f64,
+    footprint: Option<f64>,
+}
+
+/// Runs `steps` of the pair (`window` false) or the window workload on `streams` streams
+/// (allocations alternate, each block is freed on its own stream) over a fresh pool.
+fn run<R: Region>(
+    pool: Arc<FixedPool<R>>,
+    clock: &CountingClock,
+    w: &Workload,
+    (steps, streams, window): (usize, u64, bool),
+) -> Result<Counts, String> {
+    let claim = pool.claim();
+    let err = |i: usize, e: vigil_engine::Error| format!("step {i}: {e}");
+    let (r0, q0, p0) = (
+        clock.records.load(Relaxed),
+        clock.queries.load(Relaxed),
+        pool.stats().pages_mapped,
+    );
+    let mut footprint = None;
+    if window {
+        let mut live = Vec::with_capacity(WINDOW);
+        for (i, &size) in w.window_sizes[..WINDOW].iter().enumerate() {
+            let s = StreamId(i as u64 % streams);
+            live.push(Some(claim.alloc(size, s).map_err(|e| err(i, e))?));
+        }
+        for i in 0..steps {
+            let v = w.victims[i % TABLE];
+            live[v] = None;
+            let size = w.window_sizes[(i + WINDOW) % TABLE];
+            let s = StreamId(i as u64 % streams);
+            live[v] = Some(claim.alloc(size, s).map_err(|e| err(i, e))?);
+        }
+        let reserved = pool.stats().footprint;
+        footprint = Some(reserved as f64 / window_peak_live(w, steps) as f64);
+    } else {
+        for i in 0..steps {
+            let s = StreamId(i as u64 % streams);
+            drop(
+                claim
+                    .alloc(w.pair_sizes[i % TABLE], s)
+                    .map_err(|e| err(i, e))?,
+            );
+        }
+    }
+    let per_m = |n: u64| n as f64 * 1e6 / steps as f64;
+    Ok(Counts {
+        records: per_m(clock.records.load(Relaxed) - r0),
+        queries: per_m(clock.queries.load(Relaxed) - q0),
+        pages: per_m(pool.stats().pages_mapped - p0),
+        footprint,
+    })
+}
+
+fn main() -> ExitCode {
+    let steps: usize = match std::env::args().nth(1).map(|a| a.parse()) {
+        None => 1_000_000,
+        Some(Ok(n)) => n,
+        Some(Err(_)) => {
+            eprintln!("usage: stream_counts [STEPS]");
+            return ExitCode::FAILURE;
+        }
+    };
+    let w = Workload::new();
+    println!(
+        "per million steps: events recorded / queried / pages mapped; window footprint = peak \
+         reserved / peak live ({steps} steps, alignment {DEFAULT_ALIGN} B)"
+    );
+    let mut failed = false;
+    for kind in ["fixed", "paged, inline moves", "paged, background moves"] {
+        for window in [false, true] {
+            for streams in [1u64, 2] {
+                let clock = Arc::new(CountingClock::default());
+                let c: Arc<dyn StreamClock> = clock.clone();
+                let result = match kind {
+                    "fixed" => {
+                        FixedPool::with_options(FakeRegion(8 << 30), c, PoolOptions::serving())
+                            .map_err(|e| e.to_string())
+                            .and_then(|p| run(p, &clock, &w, (steps, streams, window)))
+                    }
+                    _ => {
+                        let background = kind.contains("background");
+                        let page = 4 << 20;
+                        let region = FakePagedRegion {
+                            physical: (2usize << 30) / page,
+                            page,
+                            mapped: Default::default(),
+                            background,
+                        };
+                        let opts = PoolOptions {
+                            small_from_top: Some(if background { 4 * page } else { page }),
+                            ..PoolOptions::serving()
+                        };
+                        FixedPool::with_options(region, c, opts)
+                            .map_err(|e| e.to_string())
+                            .and_then(|p| run(p, &clock, &w, (steps, streams, window)))
+                    }
+                };
+                let wl = if window { "window" } else { "pair" };
+                match result {
+                    Ok(r) => println!(
+                        "{kind:<24} {wl:<6} {streams} stream(s): {:>9.0} / {:>9.0} / {:>9.0}{}",
+                        r.records,
+                        r.queries,
+                        r.pages,
+                        r.footprint
+                            .map(|f| format!("  footprint {f:.3}"))
+                            .unwrap_or_default()
+                    ),
+                    Err(e) => {
+                        failed = true;
+                        println!("{kind:<24} {wl:<6} {streams} stream(s): out of memory at {e}");
+                    }
+                }
+            }
+        }
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
