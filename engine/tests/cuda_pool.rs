@@ -14,7 +14,7 @@ use vigil_engine::memory::cuda::{
     BackgroundPagedRegion, CudaClock, DevicePagedRegion, DeviceRegion,
 };
 use vigil_engine::memory::Region;
-use vigil_engine::memory::{FixedPool, PoolOptions, StreamId};
+use vigil_engine::memory::{EventId, FixedPool, PoolOptions, StreamClock, StreamId};
 
 const KERNELS: &str = r#"
 extern "C" __global__ void fill(unsigned int* p, unsigned long long n, unsigned int v) {
@@ -492,6 +492,93 @@ fn background_moves_hold_the_streams_until_the_pages_are_mapped() {
     );
     assert_eq!(landed, words);
     drop((x, dst));
+}
+
+/// A clock that claims to order a stream after another's point but does nothing: the failing
+/// side of the hand-over test below (it shows that the device-side wait keeps the data).
+struct NoWaitClock(Arc<CudaClock>);
+
+impl StreamClock for NoWaitClock {
+    fn record(&self, stream: StreamId) -> EventId {
+        self.0.record(stream)
+    }
+    fn is_complete(&self, stream: StreamId, epoch: EventId) -> bool {
+        self.0.is_complete(stream, epoch)
+    }
+    fn capturing(&self) -> bool {
+        self.0.capturing()
+    }
+    fn order_after(&self, _waiter: StreamId, _stream: StreamId, _epoch: EventId) -> bool {
+        true
+    }
+}
+
+/// With every physical page of a background pool in use, stream A fills X, spins for about
+/// 0.2 s and copies X to `dst`, while the host frees X on A and asks for X's size on B. B gets
+/// X in place (no page moves, no host wait) and overwrites it. Returns the words of `dst` that
+/// kept X's original value, whether B got X's address, and the pool's hand-overs.
+fn hand_over(ctx: &Arc<CudaContext>, rig: &Rig, clock: Arc<dyn StreamClock>) -> (usize, bool, u64) {
+    let page = granularity(ctx);
+    let region = DevicePagedRegion::new(ctx, 64 * page, 8 * page).expect("paged region");
+    let region = BackgroundPagedRegion::new(region, rig.clock.clone()).expect("mover");
+    let pool = FixedPool::new(region, clock).expect("paged pool");
+    let words = page; // four pages of u32
+    let dst = pool.alloc(4 * page, A).expect("dst");
+    let x = pool
+        .alloc(4 * page, A)
+        .expect("x: the last four physical pages");
+    let (x_ptr, dst_ptr) = (x.addr() as u64, dst.addr() as u64);
+    rig.fill(&rig.sa, x_ptr, words, ORIGINAL);
+    let (n, cycles) = (words as u64, 400_000_000i64);
+    unsafe {
+        rig.sa
+            .launch_builder(&rig.spin_copy)
+            .arg(&x_ptr)
+            .arg(&dst_ptr)
+            .arg(&n)
+            .arg(&cycles)
+            .launch(CFG)
+            .expect("spin_copy on A");
+    }
+    drop(x);
+    let z = pool.alloc(4 * page, B).expect("X's span handed to B");
+    let z_ptr = z.addr() as u64;
+    rig.fill(&rig.sb, z_ptr, words, OVERWRITE);
+    rig.sa.synchronize().expect("sync A");
+    rig.sb.synchronize().expect("sync B");
+    let intact = read_words(dst_ptr, words)
+        .iter()
+        .filter(|&&w| w == ORIGINAL)
+        .count();
+    let adoptions = pool.stats().adoptions;
+    drop((dst, z));
+    (intact, z_ptr == x_ptr, adoptions)
+}
+
+/// A background pool hands a span freed on a busy stream to another stream in place, with the
+/// new owner ordered on the device after a point on the old one (`CudaClock::order_after`):
+/// the old owner's last reads still see the original bytes. Whether the check can fail: a clock
+/// that skips the device-side wait lets B's overwrite land first.
+#[test]
+fn background_pool_hands_a_busy_streams_span_to_another_stream_in_place() {
+    let Some(ctx) = device() else { return };
+    let rig = Rig::new(&ctx);
+    let (intact, in_place, adoptions) = hand_over(&ctx, &rig, rig.clock.clone());
+    let words = granularity(&ctx);
+    println!(
+        "hand-over, ordered: X in place {in_place}, hand-overs {adoptions}, intact words \
+         {intact}/{words}"
+    );
+    assert!(in_place, "B got X's span in place");
+    assert_eq!(adoptions, 1);
+    assert_eq!(intact, words, "A read B's overwrite");
+    let (intact, in_place, _) = hand_over(&ctx, &rig, Arc::new(NoWaitClock(rig.clock.clone())));
+    println!("hand-over, no wait: X in place {in_place}, intact words {intact}/{words}");
+    assert!(in_place);
+    assert!(
+        intact < words,
+        "without the device-side wait A should have read the overwrite (the check could not fail)"
+    );
 }
 
 /// The failing side of the test above, run in a child process because a fault ends the CUDA

@@ -21,6 +21,13 @@ pub trait StreamClock: Send + Sync {
     fn is_complete(&self, stream: StreamId, epoch: EventId) -> bool;
     /// Whether a graph capture is in progress (no events may be queried then).
     fn capturing(&self) -> bool;
+    /// Orders `waiter`'s later work after `stream` passes `epoch`, on the device and without
+    /// waiting on the host (a CUDA stream waiting on an event); false when the clock cannot, or
+    /// does not know either stream. Lets a pool hand one stream's free span to another at once.
+    fn order_after(&self, waiter: StreamId, stream: StreamId, epoch: EventId) -> bool {
+        let _ = (waiter, stream, epoch);
+        false
+    }
 }
 
 /// The clock of synchronous execution (the CPU backend): every recorded point is already passed.

@@ -530,6 +530,30 @@ struct StreamEvents {
     spare: Vec<CudaEvent>,
 }
 
+impl StreamEvents {
+    /// Recycles the oldest in-flight events that have completed, stopping at the first that
+    /// has not or once `epoch` is passed; returns whether `epoch` is passed. Each event is
+    /// queried until it completes, so a stream's list holds only points still in flight.
+    fn retire_until(&mut self, epoch: u64) -> bool {
+        while self.completed < epoch {
+            let Some((e, ev)) = self.inflight.front() else {
+                break;
+            };
+            let e = *e;
+            match ev.try_is_complete() {
+                Ok(true) => {
+                    self.completed = e;
+                    if let Some((_, ev)) = self.inflight.pop_front() {
+                        self.spare.push(ev);
+                    }
+                }
+                _ => break,
+            }
+        }
+        self.completed >= epoch
+    }
+}
+
 /// A [`StreamClock`] over CUDA streams: each recorded point is one CUDA event, recycled once
 /// it completes. Errors are handled conservatively: a failed record synchronizes the stream,
 /// a failed query reports "not yet".
@@ -611,25 +635,34 @@ impl StreamClock for CudaClock {
         let Some(s) = g.iter_mut().find(|s| s.id == stream) else {
             return true;
         };
-        while s.completed < epoch.0 {
-            let Some((e, ev)) = s.inflight.front() else {
-                break;
-            };
-            let e = *e;
-            match ev.try_is_complete() {
-                Ok(true) => {
-                    s.completed = e;
-                    if let Some((_, ev)) = s.inflight.pop_front() {
-                        s.spare.push(ev);
-                    }
-                }
-                _ => break,
-            }
-        }
-        s.completed >= epoch.0
+        s.retire_until(epoch.0)
     }
 
     fn capturing(&self) -> bool {
         self.capturing.load(Ordering::Acquire)
+    }
+
+    fn order_after(&self, waiter: StreamId, stream: StreamId, epoch: EventId) -> bool {
+        if self.capturing() {
+            return false;
+        }
+        let mut g = self.streams.lock().unwrap_or_else(|e| e.into_inner());
+        let (Some(si), Some(wi)) = (
+            g.iter().position(|s| s.id == stream),
+            g.iter().position(|s| s.id == waiter),
+        ) else {
+            return false;
+        };
+        // Retiring the completed points first keeps the in-flight list short when nothing
+        // else queries this stream, and spares a device-side wait on a passed point.
+        if g[si].retire_until(epoch.0) {
+            return true;
+        }
+        let s = &g[si];
+        // Every recorded point is in flight until it is seen complete, in epoch order.
+        let Ok(k) = s.inflight.binary_search_by_key(&epoch.0, |(e, _)| *e) else {
+            return false;
+        };
+        g[wi].stream.wait(&s.inflight[k].1).is_ok()
     }
 }

@@ -13,7 +13,10 @@
 //! spans are always backed, unbacked address ranges are `Unmapped` spans outside the lists, and
 //! when no backed span fits, [`FixedPool::remap_take`] backs a new place for the block with
 //! pages unbacked from spans no stream can still touch. Blocks never move; only the free
-//! memory behind them does, so the physical footprint follows the live bytes.
+//! memory behind them does, so the physical footprint follows the live bytes. When the region
+//! moves pages in the background (stream-ordered), a span kept for another stream, or pending,
+//! is first handed to the allocating stream in place, ordered on the device after the giving
+//! stream ([`StreamClock::order_after`]), which costs an event wait instead of page moves.
 
 use super::clock::{EventId, StreamClock, StreamId};
 use super::region::Region;
@@ -134,6 +137,9 @@ pub struct PoolStats {
     /// its page moves: each costs tens of microseconds on a GPU).
     pub pages_mapped: u64,
     pub pages_unmapped: u64,
+    /// Free spans handed from one stream to another in place, ordered on the device after a
+    /// point on the giving stream (a pool whose region moves pages in the background).
+    pub adoptions: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -404,6 +410,8 @@ struct Inner {
     page_unmaps: u64,
     /// [`PoolOptions::reserve_first`].
     reserve_first: bool,
+    /// Free spans handed from one stream to another ([`FixedPool::adopt_foreign`]).
+    adoptions: u64,
     /// The region moves pages in the background ([`Region::moves_in_background`]): free spans
     /// kept for a stream give pages too, unbacked once that stream passes a point recorded
     /// when they are taken, so nothing waits for streams to be promoted.
@@ -446,6 +454,7 @@ impl Inner {
             page_maps: 0,
             page_unmaps: 0,
             reserve_first: false,
+            adoptions: 0,
             background: false,
         };
         // The default stream is always tag 1 (its lookup short-cuts to that).
@@ -1530,6 +1539,7 @@ impl<R: Region> FixedPool<R> {
             remaps: g.remaps,
             pages_mapped: g.page_maps,
             pages_unmapped: g.page_unmaps,
+            adoptions: g.adoptions,
         }
     }
 
@@ -1604,6 +1614,21 @@ impl<R: Region> FixedPool<R> {
         if found.is_none() && self.pending_count.load(Ordering::Acquire) > 0 {
             self.reclaim(g);
             found = Self::retake(g, units, own);
+        }
+        // Background moves (stream-ordered, like cudaMallocAsync): a pending span, or a span or
+        // run of spans kept for other streams, that fits is handed over at once, this stream
+        // ordered on the device after those streams' points, instead of moving pages for the
+        // block (two page operations a page, tens of µs each on the mover) or waiting on the
+        // host for the streams to pass (a promotion fails while they are busy). A point an
+        // idle stream has passed adds no wait on the device.
+        if found.is_none() && g.background {
+            if let Some(t) = own {
+                if self.adopt_pending(g, (stream, t), units)
+                    || self.adopt_foreign(g, (stream, t), units)
+                {
+                    found = g.take_cold(units, own);
+                }
+            }
         }
         if found.is_none() && self.promote_foreign(g, own) {
             self.reclaim(g);
@@ -1692,6 +1717,97 @@ impl<R: Region> FixedPool<R> {
                 k += 1;
             }
         }
+    }
+
+    /// Hands stream tag `own` (stream `stream`) the smallest pending span holding `units`,
+    /// ordered on the device after the points it waits for (already recorded, so no event is
+    /// recorded here). Returns whether one was.
+    fn adopt_pending(&self, g: &mut Inner, (stream, own): (StreamId, u8), units: usize) -> bool {
+        if self.clock.capturing() || !self.stream_safe {
+            return false;
+        }
+        let best = (0..g.pending.len())
+            .filter(|&k| g.nodes[g.pending[k].node as usize].size >= units)
+            .min_by_key(|&k| {
+                let n = &g.nodes[g.pending[k].node as usize];
+                (n.size, n.off)
+            });
+        let Some(k) = best else {
+            return false;
+        };
+        let p = g.pending[k];
+        let mut mask = p.mask;
+        while mask != 0 {
+            let b = mask.trailing_zeros() as usize;
+            mask &= mask - 1;
+            if !self.clock.order_after(stream, g.streams[b], p.epochs[b]) {
+                return false;
+            }
+        }
+        g.pending.swap_remove(k);
+        g.pending_units -= g.nodes[p.node as usize].size;
+        self.pending_count.fetch_sub(1, Ordering::AcqRel);
+        g.release_cold(p.node, own);
+        g.adoptions += 1;
+        true
+    }
+
+    /// Hands stream tag `own` (stream `stream`) the best fit for `units` among the free spans
+    /// kept for other streams, or else the smallest run of adjacent free spans that holds it
+    /// ([`Inner::free_run_for`]): its stream is ordered on the device after a point recorded
+    /// now on each giving stream ([`StreamClock::order_after`]), so neither the host nor the
+    /// mover waits. Only those spans change hands; the other streams keep the rest. Returns
+    /// whether any did (never during capture, or with a clock that cannot order streams).
+    fn adopt_foreign(&self, g: &mut Inner, (stream, own): (StreamId, u8), units: usize) -> bool {
+        if self.clock.capturing() || !self.stream_safe {
+            return false;
+        }
+        let class = mapping(units);
+        let mut best: Option<(usize, usize, u32, u8)> = None;
+        for t in 1..g.index.len() as u8 {
+            if t == own {
+                continue;
+            }
+            if let Some((size, off, i)) = g.best_in(t, units, class) {
+                if best.is_none_or(|b| (size, off) < (b.0, b.1)) {
+                    best = Some((size, off, i, t));
+                }
+            }
+        }
+        let run = match best {
+            Some((_, _, i, _)) => vec![i],
+            None => match g.free_run_for(units, own) {
+                Some(run) => run,
+                None => return false,
+            },
+        };
+        // One point on each stream that keeps a span of the run, and one device-side wait.
+        let mut tags = 0u64;
+        for &i in &run {
+            let t = g.nodes[i as usize].tag;
+            if t != ANY && t != own {
+                tags |= 1 << (t - 1);
+            }
+        }
+        let mut mask = tags;
+        while mask != 0 {
+            let t = mask.trailing_zeros() as u8 + 1;
+            mask &= mask - 1;
+            let other = g.streams[t as usize - 1];
+            let epoch = g.epoch_for_fresh(self.clock.as_ref(), t);
+            if !self.clock.order_after(stream, other, epoch) {
+                return false;
+            }
+        }
+        for &i in &run {
+            // A span merged into an earlier one of the run (its node dropped) is skipped.
+            if g.nodes[i as usize].state == State::Free {
+                g.unlink_free(i);
+                g.release_cold(i, own);
+            }
+        }
+        g.adoptions += 1;
+        true
     }
 
     /// Whether a stream other than `own` keeps free spans and waits on the device behind a
@@ -1917,6 +2033,39 @@ impl<R: Region> Drop for FixedPool<R> {
 }
 
 impl Inner {
+    /// The smallest run of two or more adjacent free spans, at least one of them kept for a
+    /// stream other than `own`, holding `units` (lowest offset on ties): the spans in address
+    /// order. O(spans).
+    fn free_run_for(&self, units: usize, own: u8) -> Option<Vec<u32>> {
+        let mut best: Option<(usize, usize, Vec<u32>)> = None;
+        let mut run: Vec<u32> = Vec::new();
+        let mut bytes = 0;
+        let mut foreign = false;
+        let mut close = |run: &mut Vec<u32>, bytes: &mut usize, foreign: &mut bool| {
+            if run.len() >= 2 && *foreign && *bytes >= units {
+                let off = self.nodes[run[0] as usize].off;
+                if best.as_ref().is_none_or(|b| (*bytes, off) < (b.0, b.1)) {
+                    best = Some((*bytes, off, std::mem::take(run)));
+                }
+            }
+            run.clear();
+            *bytes = 0;
+            *foreign = false;
+        };
+        for i in self.address_order() {
+            let n = &self.nodes[i as usize];
+            if n.state == State::Free {
+                run.push(i);
+                bytes += n.size;
+                foreign |= n.tag != ANY && n.tag != own;
+            } else {
+                close(&mut run, &mut bytes, &mut foreign);
+            }
+        }
+        close(&mut run, &mut bytes, &mut foreign);
+        best.map(|b| b.2)
+    }
+
     /// Every span in address order (page mode's slow path; O(spans)).
     fn address_order(&self) -> Vec<u32> {
         let mut order = Vec::with_capacity(self.nodes.len());

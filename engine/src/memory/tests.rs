@@ -30,6 +30,10 @@ struct FakeClock {
     records: AtomicUsize,
     queries: AtomicUsize,
     capture: AtomicBool,
+    /// Whether it orders one stream after another's point (as CUDA stream waits do).
+    ordering: AtomicBool,
+    /// Each ordering asked for: (waiting stream, stream, epoch).
+    orders: Mutex<Vec<(StreamId, StreamId, EventId)>>,
 }
 
 impl FakeClock {
@@ -43,6 +47,18 @@ impl FakeClock {
     }
     fn queries(&self) -> usize {
         self.queries.load(Ordering::SeqCst)
+    }
+    /// A clock that orders streams after each other's points.
+    fn ordering() -> FakeClock {
+        let c = FakeClock::default();
+        c.ordering.store(true, Ordering::SeqCst);
+        c
+    }
+    /// The orderings asked for so far, sorted.
+    fn orders(&self) -> Vec<(StreamId, StreamId, EventId)> {
+        let mut o = self.orders.lock().unwrap().clone();
+        o.sort();
+        o
     }
 }
 
@@ -63,11 +79,19 @@ impl StreamClock for FakeClock {
     fn capturing(&self) -> bool {
         self.capture.load(Ordering::SeqCst)
     }
+    fn order_after(&self, waiter: StreamId, stream: StreamId, epoch: EventId) -> bool {
+        if !self.ordering.load(Ordering::SeqCst) {
+            return false;
+        }
+        self.orders.lock().unwrap().push((waiter, stream, epoch));
+        true
+    }
 }
 
 const S0: StreamId = StreamId::DEFAULT;
 const S1: StreamId = StreamId(1);
 const S2: StreamId = StreamId(2);
+const S3: StreamId = StreamId(3);
 const U: usize = DEFAULT_ALIGN;
 
 fn fake_pool(units: usize) -> (Arc<FixedPool<FakeRegion>>, Arc<FakeClock>) {
@@ -508,7 +532,7 @@ fn randomized_against_reference_best_fit() {
 fn randomized_streams_keep_invariants() {
     const UNITS: usize = 128;
     let (pool, clock) = fake_pool(UNITS);
-    let streams = [S0, S1, S2, StreamId(3)];
+    let streams = [S0, S1, S2, S3];
     let mut live: Vec<Block<FakeRegion>> = Vec::new();
     let mut x = 0xdead_beef_cafe_f00du64;
     let mut allocs = 0;
@@ -1212,6 +1236,83 @@ fn background_moves_take_a_page_split_between_two_streams_spans() {
         (4 * PAGE, 0, 0)
     );
     drop((c, d));
+}
+
+/// The layout of the test above with a clock that orders streams after each other's points:
+/// the run of S1's and S2's halves of page 0 is handed to S0 in place, S0 ordered on the
+/// device after a point on each, and no page moves (over a clock that cannot order, the page
+/// moves, as above).
+#[test]
+fn background_moves_hand_a_run_of_other_streams_spans_over_in_place() {
+    let clock = Arc::new(FakeClock::ordering());
+    let region = FakePagedRegion::new(PAGE, 16, 4).background();
+    let pool = FixedPool::new(region, clock.clone()).unwrap();
+    let a = pool.alloc(2 * U, S1).unwrap();
+    let b = pool.alloc(2 * U, S2).unwrap();
+    let c = pool.alloc(3 * PAGE, S0).unwrap();
+    drop((a, b));
+    let maps = pool.region().maps.load(Ordering::SeqCst);
+    pool.region().afters.lock().unwrap().clear();
+    let d = pool.alloc(PAGE, S0).expect("page 0 changes hands");
+    assert_eq!(d.offset(), 0);
+    assert_eq!(
+        pool.region().maps.load(Ordering::SeqCst),
+        maps,
+        "no page moved"
+    );
+    assert!(pool.region().afters.lock().unwrap().is_empty());
+    let orders: Vec<(StreamId, StreamId)> = clock.orders().iter().map(|o| (o.0, o.1)).collect();
+    assert_eq!(orders, vec![(S0, S1), (S0, S2)]);
+    assert_eq!((clock.records(), clock.queries()), (2, 0));
+    let s = pool.stats();
+    assert_eq!((s.adoptions, s.pending_bytes, s.free_bytes), (1, 0, 0));
+    drop((c, d));
+}
+
+/// With every physical page in use, a span freed on a busy stream (S1) is handed to S2 in place
+/// (S2 ordered after a point recorded on S1; nothing queried, no page moved), and a span still
+/// pending on a declared use (S3) is handed over behind the point already recorded for it.
+#[test]
+fn background_moves_hand_free_and_pending_spans_to_another_stream() {
+    let clock = Arc::new(FakeClock::ordering());
+    let region = FakePagedRegion::new(PAGE, 16, 3).background();
+    let pool = FixedPool::new(region, clock.clone()).unwrap();
+    let x = pool.alloc(2 * PAGE, S1).unwrap();
+    let k = pool.alloc(PAGE, S2).unwrap();
+    let x_off = x.offset();
+    drop(x);
+    let maps = pool.region().maps.load(Ordering::SeqCst);
+    let mut z = pool.alloc(2 * PAGE, S2).expect("S1's span changes hands");
+    assert_eq!(z.offset(), x_off);
+    let e1 = EventId(1);
+    assert_eq!(clock.orders(), vec![(S2, S1, e1)]);
+    assert_eq!((clock.records(), clock.queries()), (1, 0));
+    // Now pending: declared used on S3, freed on S2.
+    z.record_use(S3).unwrap();
+    drop(z);
+    assert_eq!(pool.stats().pending_bytes, 2 * PAGE);
+    let records = clock.records();
+    let w = pool
+        .alloc(2 * PAGE, S1)
+        .expect("the pending span changes hands");
+    assert_eq!(w.offset(), x_off);
+    assert_eq!(
+        clock.records(),
+        records,
+        "its point was recorded at the free"
+    );
+    let last = clock.orders().into_iter().find(|o| o.0 == S1).unwrap();
+    assert_eq!((last.0, last.1), (S1, S3));
+    // One query: the pool first looked whether S3 had passed (it had not).
+    assert_eq!(clock.queries(), 1);
+    assert_eq!(
+        pool.region().maps.load(Ordering::SeqCst),
+        maps,
+        "no page moved"
+    );
+    let s = pool.stats();
+    assert_eq!((s.adoptions, s.pending_bytes), (2, 0));
+    drop((k, w));
 }
 
 /// Stream-alternating work over a background region: a span kept for a stream held behind a
