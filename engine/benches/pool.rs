@@ -894,7 +894,11 @@ mod device {
                 let Some(pool) = make() else { return };
                 let mut p = Pool::new(pool, true);
                 let ns = run_pair(&mut p, w, iters, n_streams);
-                let pair_moves = (p.pool.stats().remaps, p.pool.region().mover_busy_ns());
+                let pair_moves = (
+                    p.pool.stats().remaps,
+                    p.pool.region().mover_busy_ns(),
+                    p.pool.stats().adoptions,
+                );
                 drop(p);
                 let Some(pool) = make() else { return };
                 let mut p = Pool::new(pool, true);
@@ -913,12 +917,16 @@ mod device {
                         // Printed as it goes, so a run cut short still shows its rounds.
                         println!(
                             "{label}, {n_streams} stream(s): pair {ns:.1} ns ({} page moves, \
-                             mover {:.1} ns a step), window {wns:.1} ns at {round:.3}; mover \
-                             {:.1} ns a window step; {} stream waits",
+                             mover {:.1} ns a step, {} spans handed over), window {wns:.1} ns \
+                             at {round:.3}; mover {:.1} ns a window step; {} stream waits; {} \
+                             page moves, {} spans handed over",
                             pair_moves.0,
                             pair_moves.1 as f64 / iters as f64,
+                            pair_moves.2,
                             region.mover_busy_ns() as f64 / iters as f64,
-                            region.stream_waits()
+                            region.stream_waits(),
+                            st.remaps,
+                            st.adoptions
                         );
                     }
                     (Err(e), _) | (_, Err(e)) => {

@@ -3,13 +3,16 @@
 # stays apart from the space free for any stream while several streams are in use, so that
 # stream-alternating work records no event (the build before it, 63214b1, promoted the other
 # stream's span every step). The allocator benchmark's `background` rows now include the fixed
-# region's two-stream pair and window.
+# region's two-stream pair and window. Second part (.gpu/s40): a background pool hands a span
+# (or run of spans) kept for another stream, or a pending one, to the allocating stream in
+# place, ordered on the device after the giving streams' points, instead of moving pages.
 # Parts (PARTS, default "tests background ab"):
 # - tests: the CUDA pool tests (the two-stream corruption check among them);
 # - background: POOL_BENCH_ROWS=background of the builds in BENCHES (default "pool pool_old"),
 #   on one host;
 # - ab: the stream-safety A/B (POOL_BENCH_ROWS=ab, 20 M steps) of the new and old builds.
-# run(command="bash scripts/gpu/pool-streams-apart.sh", carry=[".gpu/s39"])
+# run(command="bash scripts/gpu/pool-streams-apart.sh", carry=[".gpu/s39"]), and with
+# D=.gpu/s40 carry=[".gpu/s40"] for the hand-over build
 set -o pipefail
 D=${D:-.gpu/s39}  # carried, stripped and gzipped: cuda_pool (cargo test --release -p vigil-engine
                   # --features cuda --test cuda_pool --no-run), pool (cargo bench -p vigil-engine
