@@ -26,6 +26,8 @@ use workload::{window_peak_live, Workload, TABLE, WINDOW};
 struct CountingClock {
     records: AtomicU64,
     queries: AtomicU64,
+    /// Device-side waits (a stream ordered after another's point: a hand-over).
+    waits: AtomicU64,
 }
 
 impl StreamClock for CountingClock {
@@ -39,6 +41,10 @@ impl StreamClock for CountingClock {
     fn capturing(&self) -> bool {
         false
     }
+    fn order_after(&self, _waiter: StreamId, _stream: StreamId, _epoch: EventId) -> bool {
+        self.waits.fetch_add(1, Relaxed);
+        true
+    }
 }
 
 /// One run's counts per million steps, and the window's footprint over its peak live bytes.
@@ -46,6 +52,8 @@ struct Counts {
     records: f64,
     queries: f64,
     pages: f64,
+    waits: f64,
+    handed: f64,
     footprint: Option<f64>,
 }
 
@@ -59,11 +67,12 @@ fn run<R: Region>(
 ) -> Result<Counts, String> {
     let claim = pool.claim();
     let err = |i: usize, e: vigil_engine::Error| format!("step {i}: {e}");
-    let (r0, q0, p0) = (
+    let (r0, q0, w0) = (
         clock.records.load(Relaxed),
         clock.queries.load(Relaxed),
-        pool.stats().pages_mapped,
+        clock.waits.load(Relaxed),
     );
+    let (p0, h0) = (pool.stats().pages_mapped, pool.stats().adoptions);
     let mut footprint = None;
     if window {
         let mut live = Vec::with_capacity(WINDOW);
@@ -95,6 +104,8 @@ fn run<R: Region>(
         records: per_m(clock.records.load(Relaxed) - r0),
         queries: per_m(clock.queries.load(Relaxed) - q0),
         pages: per_m(pool.stats().pages_mapped - p0),
+        waits: per_m(clock.waits.load(Relaxed) - w0),
+        handed: per_m(pool.stats().adoptions - h0),
         footprint,
     })
 }
@@ -110,8 +121,9 @@ fn main() -> ExitCode {
     };
     let w = Workload::new();
     println!(
-        "per million steps: events recorded / queried / pages mapped; window footprint = peak \
-         reserved / peak live ({steps} steps, alignment {DEFAULT_ALIGN} B)"
+        "per million steps: events recorded / queried / pages mapped / device-side waits / spans \
+         handed over; window footprint = peak reserved / peak live ({steps} steps, alignment \
+         {DEFAULT_ALIGN} B)"
     );
     let mut failed = false;
     for kind in ["fixed", "paged, inline moves", "paged, background moves"] {
@@ -146,10 +158,13 @@ fn main() -> ExitCode {
                 let wl = if window { "window" } else { "pair" };
                 match result {
                     Ok(r) => println!(
-                        "{kind:<24} {wl:<6} {streams} stream(s): {:>9.0} / {:>9.0} / {:>9.0}{}",
+                        "{kind:<24} {wl:<6} {streams} stream(s): {:>9.0} / {:>9.0} / {:>9.0} / {:>9.0} / \
+                         {:>9.0}{}",
                         r.records,
                         r.queries,
                         r.pages,
+                        r.waits,
+                        r.handed,
                         r.footprint
                             .map(|f| format!("  footprint {f:.3}"))
                             .unwrap_or_default()
