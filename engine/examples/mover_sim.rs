@@ -226,6 +226,9 @@ impl StreamClock for SimClock {
     fn capturing(&self) -> bool {
         false
     }
+    fn orders_streams(&self) -> bool {
+        true
+    }
     fn order_after(&self, waiter: StreamId, _stream: StreamId, epoch: EventId) -> bool {
         let mut s = self.sim.lock().unwrap_or_else(|e| e.into_inner());
         s.now += self.costs.wait;

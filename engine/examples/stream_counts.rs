@@ -5,6 +5,10 @@
 //! (docs/benchmarks.md), so these counts say where a two-stream step's time goes.
 //!
 //! `cargo run --release -p vigil-engine --example stream_counts -- [STEPS]` (default 1000000).
+//! `STREAM_COUNTS_DONE_PCT=N` makes only N% of event queries find their point passed (streams
+//! that run behind); `STREAM_COUNTS_HELD_PCT=N` makes only N% of the background region's
+//! answers say a stream waits behind a move (100 by default, so the pool never promotes);
+//! `STREAM_COUNTS_NO_ORDER=1` gives a clock that cannot order streams.
 
 #[path = "../benches/common/fake_region.rs"]
 mod fake_region;
@@ -21,13 +25,34 @@ use vigil_engine::memory::{
 };
 use workload::{window_peak_live, Workload, TABLE, WINDOW};
 
-/// A clock of an idle device (every point has passed) that counts the calls a real one makes.
+/// A clock that counts the calls a real one makes. By default the device is idle (every point
+/// has passed) and streams can be ordered on it, as with `CudaClock`.
 #[derive(Default)]
 struct CountingClock {
     records: AtomicU64,
     queries: AtomicU64,
     /// Device-side waits (a stream ordered after another's point: a hand-over).
     waits: AtomicU64,
+    /// `STREAM_COUNTS_DONE_PCT`: the share of queries (in percent, spread evenly) that find
+    /// their point passed, for a device whose streams run behind (100 when unset).
+    done_pct: u64,
+    /// `STREAM_COUNTS_NO_ORDER=1`: a clock that cannot order streams (the pool promotes other
+    /// streams' spans instead of handing them over, as before the twenty-sixth session).
+    no_order: bool,
+}
+
+impl CountingClock {
+    /// A clock set from the environment (see the fields).
+    fn from_env() -> CountingClock {
+        CountingClock {
+            done_pct: std::env::var("STREAM_COUNTS_DONE_PCT")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(100),
+            no_order: std::env::var_os("STREAM_COUNTS_NO_ORDER").is_some(),
+            ..CountingClock::default()
+        }
+    }
 }
 
 impl StreamClock for CountingClock {
@@ -35,15 +60,76 @@ impl StreamClock for CountingClock {
         EventId(self.records.fetch_add(1, Relaxed) + 1)
     }
     fn is_complete(&self, _stream: StreamId, _epoch: EventId) -> bool {
-        self.queries.fetch_add(1, Relaxed);
-        true
+        let q = self.queries.fetch_add(1, Relaxed);
+        // A multiplicative hash spreads the passed queries evenly and reproducibly.
+        (q.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 33) % 100 < self.done_pct
     }
     fn capturing(&self) -> bool {
         false
     }
+    fn orders_streams(&self) -> bool {
+        !self.no_order
+    }
     fn order_after(&self, _waiter: StreamId, _stream: StreamId, _epoch: EventId) -> bool {
+        if self.no_order {
+            return false;
+        }
         self.waits.fetch_add(1, Relaxed);
         true
+    }
+}
+
+/// The fake paged region with streams held behind its background moves only part of the time:
+/// `STREAM_COUNTS_HELD_PCT=N` (100 when unset, the fake's worst case) says N% of the pool's
+/// asks find the stream held, spread evenly. Everything else is the fake's.
+struct HeldRegion {
+    inner: FakePagedRegion,
+    held_pct: u64,
+    asked: AtomicU64,
+}
+
+impl Region for HeldRegion {
+    fn base(&self) -> usize {
+        self.inner.base()
+    }
+    fn len(&self) -> usize {
+        self.inner.len()
+    }
+    fn page_size(&self) -> Option<usize> {
+        self.inner.page_size()
+    }
+    fn physical_pages(&self) -> usize {
+        self.inner.physical_pages()
+    }
+    fn map_pages(&self, first: usize, count: usize) -> vigil_engine::Result<()> {
+        self.inner.map_pages(first, count)
+    }
+    fn unmap_pages(&self, first: usize, count: usize) -> vigil_engine::Result<()> {
+        self.inner.unmap_pages(first, count)
+    }
+    fn moves_in_background(&self) -> bool {
+        self.inner.moves_in_background()
+    }
+    fn unmap_pages_after(
+        &self,
+        first: usize,
+        count: usize,
+        after: &[(StreamId, EventId)],
+    ) -> vigil_engine::Result<()> {
+        self.inner.unmap_pages_after(first, count, after)
+    }
+    fn order_after_moves(
+        &self,
+        stream: StreamId,
+        offset: usize,
+        len: usize,
+    ) -> vigil_engine::Result<()> {
+        self.inner.order_after_moves(stream, offset, len)
+    }
+    fn stream_waits_on_moves(&self, stream: StreamId) -> bool {
+        let k = self.asked.fetch_add(1, Relaxed);
+        self.inner.stream_waits_on_moves(stream)
+            && (k.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 33) % 100 < self.held_pct
     }
 }
 
@@ -120,6 +206,10 @@ fn main() -> ExitCode {
         }
     };
     let w = Workload::new();
+    let held_pct: u64 = std::env::var("STREAM_COUNTS_HELD_PCT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100);
     println!(
         "per million steps: events recorded / queried / pages mapped / device-side waits / spans \
          handed over; window footprint = peak reserved / peak live ({steps} steps, alignment \
@@ -129,7 +219,7 @@ fn main() -> ExitCode {
     for kind in ["fixed", "paged, inline moves", "paged, background moves"] {
         for window in [false, true] {
             for streams in [1u64, 2] {
-                let clock = Arc::new(CountingClock::default());
+                let clock = Arc::new(CountingClock::from_env());
                 let c: Arc<dyn StreamClock> = clock.clone();
                 let result = match kind {
                     "fixed" => {
@@ -140,11 +230,15 @@ fn main() -> ExitCode {
                     _ => {
                         let background = kind.contains("background");
                         let page = 4 << 20;
-                        let region = FakePagedRegion {
-                            physical: (2usize << 30) / page,
-                            page,
-                            mapped: Default::default(),
-                            background,
+                        let region = HeldRegion {
+                            inner: FakePagedRegion {
+                                physical: (2usize << 30) / page,
+                                page,
+                                mapped: Default::default(),
+                                background,
+                            },
+                            held_pct,
+                            asked: AtomicU64::new(0),
                         };
                         let opts = PoolOptions {
                             small_from_top: Some(if background { 4 * page } else { page }),

@@ -508,6 +508,9 @@ impl StreamClock for NoWaitClock {
     fn capturing(&self) -> bool {
         self.0.capturing()
     }
+    fn orders_streams(&self) -> bool {
+        true
+    }
     fn order_after(&self, _waiter: StreamId, _stream: StreamId, _epoch: EventId) -> bool {
         true
     }

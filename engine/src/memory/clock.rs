@@ -28,6 +28,11 @@ pub trait StreamClock: Send + Sync {
         let _ = (waiter, stream, epoch);
         false
     }
+    /// Whether [`Self::order_after`] can order streams at all. A pool over a region that moves
+    /// pages in the background then hands spans between streams and never promotes them.
+    fn orders_streams(&self) -> bool {
+        false
+    }
 }
 
 /// The clock of synchronous execution (the CPU backend): every recorded point is already passed.

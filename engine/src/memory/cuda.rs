@@ -642,6 +642,10 @@ impl StreamClock for CudaClock {
         self.capturing.load(Ordering::Acquire)
     }
 
+    fn orders_streams(&self) -> bool {
+        true
+    }
+
     fn order_after(&self, waiter: StreamId, stream: StreamId, epoch: EventId) -> bool {
         if self.capturing() {
             return false;

@@ -1630,7 +1630,14 @@ impl<R: Region> FixedPool<R> {
                 }
             }
         }
-        if found.is_none() && self.promote_foreign(g, own) {
+        // With a clock that orders streams, a background pool promotes nothing: a promoted span
+        // stays pending until its stream passes a point, which a stream held behind the mover
+        // passes late, and meanwhile the pool maps new pages. The hand-overs above and the page
+        // takes of `remap_take` serve without waiting (two-stream window: 1.14-1.20 reserved /
+        // live on the H200 with promotions; 1.110 without, over the fakes, however late events
+        // complete).
+        let promote = !(g.background && self.clock.orders_streams());
+        if found.is_none() && promote && self.promote_foreign(g, own) {
             self.reclaim(g);
             found = Self::retake(g, units, own);
         }
@@ -1639,6 +1646,7 @@ impl<R: Region> FixedPool<R> {
         // mover, then promoting them, beats moving more pages: each move adds tens of µs of
         // mover time, and stream-alternating work would otherwise move pages every step.
         if found.is_none()
+            && promote
             && g.background
             && self.held_foreign_spans(g, own)
             && self.region.settle_within(MOVER_WAIT)?

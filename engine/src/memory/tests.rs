@@ -79,6 +79,9 @@ impl StreamClock for FakeClock {
     fn capturing(&self) -> bool {
         self.capture.load(Ordering::SeqCst)
     }
+    fn orders_streams(&self) -> bool {
+        self.ordering.load(Ordering::SeqCst)
+    }
     fn order_after(&self, waiter: StreamId, stream: StreamId, epoch: EventId) -> bool {
         if !self.ordering.load(Ordering::SeqCst) {
             return false;
@@ -1313,6 +1316,56 @@ fn background_moves_hand_free_and_pending_spans_to_another_stream() {
     let s = pool.stats();
     assert_eq!((s.adoptions, s.pending_bytes), (2, 0));
     drop((k, w));
+}
+
+/// A background pool whose clock orders streams promotes no stream's spans, even when the
+/// stream is not held behind a move: a promoted span would stay pending until its point passes,
+/// while taking its pages (unbacked after that point) serves at once. With a clock that cannot
+/// order streams the pool still promotes.
+#[test]
+fn background_moves_with_an_ordering_clock_take_pages_instead_of_promoting() {
+    for ordering in [true, false] {
+        let clock = Arc::new(if ordering {
+            FakeClock::ordering()
+        } else {
+            FakeClock::default()
+        });
+        let region = FakePagedRegion::new(PAGE, 16, 4)
+            .background()
+            .held_until_settled();
+        let pool = FixedPool::new(region, clock.clone()).unwrap();
+        // a, k, b, m: one page each, every physical page in use; a and b (S1) are not adjacent.
+        let a = pool.alloc(PAGE, S1).unwrap();
+        let k = pool.alloc(PAGE, S2).unwrap();
+        let b = pool.alloc(PAGE, S1).unwrap();
+        let m = pool.alloc(PAGE, S2).unwrap();
+        assert_eq!(b.offset() - a.offset(), 2 * PAGE);
+        drop((a, b));
+        pool.region().settle().unwrap();
+        assert!(!pool.region().stream_waits_on_moves(S1), "S1 is not held");
+        let got = pool.alloc(2 * PAGE, S2);
+        let s = pool.stats();
+        if ordering {
+            let z = got.expect("S1's pages, unbacked after its point, back S2's block");
+            assert_eq!(
+                (clock.queries(), s.pending_bytes, s.adoptions),
+                (0, 0, 0),
+                "no span promoted, none handed over (none fits alone)"
+            );
+            let afters = pool.region().afters.lock().unwrap().clone();
+            assert!(
+                afters.iter().any(|a| a.iter().any(|&(st, _)| st == S1)),
+                "S1's pages are unbacked only after its point: {afters:?}"
+            );
+            drop(z);
+        } else {
+            // Promoted: both spans wait for S1's point, which has not passed.
+            assert!(s.pending_bytes >= 2 * PAGE, "{s:?}");
+            assert!(clock.queries() > 0);
+            drop(got);
+        }
+        drop((k, m));
+    }
 }
 
 /// Stream-alternating work over a background region: a span kept for a stream held behind a
