@@ -17,6 +17,8 @@
 //! moves pages in the background (stream-ordered), a span kept for another stream, or pending,
 //! is first handed to the allocating stream in place, ordered on the device after the giving
 //! stream ([`StreamClock::order_after`]), which costs an event wait instead of page moves.
+//! With such a clock it promotes no stream's spans (it takes their pages instead), so its
+//! footprint does not depend on when events complete.
 
 use super::clock::{EventId, StreamClock, StreamId};
 use super::region::Region;
