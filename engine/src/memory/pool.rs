@@ -53,6 +53,18 @@ const NIL: u32 = u32::MAX;
 const SL_BITS: u32 = 5;
 const SL: usize = 1 << SL_BITS;
 const FL: usize = usize::BITS as usize - SL_BITS as usize + 1;
+/// The positions of the set bits of `mask`, lowest first (in a stream mask, bit `b` is tag
+/// `b + 1`).
+fn set_bits(mut mask: u64) -> impl Iterator<Item = usize> {
+    std::iter::from_fn(move || {
+        (mask != 0).then(|| {
+            let b = mask.trailing_zeros() as usize;
+            mask &= mask - 1;
+            b
+        })
+    })
+}
+
 /// Tag of spans any stream may take; tag `i + 1` is the `i`-th registered stream's.
 const ANY: u8 = 0;
 
@@ -1698,10 +1710,7 @@ impl<R: Region> FixedPool<R> {
         while k < g.pending.len() {
             let p = g.pending[k];
             let mut done = true;
-            let mut mask = p.mask;
-            while mask != 0 {
-                let b = mask.trailing_zeros() as usize;
-                mask &= mask - 1;
+            for b in set_bits(p.mask) {
                 let epoch = p.epochs[b];
                 let c = match known[b] {
                     (e, 1) if e >= epoch => true,
@@ -1746,10 +1755,7 @@ impl<R: Region> FixedPool<R> {
             return false;
         };
         let p = g.pending[k];
-        let mut mask = p.mask;
-        while mask != 0 {
-            let b = mask.trailing_zeros() as usize;
-            mask &= mask - 1;
+        for b in set_bits(p.mask) {
             if !self.clock.order_after(stream, g.streams[b], p.epochs[b]) {
                 return false;
             }
@@ -1799,11 +1805,9 @@ impl<R: Region> FixedPool<R> {
                 tags |= 1 << (t - 1);
             }
         }
-        let mut mask = tags;
-        while mask != 0 {
-            let t = mask.trailing_zeros() as u8 + 1;
-            mask &= mask - 1;
-            let other = g.streams[t as usize - 1];
+        for b in set_bits(tags) {
+            let t = b as u8 + 1;
+            let other = g.streams[b];
             let epoch = g.epoch_for_fresh(self.clock.as_ref(), t);
             if !self.clock.order_after(stream, other, epoch) {
                 return false;
@@ -1909,10 +1913,8 @@ impl<R: Region> FixedPool<R> {
         // One point recorded now on each stream whose kept span gives pages.
         let mut points: Vec<(u8, StreamId, EventId)> = Vec::new();
         for &(_, _, tags) in &steals {
-            let mut mask = tags;
-            while mask != 0 {
-                let t = mask.trailing_zeros() as u8 + 1;
-                mask &= mask - 1;
+            for b in set_bits(tags) {
+                let t = b as u8 + 1;
                 if !points.iter().any(|p| p.0 == t) {
                     let e = g.epoch_for_fresh(self.clock.as_ref(), t);
                     points.push((t, g.streams[t as usize - 1], e));
@@ -2011,10 +2013,7 @@ impl<R: Region> FixedPool<R> {
             g.release(node, tag);
         } else {
             let mut epochs = [EventId(0); MAX_STREAMS];
-            let mut mask = uses;
-            while mask != 0 {
-                let b = mask.trailing_zeros() as usize;
-                mask &= mask - 1;
+            for b in set_bits(uses) {
                 epochs[b] = g.epoch_for(self.clock.as_ref(), b as u8 + 1);
             }
             g.nodes[node as usize].state = State::Pending;
