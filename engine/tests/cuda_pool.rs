@@ -7,6 +7,11 @@
 //! which proves the check can fail. Skips with a message where no CUDA device is usable.
 #![cfg(feature = "cuda")]
 
+#[path = "../benches/common/workload.rs"]
+mod workload;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::sync::Arc;
 
 use cudarc::driver::{result, CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
@@ -29,6 +34,45 @@ extern "C" __global__ void spin_copy(const unsigned int* src, unsigned int* dst,
          i += (unsigned long long)gridDim.x * blockDim.x) dst[i] = src[i];
 }
 "#;
+
+struct Counting;
+
+thread_local! {
+    /// Whether this thread's heap allocations are counted now, and how many there were.
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+    static ALLOCS: Cell<u64> = const { Cell::new(0) };
+}
+
+fn count_allocation() {
+    // `try_with`: the thread-locals may be gone while a thread exits.
+    let _ = COUNTING.try_with(|c| {
+        if c.get() {
+            let _ = ALLOCS.try_with(|a| a.set(a.get() + 1));
+        }
+    });
+}
+
+// SAFETY: forwards to the system allocator; only counts calls.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count_allocation();
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        count_allocation();
+        // SAFETY: same contract as the caller's.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+/// Counts heap allocations on each thread (for the steady-state test below).
+#[global_allocator]
+static GLOBAL: Counting = Counting;
 
 const A: StreamId = StreamId(0);
 const B: StreamId = StreamId(1);
@@ -635,4 +679,64 @@ fn background_moves_unordered_write_child() {
     }
     // The context is gone after a fault: leave without running any destructor.
     std::process::exit(0);
+}
+
+/// The allocator benchmark's two-stream window over a background pool on the device: once
+/// warm, its slow paths (page moves queued to the mover, hand-overs with a device-side wait,
+/// events recorded) make no heap allocation on the allocating thread. The host-only twin is
+/// `tests/pool_slow_paths_alloc.rs`.
+#[test]
+fn background_pool_on_two_streams_allocates_nothing_once_warm() {
+    use workload::{Workload, TABLE, WINDOW};
+    let Some(ctx) = device() else { return };
+    let rig = Rig::new(&ctx);
+    let page = 4 << 20;
+    let region =
+        DevicePagedRegion::with_page(&ctx, 64 << 30, 2 << 30, Some(page)).expect("paged region");
+    let region = BackgroundPagedRegion::new(region, rig.clock.clone()).expect("mover");
+    let opts = PoolOptions {
+        small_from_top: Some(4 * page),
+        ..PoolOptions::serving()
+    };
+    let pool = FixedPool::with_options(region, rig.clock.clone(), opts).expect("paged pool");
+    let w = Workload::new();
+    let claim = pool.claim();
+    let stream = |i: usize| if i.is_multiple_of(2) { A } else { B };
+    let mut live = Vec::with_capacity(WINDOW);
+    for (i, &size) in w.window_sizes[..WINDOW].iter().enumerate() {
+        live.push(Some(claim.alloc(size, stream(i)).expect("first blocks")));
+    }
+    let (warm, counted) = (40_000, 40_000);
+    let mut step = |i: usize| {
+        let v = w.victims[i % TABLE];
+        live[v] = None;
+        let size = w.window_sizes[(i + WINDOW) % TABLE];
+        match claim.alloc(size, stream(i)) {
+            Ok(b) => live[v] = Some(b),
+            Err(e) => panic!("step {i}: {e}"),
+        }
+    };
+    for i in 0..warm {
+        step(i);
+    }
+    let before = pool.stats();
+    ALLOCS.with(|a| a.set(0));
+    COUNTING.with(|c| c.set(true));
+    for i in warm..warm + counted {
+        step(i);
+    }
+    COUNTING.with(|c| c.set(false));
+    let after = pool.stats();
+    let allocations = ALLOCS.with(|a| a.get());
+    let (remaps, adoptions) = (
+        after.remaps - before.remaps,
+        after.adoptions - before.adoptions,
+    );
+    println!(
+        "background pool, two streams, {counted} window steps after {warm}: {allocations} heap \
+         allocations on this thread, {remaps} page moves, {adoptions} hand-overs, {} pages mapped",
+        after.pages_mapped - before.pages_mapped
+    );
+    assert!(remaps > 0, "no page move in the counted steps");
+    assert_eq!(allocations, 0, "the pool's thread allocated on the heap");
 }

@@ -305,11 +305,48 @@ fn stricter(a: u8, b: u8) -> u8 {
     }
 }
 
-/// Page mode's plan for one block: the run of spans it fills (in address order) and the page
-/// ranges to unback for it (first page, pages).
-/// A page move's plan: the window's spans, and the page ranges to unback for it (first page,
-/// pages, the donor spans' stream tags as a mask, bit `t - 1` for tag `t`).
-type RemapPlan = (Vec<u32>, Vec<(usize, usize, u64)>);
+/// The working lists of page moves and hand-overs, kept in the pool between calls: once grown
+/// to the pool's span count they are only cleared and refilled, so neither slow path calls the
+/// system allocator in the steady state (`tests/pool_slow_paths_alloc.rs`).
+#[derive(Default)]
+struct MoveScratch {
+    /// Every span in address order ([`Inner::address_order`]).
+    order: Vec<u32>,
+    /// The spans a block is placed on: a page move's window, or the spans handed over.
+    window: Vec<u32>,
+    /// [`Inner::remap_plan`]'s candidate windows: (pages to map, first and last index in
+    /// `order`).
+    windows: Vec<(usize, usize, usize)>,
+    /// [`Inner::donor_runs`]: (bytes, first page, pages, stream tag mask) per run.
+    donors: Vec<(usize, usize, usize, u64)>,
+    /// The page ranges a move unbacks: first page, pages, the donor spans' stream tags as a
+    /// mask (bit `t - 1` for tag `t`).
+    steals: Vec<(usize, usize, u64)>,
+    /// One point recorded on each stream whose kept span gives pages: (tag, stream, point).
+    points: Vec<(u8, StreamId, EventId)>,
+    /// The points one unbacked range waits for.
+    after: Vec<(StreamId, EventId)>,
+    /// Page ranges (first page, pages) a move unbacked and backed.
+    unbacked: Vec<(usize, usize)>,
+    backed: Vec<(usize, usize)>,
+}
+
+impl MoveScratch {
+    /// Lists sized for `spans` spans and every stream, so a first move allocates nothing either.
+    fn with_capacity(spans: usize) -> Self {
+        MoveScratch {
+            order: Vec::with_capacity(spans),
+            window: Vec::with_capacity(spans),
+            windows: Vec::with_capacity(spans),
+            donors: Vec::with_capacity(spans),
+            steals: Vec::with_capacity(spans),
+            points: Vec::with_capacity(MAX_STREAMS),
+            after: Vec::with_capacity(MAX_STREAMS),
+            unbacked: Vec::with_capacity(spans),
+            backed: Vec::with_capacity(spans),
+        }
+    }
+}
 
 /// A freed span waiting for streams to pass recorded points.
 #[derive(Debug, Clone, Copy)]
@@ -430,6 +467,10 @@ struct Inner {
     /// kept for a stream give pages too, unbacked once that stream passes a point recorded
     /// when they are taken, so nothing waits for streams to be promoted.
     background: bool,
+    /// Working lists of page moves and hand-overs (taken out while one runs).
+    moves: MoveScratch,
+    /// The free spans of one stream tag ([`Inner::spans_of`]), reused between calls.
+    kept: Vec<u32>,
 }
 
 impl Inner {
@@ -470,6 +511,12 @@ impl Inner {
             reserve_first: false,
             adoptions: 0,
             background: false,
+            moves: if page_units > 0 {
+                MoveScratch::with_capacity(1024)
+            } else {
+                MoveScratch::default()
+            },
+            kept: Vec::with_capacity(1024),
         };
         // The default stream is always tag 1 (its lookup short-cuts to that).
         inner.streams.push(StreamId::DEFAULT);
@@ -563,7 +610,9 @@ impl Inner {
     /// no event is needed for that stream's own use. Returns whether any merged. O(spans of `t`).
     fn consolidate(&mut self, t: u8) -> bool {
         let mut merged = false;
-        for i in self.spans_of(t) {
+        let mut kept = std::mem::take(&mut self.kept);
+        self.spans_of(t, &mut kept);
+        for &i in &kept {
             let n = self.nodes[i as usize];
             if n.state != State::Free || n.tag != t {
                 // Merged into an earlier span of this pass.
@@ -583,6 +632,7 @@ impl Inner {
                 merged = true;
             }
         }
+        self.kept = kept;
         merged
     }
 
@@ -1510,10 +1560,13 @@ impl<R: Region> FixedPool<R> {
         let t = k as u8 + 1;
         // Spans of one tag are never adjacent (they would have merged), so each is released
         // on its own; merging with a neighbour reserved for another stream keeps that tag.
-        for i in g.spans_of(t) {
+        let mut kept = std::mem::take(&mut g.kept);
+        g.spans_of(t, &mut kept);
+        for &i in &kept {
             g.unlink_free(i);
             g.release_cold(i, ANY);
         }
+        g.kept = kept;
         g.retired[k] = true;
         g.note_streams();
     }
@@ -1790,16 +1843,29 @@ impl<R: Region> FixedPool<R> {
                 }
             }
         }
-        let run = match best {
-            Some((_, _, i, _)) => vec![i],
-            None => match g.free_run_for(units, own) {
-                Some(run) => run,
-                None => return false,
-            },
-        };
+        let mut s = std::mem::take(&mut g.moves);
+        s.window.clear();
+        match best {
+            Some((_, _, i, _)) => s.window.push(i),
+            None => {
+                g.address_order(&mut s.order);
+                if let Some((a, b)) = g.free_run_for(&s.order, units, own) {
+                    s.window.extend_from_slice(&s.order[a..=b]);
+                }
+            }
+        }
+        let handed = !s.window.is_empty() && self.hand_over(g, (stream, own), &s.window);
+        g.moves = s;
+        handed
+    }
+
+    /// [`Self::adopt_foreign`] once the spans are chosen: orders `stream` after a point on
+    /// each stream that keeps one of `run` (free spans in address order), then releases them
+    /// to stream tag `own`. Returns whether it could order the streams.
+    fn hand_over(&self, g: &mut Inner, (stream, own): (StreamId, u8), run: &[u32]) -> bool {
         // One point on each stream that keeps a span of the run, and one device-side wait.
         let mut tags = 0u64;
-        for &i in &run {
+        for &i in run {
             let t = g.nodes[i as usize].tag;
             if t != ANY && t != own {
                 tags |= 1 << (t - 1);
@@ -1813,7 +1879,7 @@ impl<R: Region> FixedPool<R> {
                 return false;
             }
         }
-        for &i in &run {
+        for &i in run {
             // A span merged into an earlier one of the run (its node dropped) is skipped.
             if g.nodes[i as usize].state == State::Free {
                 g.unlink_free(i);
@@ -1852,7 +1918,9 @@ impl<R: Region> FixedPool<R> {
             }
             let epoch = g.epoch_for_fresh(self.clock.as_ref(), t);
             // Take every span of tag t out of its lists.
-            for i in g.spans_of(t) {
+            let mut kept = std::mem::take(&mut g.kept);
+            g.spans_of(t, &mut kept);
+            for &i in &kept {
                 g.unlink_free(i);
                 g.nodes[i as usize].state = State::Pending;
                 g.pending_units += g.nodes[i as usize].size;
@@ -1867,6 +1935,7 @@ impl<R: Region> FixedPool<R> {
                 });
                 moved = true;
             }
+            g.kept = kept;
         }
         moved
     }
@@ -1881,7 +1950,22 @@ impl<R: Region> FixedPool<R> {
     #[cold]
     #[inline(never)]
     fn remap_take(&self, g: &mut Inner, size: usize, own: Option<u8>) -> Result<Option<u32>> {
+        let mut s = std::mem::take(&mut g.moves);
+        let taken = self.remap_take_with(g, &mut s, size, own);
+        g.moves = s;
+        taken
+    }
+
+    /// [`Self::remap_take`] with its working lists `s` taken out of `g`.
+    fn remap_take_with(
+        &self,
+        g: &mut Inner,
+        s: &mut MoveScratch,
+        size: usize,
+        own: Option<u8>,
+    ) -> Result<Option<u32>> {
         let pu = g.page_units;
+        let key = (size, own.unwrap_or(ANY));
         // Within the footprint so far first; then with spans kept for one stream made any
         // stream's (once a point recorded on it now has passed; no event during capture);
         // only then growing the footprint from the reserve.
@@ -1890,9 +1974,9 @@ impl<R: Region> FixedPool<R> {
         // unbacks them once their stream passes a point recorded now.
         let all_tags = g.background && !self.clock.capturing();
         let (mut any_tag, mut promoted) = (false, false);
-        let (window, steals) = loop {
-            if let Some(plan) = g.remap_plan(size, own.unwrap_or(ANY), false, any_tag) {
-                break plan;
+        loop {
+            if g.remap_plan(key, false, any_tag, s) {
+                break;
             }
             if !promoted {
                 promoted = true;
@@ -1905,33 +1989,35 @@ impl<R: Region> FixedPool<R> {
                     continue;
                 }
             }
-            match g.remap_plan(size, own.unwrap_or(ANY), true, any_tag) {
-                Some(plan) => break plan,
-                None => return Ok(None),
+            if g.remap_plan(key, true, any_tag, s) {
+                break;
             }
-        };
+            return Ok(None);
+        }
         // One point recorded now on each stream whose kept span gives pages.
-        let mut points: Vec<(u8, StreamId, EventId)> = Vec::new();
-        for &(_, _, tags) in &steals {
+        s.points.clear();
+        for &(_, _, tags) in &s.steals {
             for b in set_bits(tags) {
                 let t = b as u8 + 1;
-                if !points.iter().any(|p| p.0 == t) {
+                if !s.points.iter().any(|p| p.0 == t) {
                     let e = g.epoch_for_fresh(self.clock.as_ref(), t);
-                    points.push((t, g.streams[t as usize - 1], e));
+                    s.points.push((t, g.streams[t as usize - 1], e));
                 }
             }
         }
         // Unback the donors' pages (the region's side; the spans change below).
-        let mut unbacked: Vec<(usize, usize)> = Vec::new();
+        s.unbacked.clear();
         let mut failed = None;
-        for &(first, count, tags) in &steals {
-            let after: Vec<(StreamId, EventId)> = points
-                .iter()
-                .filter(|p| tags & (1 << (p.0 - 1)) != 0)
-                .map(|p| (p.1, p.2))
-                .collect();
-            match self.region.unmap_pages_after(first, count, &after) {
-                Ok(()) => unbacked.push((first, count)),
+        for &(first, count, tags) in &s.steals {
+            s.after.clear();
+            s.after.extend(
+                s.points
+                    .iter()
+                    .filter(|p| tags & (1 << (p.0 - 1)) != 0)
+                    .map(|p| (p.1, p.2)),
+            );
+            match self.region.unmap_pages_after(first, count, &s.after) {
+                Ok(()) => s.unbacked.push((first, count)),
                 Err(e) => {
                     failed = Some(e);
                     break;
@@ -1939,47 +2025,47 @@ impl<R: Region> FixedPool<R> {
             }
         }
         // Back the window's unbacked pages, undoing this call's maps if one fails.
-        let start = g.nodes[window[0] as usize].off;
+        let start = g.nodes[s.window[0] as usize].off;
         let end = start + size;
-        let mut backed: Vec<(usize, usize)> = Vec::new();
+        s.backed.clear();
         if failed.is_none() {
-            for &k in &window {
+            for &k in &s.window {
                 let m = g.nodes[k as usize];
                 if m.state != State::Unmapped {
                     continue;
                 }
                 let (p0, p1) = (m.off / pu, (m.off + m.size).min(end).div_ceil(pu));
                 if let Err(e) = self.region.map_pages(p0, p1 - p0) {
-                    for &(q0, n) in &backed {
+                    for &(q0, n) in &s.backed {
                         let _ = self.region.unmap_pages(q0, n);
                     }
-                    backed.clear();
+                    s.backed.clear();
                     failed = Some(e);
                     break;
                 }
-                backed.push((p0, p1 - p0));
+                s.backed.push((p0, p1 - p0));
             }
         }
         let used = match failed {
             None => {
                 g.remaps += 1;
-                Some(g.fill_window(&window, size, pu))
+                Some(g.fill_window(&s.window, size, pu))
             }
             Some(_) => None,
         };
-        for &(first, count) in &unbacked {
-            g.unback_free(first * pu, count * pu);
+        for &(first, count) in &s.unbacked {
+            g.unback_free(first * pu, count * pu, &mut s.order);
             g.phys_free += count;
             g.mapped -= count;
             g.page_unmaps += count as u64;
         }
-        for &(_, count) in &backed {
+        for &(_, count) in &s.backed {
             g.phys_free -= count;
             g.mapped += count;
             g.page_maps += count as u64;
         }
         g.peak_mapped = g.peak_mapped.max(g.mapped);
-        g.merge_unmapped_runs();
+        g.merge_unmapped_runs(&mut s.order);
         match (used, failed) {
             (Some(used), _) => {
                 g.note_extent(start, size);
@@ -2043,41 +2129,41 @@ impl<R: Region> Drop for FixedPool<R> {
 
 impl Inner {
     /// The smallest run of two or more adjacent free spans, at least one of them kept for a
-    /// stream other than `own`, holding `units` (lowest offset on ties): the spans in address
-    /// order. O(spans).
-    fn free_run_for(&self, units: usize, own: u8) -> Option<Vec<u32>> {
-        let mut best: Option<(usize, usize, Vec<u32>)> = None;
-        let mut run: Vec<u32> = Vec::new();
-        let mut bytes = 0;
-        let mut foreign = false;
-        let mut close = |run: &mut Vec<u32>, bytes: &mut usize, foreign: &mut bool| {
-            if run.len() >= 2 && *foreign && *bytes >= units {
-                let off = self.nodes[run[0] as usize].off;
-                if best.as_ref().is_none_or(|b| (*bytes, off) < (b.0, b.1)) {
-                    best = Some((*bytes, off, std::mem::take(run)));
+    /// stream other than `own`, holding `units` (lowest offset on ties), among `order` (every
+    /// span in address order): its first and last index there. O(spans).
+    fn free_run_for(&self, order: &[u32], units: usize, own: u8) -> Option<(usize, usize)> {
+        // (bytes, offset, first index, last index) of the best run so far.
+        let mut best: Option<(usize, usize, usize, usize)> = None;
+        // The open run: its first index, bytes (0: none open), and whether a span is foreign.
+        let (mut first, mut bytes, mut foreign) = (0, 0, false);
+        for k in 0..=order.len() {
+            let free = order
+                .get(k)
+                .map(|&i| self.nodes[i as usize])
+                .filter(|n| n.state == State::Free);
+            if let Some(n) = free {
+                if bytes == 0 {
+                    first = k;
                 }
-            }
-            run.clear();
-            *bytes = 0;
-            *foreign = false;
-        };
-        for i in self.address_order() {
-            let n = &self.nodes[i as usize];
-            if n.state == State::Free {
-                run.push(i);
                 bytes += n.size;
                 foreign |= n.tag != ANY && n.tag != own;
-            } else {
-                close(&mut run, &mut bytes, &mut foreign);
+                continue;
             }
+            if bytes >= units && k - first >= 2 && foreign {
+                let off = self.nodes[order[first] as usize].off;
+                if best.is_none_or(|b| (bytes, off) < (b.0, b.1)) {
+                    best = Some((bytes, off, first, k - 1));
+                }
+            }
+            (bytes, foreign) = (0, false);
         }
-        close(&mut run, &mut bytes, &mut foreign);
-        best.map(|b| b.2)
+        best.map(|b| (b.2, b.3))
     }
 
-    /// Every span in address order (page mode's slow path; O(spans)).
-    fn address_order(&self) -> Vec<u32> {
-        let mut order = Vec::with_capacity(self.nodes.len());
+    /// Every span in address order, into `order` (cleared first; page mode's slow paths,
+    /// O(spans)).
+    fn address_order(&self, order: &mut Vec<u32>) {
+        order.clear();
         let mut cur = self
             .nodes
             .iter()
@@ -2087,7 +2173,6 @@ impl Inner {
             order.push(cur);
             cur = self.nodes[cur as usize].next_phys;
         }
-        order
     }
 
     /// Page mode's plan for `size` units on stream tag `own`: the window (a run of adjacent
@@ -2099,17 +2184,32 @@ impl Inner {
     /// this serves. With `grow`, donors first and then any reserve page: the window needing
     /// the fewest pages (or, if the reserve cannot serve it, the first that can). Neither
     /// choice depends on the reserve's size while the footprint fits in it, so a pool sized
-    /// at a run's footprint repeats that run. `None` if no window can be served.
-    fn remap_plan(&self, size: usize, own: u8, grow: bool, any_tag: bool) -> Option<RemapPlan> {
+    /// at a run's footprint repeats that run. The plan goes to `s.window` (the window's spans)
+    /// and `s.steals` (the page ranges to unback); false if no window can be served.
+    fn remap_plan(
+        &self,
+        (size, own): (usize, u8),
+        grow: bool,
+        any_tag: bool,
+        s: &mut MoveScratch,
+    ) -> bool {
         let pu = self.page_units;
-        let order = self.address_order();
+        self.address_order(&mut s.order);
+        let MoveScratch {
+            order,
+            window,
+            windows,
+            donors,
+            steals,
+            ..
+        } = s;
         let usable = |n: &Node| match n.state {
             State::Unmapped => true,
             State::Free => compatible(n.tag, own),
             _ => false,
         };
         // (pages to map, first and last window index in `order`) for each start.
-        let mut windows: Vec<(usize, usize, usize)> = Vec::new();
+        windows.clear();
         for i in 0..order.len() {
             let first = self.nodes[order[i] as usize];
             if !usable(&first) {
@@ -2140,9 +2240,9 @@ impl Inner {
                 .min(self.phys_free)
         };
         let reserve = if grow { self.phys_free } else { headroom };
-        for (need, wi, wj) in windows {
+        for &(need, wi, wj) in windows.iter() {
             let end = self.nodes[order[wi] as usize].off + size;
-            let mut donors = self.donor_runs(&order, (wi, wj), end, any_tag);
+            self.donor_runs(order, (wi, wj), end, any_tag, donors);
             let stealable: usize = donors.iter().map(|d| d.2).sum();
             if stealable + reserve < need {
                 continue;
@@ -2155,8 +2255,8 @@ impl Inner {
             } else {
                 need - need.min(headroom)
             };
-            let mut steals = Vec::new();
-            for (_, p0, pages, tags) in donors {
+            steals.clear();
+            for &(_, p0, pages, tags) in donors.iter() {
                 if left == 0 {
                     break;
                 }
@@ -2164,9 +2264,11 @@ impl Inner {
                 steals.push((p0 + pages - take, take, tags));
                 left -= take;
             }
-            return Some((order[wi..=wj].to_vec(), steals));
+            window.clear();
+            window.extend_from_slice(&order[wi..=wj]);
+            return true;
         }
-        None
+        false
     }
 
     /// Whole pages that free spans outside the window `order[wi..wj]` can give: runs of
@@ -2174,19 +2276,22 @@ impl Inner {
     /// different streams do not merge, so a page may straddle several), the window's last span
     /// giving what lies past the block's `end`. Each run: (bytes of its spans, first page,
     /// pages, its spans' stream tags as a mask, bit `t - 1` for tag `t`). Without `any_tag`
-    /// every run is one span (adjacent any-stream spans are always merged).
+    /// every run is one span (adjacent any-stream spans are always merged). Into `donors`
+    /// (cleared first).
     fn donor_runs(
         &self,
         order: &[u32],
         (wi, wj): (usize, usize),
         end: usize,
         any_tag: bool,
-    ) -> Vec<(usize, usize, usize, u64)> {
+        donors: &mut Vec<(usize, usize, usize, u64)>,
+    ) {
         let pu = self.page_units;
-        let mut donors = Vec::new();
+        donors.clear();
         // The open run: (first byte, end, bytes of its spans, tag mask).
         let mut run: Option<(usize, usize, usize, u64)> = None;
-        let close = |run: &mut Option<(usize, usize, usize, u64)>, donors: &mut Vec<_>| {
+        let close = |run: &mut Option<(usize, usize, usize, u64)>,
+                     donors: &mut Vec<(usize, usize, usize, u64)>| {
             if let Some((from, to, bytes, tags)) = run.take() {
                 let (p0, p1) = (from.div_ceil(pu), to / pu);
                 if p1 > p0 {
@@ -2198,7 +2303,7 @@ impl Inner {
             let n = self.nodes[i as usize];
             let gives = (k < wi || k >= wj) && n.state == State::Free && (n.tag == ANY || any_tag);
             if !gives {
-                close(&mut run, &mut donors);
+                close(&mut run, donors);
                 continue;
             }
             let from = if k == wj { end.max(n.off) } else { n.off };
@@ -2210,27 +2315,24 @@ impl Inner {
                     *tags |= bit;
                 }
                 _ => {
-                    close(&mut run, &mut donors);
+                    close(&mut run, donors);
                     run = Some((from, n.off + n.size, n.size, bit));
                 }
             }
         }
-        close(&mut run, &mut donors);
-        donors
+        close(&mut run, donors);
     }
 
-    /// Marks `off..off + len` (whole pages of adjacent free spans, just unbacked) unbacked.
-    fn unback_free(&mut self, off: usize, len: usize) {
+    /// Marks `off..off + len` (whole pages of adjacent free spans, just unbacked) unbacked;
+    /// `order` is a working list.
+    fn unback_free(&mut self, off: usize, len: usize, order: &mut Vec<u32>) {
         let end = off + len;
-        let parts: Vec<u32> = self
-            .address_order()
-            .into_iter()
-            .filter(|&i| {
-                let n = &self.nodes[i as usize];
-                n.state == State::Free && n.off < end && off < n.off + n.size
-            })
-            .collect();
-        for i in parts {
+        self.address_order(order);
+        order.retain(|&i| {
+            let n = &self.nodes[i as usize];
+            n.state == State::Free && n.off < end && off < n.off + n.size
+        });
+        for &i in order.iter() {
             let n = self.nodes[i as usize];
             let from = off.max(n.off);
             self.carve_unmapped(i, from, end.min(n.off + n.size) - from);
@@ -2290,28 +2392,31 @@ impl Inner {
             self.drop_node(k);
         }
         let blank = Node::span;
-        let mut chain = vec![self.new_node(blank(start, size, ANY, State::Used))];
+        // The used node, then what is left of the last span: at most three nodes.
+        let mut chain = [NIL; 3];
+        let mut len = 1;
+        chain[0] = self.new_node(blank(start, size, ANY, State::Used));
         let mut rest = None;
         if last_end > end {
             if last.state == State::Free {
                 let r = self.new_node(blank(end, last_end - end, last.tag, State::Used));
-                chain.push(r);
+                (chain[len], len) = (r, len + 1);
                 rest = Some((r, last.tag));
             } else {
                 let backed_end = end.div_ceil(pu) * pu;
                 if backed_end > end {
                     let r = self.new_node(blank(end, backed_end - end, ANY, State::Used));
-                    chain.push(r);
+                    (chain[len], len) = (r, len + 1);
                     rest = Some((r, ANY));
                 }
                 if last_end > backed_end {
                     let u = blank(backed_end, last_end - backed_end, ANY, State::Unmapped);
-                    chain.push(self.new_node(u));
+                    (chain[len], len) = (self.new_node(u), len + 1);
                 }
             }
         }
         let mut prev = first.prev_phys;
-        for &k in &chain {
+        for &k in &chain[..len] {
             self.nodes[k as usize].prev_phys = prev;
             if prev != NIL {
                 self.nodes[prev as usize].next_phys = k;
@@ -2329,9 +2434,10 @@ impl Inner {
         chain[0]
     }
 
-    /// Merges adjacent `Unmapped` spans (left by unbacking next to an unbacked range).
-    fn merge_unmapped_runs(&mut self) {
-        let order = self.address_order();
+    /// Merges adjacent `Unmapped` spans (left by unbacking next to an unbacked range); `order`
+    /// is a working list.
+    fn merge_unmapped_runs(&mut self, order: &mut Vec<u32>) {
+        self.address_order(order);
         let mut k = 0;
         while k < order.len() {
             let a = order[k];
@@ -2354,10 +2460,10 @@ impl Inner {
         }
     }
 
-    /// Every free span reserved for stream tag `t`.
-    fn spans_of(&self, t: u8) -> Vec<u32> {
+    /// Every free span reserved for stream tag `t`, into `spans` (cleared first).
+    fn spans_of(&self, t: u8, spans: &mut Vec<u32>) {
         let idx = &self.index[t as usize];
-        let mut spans = Vec::new();
+        spans.clear();
         let mut fls = idx.fl_bitmap;
         while fls != 0 {
             let fl = fls.trailing_zeros() as usize;
@@ -2373,7 +2479,6 @@ impl Inner {
                 }
             }
         }
-        spans
     }
 
     /// A freshly recorded epoch on stream tag `t` (used when promoting its free spans).

@@ -329,10 +329,10 @@ impl Region for HostPagedRegion {
                 t.free.len()
             )));
         }
-        let keep = t.free.len() - count;
-        let mut phys = t.free.split_off(keep);
+        // Physical pages come off the free list one at a time (no list is built: a page move
+        // allocates nothing on the host).
         for i in range.clone() {
-            let Some(p) = phys.pop() else { break };
+            let Some(p) = t.free.pop() else { break };
             // SAFETY: page `i` is inside the reservation and unmapped; `p` is a page of the
             // file, mapped nowhere else.
             let r = unsafe {
@@ -348,7 +348,6 @@ impl Region for HostPagedRegion {
             if r == libc::MAP_FAILED {
                 let e = os_error("cannot map a pool page");
                 t.free.push(p);
-                t.free.append(&mut phys);
                 for j in first..i {
                     if let Some(q) = t.at[j].take() {
                         let _ = self.unback(j);

@@ -18,6 +18,7 @@ use super::{cuda_err, CudaClock, DevicePagedRegion};
 use crate::error::{Error, Result};
 use crate::memory::clock::{EventId, StreamClock, StreamId};
 use crate::memory::region::Region;
+use crate::memory::MAX_STREAMS;
 
 /// How often the mover looks at a stream it waits for before unbacking pages.
 const STREAM_POLL: std::time::Duration = std::time::Duration::from_micros(20);
@@ -111,6 +112,9 @@ struct Shared {
     ctx: Arc<CudaContext>,
     /// Events the mover has waited for, for later unmaps to record again.
     spare_events: Mutex<Vec<CudaEvent>>,
+    /// Emptied `Move::after` lists, for later unmaps to fill again (a move allocates nothing
+    /// on the host once the queue has been this deep).
+    spare_lists: Mutex<Vec<Vec<CudaEvent>>>,
     region: DevicePagedRegion,
     queue: Mutex<Queue>,
     /// Signals the mover (work, resume, shutdown).
@@ -208,10 +212,17 @@ impl Shared {
                     }
                 }
             }
+            let mut after = m.after;
             self.spare_events
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .extend(m.after);
+                .append(&mut after);
+            if after.capacity() > 0 {
+                self.spare_lists
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(after);
+            }
             let t = Instant::now();
             let r = if broken {
                 Ok(())
@@ -249,6 +260,7 @@ impl BackgroundPagedRegion {
         let shared = Arc::new(Shared {
             ctx,
             spare_events: Mutex::new(Vec::new()),
+            spare_lists: Mutex::new(Vec::new()),
             region,
             queue: Mutex::new(Queue::default()),
             work: Condvar::new(),
@@ -522,7 +534,16 @@ impl Region for BackgroundPagedRegion {
         // The pool recorded its points just now; an event of the region's own recorded on
         // each stream here sits at the same place or later, and the mover waits for it
         // without the clock's lock.
-        let mut events = Vec::with_capacity(after.len());
+        if after.is_empty() {
+            return self.queue(first, count, false, Vec::new());
+        }
+        let mut events = self
+            .shared
+            .spare_lists
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(MAX_STREAMS));
         for &(id, _) in after {
             let Some(stream) = self.clock.stream(id) else {
                 continue; // an unknown stream has no work to wait for

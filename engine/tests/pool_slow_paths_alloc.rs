@@ -1,0 +1,210 @@
+//! The pool's slow paths allocate nothing on the host once warm: page moves (inline and in the
+//! background), hand-overs between streams, and merging a stream's kept spans run from working
+//! lists the pool keeps, so after warm-up the allocator benchmark's window workload makes zero
+//! heap allocations while those paths run. Counted with a global allocator, on this thread
+//! only. The background region is a fake (the real one is CUDA's mover thread); the others are
+//! real host memory.
+
+#[path = "../benches/common/fake_region.rs"]
+mod fake_region;
+#[path = "../benches/common/workload.rs"]
+mod workload;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+use fake_region::FakePagedRegion;
+use vigil_engine::memory::{
+    EventId, FixedPool, HostPagedRegion, HostRegion, PoolOptions, Region, StreamClock, StreamId,
+};
+use workload::{Workload, TABLE, WINDOW};
+
+struct Counting;
+
+thread_local! {
+    /// Whether this thread's allocations are counted now, and how many there were.
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+    static ALLOCS: Cell<u64> = const { Cell::new(0) };
+}
+
+fn count() {
+    // `try_with`: the thread-locals may be gone while a thread exits.
+    let _ = COUNTING.try_with(|c| {
+        if c.get() {
+            let _ = ALLOCS.try_with(|a| a.set(a.get() + 1));
+        }
+    });
+}
+
+// SAFETY: forwards to the system allocator; only counts calls.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count();
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        count();
+        // SAFETY: same contract as the caller's.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// An idle device whose streams can be ordered on it (as `CudaClock` is): every point has
+/// passed. Counts the device-side waits (hand-overs).
+#[derive(Default)]
+struct IdleDevice {
+    epoch: AtomicU64,
+    waits: AtomicU64,
+}
+
+impl StreamClock for IdleDevice {
+    fn record(&self, _stream: StreamId) -> EventId {
+        EventId(self.epoch.fetch_add(1, Relaxed) + 1)
+    }
+    fn is_complete(&self, _stream: StreamId, _epoch: EventId) -> bool {
+        true
+    }
+    fn capturing(&self) -> bool {
+        false
+    }
+    fn orders_streams(&self) -> bool {
+        true
+    }
+    fn order_after(&self, _waiter: StreamId, _stream: StreamId, _epoch: EventId) -> bool {
+        self.waits.fetch_add(1, Relaxed);
+        true
+    }
+}
+
+/// What one counted stretch of window steps did: heap allocations on this thread, page moves,
+/// hand-overs and pages mapped.
+#[derive(Debug)]
+struct Stretch {
+    allocations: u64,
+    remaps: u64,
+    adoptions: u64,
+    pages: u64,
+}
+
+/// Runs `warm` window steps alternating over `streams` streams, then `counted` more with the
+/// allocation counter on.
+fn window<R: Region>(
+    pool: &Arc<FixedPool<R>>,
+    streams: u64,
+    warm: usize,
+    counted: usize,
+) -> Stretch {
+    let w = Workload::new();
+    let claim = pool.claim();
+    let mut live = Vec::with_capacity(WINDOW);
+    for (i, &size) in w.window_sizes[..WINDOW].iter().enumerate() {
+        let s = StreamId(i as u64 % streams);
+        live.push(Some(claim.alloc(size, s).expect("first blocks")));
+    }
+    let mut step = |i: usize| {
+        let v = w.victims[i % TABLE];
+        live[v] = None;
+        let size = w.window_sizes[(i + WINDOW) % TABLE];
+        let s = StreamId(i as u64 % streams);
+        match claim.alloc(size, s) {
+            Ok(b) => live[v] = Some(b),
+            Err(e) => panic!("step {i}: {e}"),
+        }
+    };
+    for i in 0..warm {
+        step(i);
+    }
+    let before = pool.stats();
+    ALLOCS.with(|a| a.set(0));
+    COUNTING.with(|c| c.set(true));
+    for i in warm..warm + counted {
+        step(i);
+    }
+    COUNTING.with(|c| c.set(false));
+    let after = pool.stats();
+    Stretch {
+        allocations: ALLOCS.with(|a| a.get()),
+        remaps: after.remaps - before.remaps,
+        adoptions: after.adoptions - before.adoptions,
+        pages: after.pages_mapped - before.pages_mapped,
+    }
+}
+
+const WARM: usize = 40_000;
+const COUNTED: usize = 40_000;
+
+#[test]
+fn fixed_region_on_two_streams_allocates_nothing() {
+    // Spans kept apart per stream and merged back when a stream's block needs them.
+    let pool = FixedPool::with_options(
+        HostRegion::try_new(2 << 30).expect("region"),
+        Arc::new(IdleDevice::default()),
+        PoolOptions::serving(),
+    )
+    .expect("pool");
+    let s = window(&pool, 2, WARM, COUNTED);
+    println!("fixed region, two streams: {s:?}");
+    assert_eq!(s.allocations, 0, "{s:?}");
+}
+
+#[test]
+fn page_moves_allocate_nothing() {
+    // Real memory: a memfd's pages mapped into a reservation, moved where blocks fit.
+    let page = 2 << 20;
+    for streams in [1, 2] {
+        let region = HostPagedRegion::new(64 << 30, 1 << 30, page).expect("region");
+        let opts = PoolOptions {
+            small_from_top: Some(page),
+            ..PoolOptions::serving()
+        };
+        let pool =
+            FixedPool::with_options(region, Arc::new(IdleDevice::default()), opts).expect("pool");
+        let s = window(&pool, streams, WARM, COUNTED);
+        println!("paged region, inline moves, {streams} stream(s): {s:?}");
+        assert!(
+            s.remaps > 0 && s.pages > 0,
+            "no page move in the counted steps: {s:?}"
+        );
+        assert_eq!(s.allocations, 0, "{s:?}");
+    }
+}
+
+#[test]
+fn background_moves_and_hand_overs_allocate_nothing() {
+    // The fake stands in for CUDA's mover thread: it says every stream waits behind a move,
+    // so the pool takes pages of spans kept for a stream, or hands them over.
+    let page = 4 << 20;
+    let region = FakePagedRegion {
+        physical: (2usize << 30) / page,
+        page,
+        mapped: Default::default(),
+        background: true,
+    };
+    let opts = PoolOptions {
+        small_from_top: Some(4 * page),
+        ..PoolOptions::serving()
+    };
+    let clock = Arc::new(IdleDevice::default());
+    let pool = FixedPool::with_options(region, clock.clone(), opts).expect("pool");
+    let s = window(&pool, 2, WARM, COUNTED);
+    println!(
+        "paged region, background moves (fake mover), two streams: {s:?}, {} device-side waits",
+        clock.waits.load(Relaxed)
+    );
+    assert!(
+        s.remaps > 0 && s.pages > 0,
+        "no page move in the counted steps: {s:?}"
+    );
+    assert!(s.adoptions > 0, "no hand-over in the counted steps: {s:?}");
+    assert_eq!(s.allocations, 0, "{s:?}");
+}
