@@ -41,13 +41,28 @@ thread_local! {
     /// Whether this thread's heap allocations are counted now, and how many there were.
     static COUNTING: Cell<bool> = const { Cell::new(false) };
     static ALLOCS: Cell<u64> = const { Cell::new(0) };
+    /// Where the first counted allocations came from (for the failure message).
+    static FIRST: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
 }
+
+/// Allocations whose stacks are kept, at most.
+const TRACED: u64 = 3;
 
 fn count_allocation() {
     // `try_with`: the thread-locals may be gone while a thread exits.
     let _ = COUNTING.try_with(|c| {
         if c.get() {
-            let _ = ALLOCS.try_with(|a| a.set(a.get() + 1));
+            let n = ALLOCS.try_with(|a| {
+                a.set(a.get() + 1);
+                a.get()
+            });
+            if n.is_ok_and(|n| n <= TRACED) {
+                // Not counted while the stack is taken (that allocates too).
+                c.set(false);
+                let trace = std::backtrace::Backtrace::force_capture().to_string();
+                let _ = FIRST.try_with(|f| f.borrow_mut().push(trace));
+                c.set(true);
+            }
         }
     });
 }
@@ -721,6 +736,7 @@ fn background_pool_on_two_streams_allocates_nothing_once_warm() {
     }
     let before = pool.stats();
     ALLOCS.with(|a| a.set(0));
+    FIRST.with(|f| f.borrow_mut().reserve(TRACED as usize));
     COUNTING.with(|c| c.set(true));
     for i in warm..warm + counted {
         step(i);
@@ -738,5 +754,9 @@ fn background_pool_on_two_streams_allocates_nothing_once_warm() {
         after.pages_mapped - before.pages_mapped
     );
     assert!(remaps > 0, "no page move in the counted steps");
-    assert_eq!(allocations, 0, "the pool's thread allocated on the heap");
+    let first = FIRST.with(|f| f.borrow().join("\n----\n"));
+    assert_eq!(
+        allocations, 0,
+        "the pool's thread allocated on the heap; the first allocations:\n{first}"
+    );
 }

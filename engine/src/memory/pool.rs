@@ -1723,7 +1723,7 @@ impl<R: Region> FixedPool<R> {
             found = Self::retake(g, units, own);
         }
         if found.is_none() && g.page_units > 0 {
-            found = self.remap_take(g, units, own)?;
+            found = self.remap_take(g, units, (stream, own))?;
         }
         found.ok_or_else(|| {
             Error::OutOfMemory(format!(
@@ -1949,9 +1949,14 @@ impl<R: Region> FixedPool<R> {
     /// later call once their streams pass).
     #[cold]
     #[inline(never)]
-    fn remap_take(&self, g: &mut Inner, size: usize, own: Option<u8>) -> Result<Option<u32>> {
+    fn remap_take(
+        &self,
+        g: &mut Inner,
+        size: usize,
+        (stream, own): (StreamId, Option<u8>),
+    ) -> Result<Option<u32>> {
         let mut s = std::mem::take(&mut g.moves);
-        let taken = self.remap_take_with(g, &mut s, size, own);
+        let taken = self.remap_take_with(g, &mut s, size, (stream, own));
         g.moves = s;
         taken
     }
@@ -1962,40 +1967,39 @@ impl<R: Region> FixedPool<R> {
         g: &mut Inner,
         s: &mut MoveScratch,
         size: usize,
-        own: Option<u8>,
+        (stream, own): (StreamId, Option<u8>),
     ) -> Result<Option<u32>> {
         let pu = g.page_units;
         let key = (size, own.unwrap_or(ANY));
-        // Within the footprint so far first; then with spans kept for one stream made any
-        // stream's (once a point recorded on it now has passed; no event during capture);
-        // only then growing the footprint from the reserve.
-        // In background mode spans kept for a stream give pages at the second try instead of
-        // being promoted (not during capture, when no point may be recorded): the mover
-        // unbacks them once their stream passes a point recorded now.
-        let all_tags = g.background && !self.clock.capturing();
-        let (mut any_tag, mut promoted) = (false, false);
+        // With a clock that orders streams, the second try may also place the block over free
+        // spans kept for other streams, the allocating stream ordered after a point on each
+        // (as a hand-over): fewer pages move, and the footprint stays nearer the live bytes.
+        let mut foreign = g.background
+            && self.stream_safe
+            && own.is_some()
+            && !self.clock.capturing()
+            && self.clock.orders_streams();
         loop {
-            if g.remap_plan(key, false, any_tag, s) {
+            s.points.clear();
+            let Some(tags) = self.remap_plan_tries(g, s, key, foreign) else {
+                return Ok(None);
+            };
+            // One point recorded now on each other stream whose span the window takes, and
+            // the allocating stream ordered after it on the device.
+            let mut ordered = true;
+            for b in set_bits(tags) {
+                let t = b as u8 + 1;
+                let e = g.epoch_for_fresh(self.clock.as_ref(), t);
+                s.points.push((t, g.streams[b], e));
+                ordered &= self.clock.order_after(stream, g.streams[b], e);
+            }
+            if ordered {
                 break;
             }
-            if !promoted {
-                promoted = true;
-                if all_tags {
-                    any_tag = true;
-                    continue;
-                }
-                if !g.background && self.promote_foreign(g, None) {
-                    self.reclaim(g);
-                    continue;
-                }
-            }
-            if g.remap_plan(key, true, any_tag, s) {
-                break;
-            }
-            return Ok(None);
+            foreign = false;
         }
-        // One point recorded now on each stream whose kept span gives pages.
-        s.points.clear();
+        // One point recorded now on each stream whose kept span gives pages (the window's
+        // points serve too).
         for &(_, _, tags) in &s.steals {
             for b in set_bits(tags) {
                 let t = b as u8 + 1;
@@ -2074,6 +2078,53 @@ impl<R: Region> FixedPool<R> {
             (None, Some(e)) => Err(e),
             (None, None) => Ok(None),
         }
+    }
+
+    /// [`Self::remap_take`]'s plan into `s.window` and `s.steals`: within the footprint so far
+    /// first; then with spans kept for one stream made any stream's (once a point recorded on
+    /// it now has passed; no event during capture); only then growing the footprint from the
+    /// reserve. In background mode spans kept for a stream give pages at the second try
+    /// instead of being promoted (not during capture, when no point may be recorded): the
+    /// mover unbacks them once their stream passes a point recorded now; with `foreign` the
+    /// window may take them too. Returns the tags (bit `t - 1` for tag `t`) of the other
+    /// streams' spans in the window, `None` if no plan serves.
+    fn remap_plan_tries(
+        &self,
+        g: &mut Inner,
+        s: &mut MoveScratch,
+        key: (usize, u8),
+        foreign: bool,
+    ) -> Option<u64> {
+        let all_tags = g.background && !self.clock.capturing();
+        let (mut reach, mut promoted) = ((false, false), false);
+        loop {
+            if g.remap_plan(key, false, reach, s) {
+                break;
+            }
+            if !promoted {
+                promoted = true;
+                if all_tags {
+                    reach = (true, foreign);
+                    continue;
+                }
+                if !g.background && self.promote_foreign(g, None) {
+                    self.reclaim(g);
+                    continue;
+                }
+            }
+            if g.remap_plan(key, true, reach, s) {
+                break;
+            }
+            return None;
+        }
+        let mut tags = 0u64;
+        for &i in &s.window {
+            let n = &g.nodes[i as usize];
+            if n.state == State::Free && n.tag != ANY && n.tag != key.1 {
+                tags |= 1 << (n.tag - 1);
+            }
+        }
+        Some(tags)
     }
 
     /// Registers a declared use on `stream` (its cached epoch no longer covers it); returns
@@ -2190,7 +2241,7 @@ impl Inner {
         &self,
         (size, own): (usize, u8),
         grow: bool,
-        any_tag: bool,
+        (any_tag, foreign): (bool, bool),
         s: &mut MoveScratch,
     ) -> bool {
         let pu = self.page_units;
@@ -2205,7 +2256,7 @@ impl Inner {
         } = s;
         let usable = |n: &Node| match n.state {
             State::Unmapped => true,
-            State::Free => compatible(n.tag, own),
+            State::Free => foreign || compatible(n.tag, own),
             _ => false,
         };
         // (pages to map, first and last window index in `order`) for each start.

@@ -1368,6 +1368,56 @@ fn background_moves_with_an_ordering_clock_take_pages_instead_of_promoting() {
     }
 }
 
+/// A background pool whose clock orders streams places a block over a free span kept for
+/// another stream and the unbacked range after it, the allocating stream ordered after a point
+/// on the other stream: one page maps instead of two (mapping both and unbacking the span's).
+/// With a clock that cannot order streams the span only gives its page.
+#[test]
+fn background_moves_place_a_block_over_another_streams_span() {
+    for ordering in [true, false] {
+        let clock = Arc::new(if ordering {
+            FakeClock::ordering()
+        } else {
+            FakeClock::default()
+        });
+        let region = FakePagedRegion::new(PAGE, 16, 3)
+            .background()
+            .held_until_settled();
+        let pool = FixedPool::new(region, clock.clone()).unwrap();
+        // k (S2) on page 0, a (S1) on page 1; pages 2.. unbacked, one physical page left.
+        let k = pool.alloc(PAGE, S2).unwrap();
+        let a = pool.alloc(PAGE, S1).unwrap();
+        let a_off = a.offset();
+        assert_eq!(a_off, PAGE);
+        drop(a);
+        pool.region().settle().unwrap();
+        let maps = pool.region().maps.load(Ordering::SeqCst);
+        let unmaps = pool.region().unmaps.load(Ordering::SeqCst);
+        let got = pool.alloc(2 * PAGE, S2);
+        let (mapped, unmapped) = (
+            pool.region().maps.load(Ordering::SeqCst) - maps,
+            pool.region().unmaps.load(Ordering::SeqCst) - unmaps,
+        );
+        if ordering {
+            let z = got.expect("S1's span and one more page for S2");
+            assert_eq!(z.offset(), a_off, "the block starts on S1's span");
+            assert_eq!((mapped, unmapped), (1, 0), "one page maps, none unbacked");
+            let orders = clock.orders();
+            assert!(
+                orders.iter().any(|&(w, s, _)| w == S2 && s == S1),
+                "S2 ordered after S1's point: {orders:?}"
+            );
+            drop(z);
+        } else {
+            // Promoted instead: the span waits for S1's point, which has not passed.
+            let e = got.expect_err("S1's span is pending");
+            assert!(e.to_string().contains(&format!("pending {PAGE} B")), "{e}");
+            assert_eq!((mapped, unmapped), (0, 0));
+        }
+        drop(k);
+    }
+}
+
 /// Stream-alternating work over a background region: a span kept for a stream held behind a
 /// move is promoted after a short wait for the mover, instead of giving its pages, so the
 /// other stream reuses it and no page moves again.
