@@ -520,6 +520,9 @@ impl Drop for PinnedRegion {
     }
 }
 
+/// In-flight points on one stream past which recording one first recycles the completed ones.
+const RETIRE_AT: usize = 64;
+
 /// Events recorded on one stream, oldest first.
 struct StreamEvents {
     id: StreamId,
@@ -582,8 +585,8 @@ impl CudaClock {
             stream,
             next_epoch: 0,
             completed: 0,
-            inflight: VecDeque::new(),
-            spare: Vec::new(),
+            inflight: VecDeque::with_capacity(2 * RETIRE_AT),
+            spare: Vec::with_capacity(2 * RETIRE_AT),
         });
     }
 
@@ -600,6 +603,14 @@ impl CudaClock {
         g.iter().find(|s| s.id == id).map(|s| Arc::clone(&s.stream))
     }
 
+    /// Points recorded on stream `id` not yet seen complete (events held for it).
+    pub fn in_flight(&self, id: StreamId) -> usize {
+        let g = self.streams.lock().unwrap_or_else(|e| e.into_inner());
+        g.iter()
+            .find(|s| s.id == id)
+            .map_or(0, |s| s.inflight.len())
+    }
+
     /// Marks a CUDA graph capture as in progress (no events are queried until it ends).
     pub fn set_capturing(&self, on: bool) {
         self.capturing.store(on, Ordering::Release);
@@ -613,6 +624,11 @@ impl StreamClock for CudaClock {
             // An unknown stream has no work we can wait for: its point is passed at once.
             return EventId(0);
         };
+        // A stream that is never asked about (no query, no hand-over from it) would keep
+        // every point in flight: past a bound, its completed ones are recycled here.
+        if s.inflight.len() >= RETIRE_AT {
+            s.retire_until(u64::MAX);
+        }
         s.next_epoch += 1;
         let epoch = s.next_epoch;
         let event = match s.spare.pop() {

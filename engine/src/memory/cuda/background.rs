@@ -18,7 +18,6 @@ use super::{cuda_err, CudaClock, DevicePagedRegion};
 use crate::error::{Error, Result};
 use crate::memory::clock::{EventId, StreamClock, StreamId};
 use crate::memory::region::Region;
-use crate::memory::MAX_STREAMS;
 
 /// How often the mover looks at a stream it waits for before unbacking pages.
 const STREAM_POLL: std::time::Duration = std::time::Duration::from_micros(20);
@@ -33,7 +32,37 @@ struct Move {
     count: usize,
     map: bool,
     ticket: u64,
-    after: Vec<CudaEvent>,
+    after: Afters,
+}
+
+/// Events one unmap waits for, one per stream whose spans gave its pages.
+const AFTER_INLINE: usize = 4;
+
+/// The events of one move: up to [`AFTER_INLINE`] held inline, so queuing a move allocates
+/// nothing on the host; more streams than that (rare) spill into a list.
+#[derive(Default)]
+struct Afters {
+    inline: [Option<CudaEvent>; AFTER_INLINE],
+    more: Vec<CudaEvent>,
+}
+
+impl Afters {
+    fn push(&mut self, event: CudaEvent) {
+        match self.inline.iter_mut().find(|e| e.is_none()) {
+            Some(slot) => *slot = Some(event),
+            None => self.more.push(event),
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &CudaEvent> {
+        self.inline.iter().flatten().chain(&self.more)
+    }
+
+    /// Moves every event into `spare`.
+    fn drain_into(&mut self, spare: &mut Vec<CudaEvent>) {
+        spare.extend(self.inline.iter_mut().filter_map(Option::take));
+        spare.append(&mut self.more);
+    }
 }
 
 /// What the pool's thread and the mover share behind one lock.
@@ -112,9 +141,6 @@ struct Shared {
     ctx: Arc<CudaContext>,
     /// Events the mover has waited for, for later unmaps to record again.
     spare_events: Mutex<Vec<CudaEvent>>,
-    /// Emptied `Move::after` lists, for later unmaps to fill again (a move allocates nothing
-    /// on the host once the queue has been this deep).
-    spare_lists: Mutex<Vec<Vec<CudaEvent>>>,
     region: DevicePagedRegion,
     queue: Mutex<Queue>,
     /// Signals the mover (work, resume, shutdown).
@@ -213,16 +239,7 @@ impl Shared {
                 }
             }
             let mut after = m.after;
-            self.spare_events
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .append(&mut after);
-            if after.capacity() > 0 {
-                self.spare_lists
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push(after);
-            }
+            after.drain_into(&mut self.spare_events.lock().unwrap_or_else(|e| e.into_inner()));
             let t = Instant::now();
             let r = if broken {
                 Ok(())
@@ -260,9 +277,13 @@ impl BackgroundPagedRegion {
         let shared = Arc::new(Shared {
             ctx,
             spare_events: Mutex::new(Vec::new()),
-            spare_lists: Mutex::new(Vec::new()),
             region,
-            queue: Mutex::new(Queue::default()),
+            // The queue never holds more than MAX_QUEUED moves: reserved now, so queuing one
+            // never allocates.
+            queue: Mutex::new(Queue {
+                moves: VecDeque::with_capacity(MAX_QUEUED),
+                ..Queue::default()
+            }),
             work: Condvar::new(),
             done_cv: Condvar::new(),
             done: AtomicU64::new(0),
@@ -326,7 +347,7 @@ impl BackgroundPagedRegion {
     }
 
     /// Queues a move of `first..first + count`, checked against what the pool has asked so far.
-    fn queue(&self, first: usize, count: usize, map: bool, after: Vec<CudaEvent>) -> Result<()> {
+    fn queue(&self, first: usize, count: usize, map: bool, after: Afters) -> Result<()> {
         let mut l = self.logical.lock().unwrap_or_else(|e| e.into_inner());
         let end = match first.checked_add(count) {
             Some(end) if end <= l.backed.len() => end,
@@ -514,11 +535,11 @@ impl Region for BackgroundPagedRegion {
     }
 
     fn map_pages(&self, first: usize, count: usize) -> Result<()> {
-        self.queue(first, count, true, Vec::new())
+        self.queue(first, count, true, Afters::default())
     }
 
     fn unmap_pages(&self, first: usize, count: usize) -> Result<()> {
-        self.queue(first, count, false, Vec::new())
+        self.queue(first, count, false, Afters::default())
     }
 
     fn moves_in_background(&self) -> bool {
@@ -534,16 +555,7 @@ impl Region for BackgroundPagedRegion {
         // The pool recorded its points just now; an event of the region's own recorded on
         // each stream here sits at the same place or later, and the mover waits for it
         // without the clock's lock.
-        if after.is_empty() {
-            return self.queue(first, count, false, Vec::new());
-        }
-        let mut events = self
-            .shared
-            .spare_lists
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pop()
-            .unwrap_or_else(|| Vec::with_capacity(MAX_STREAMS));
+        let mut events = Afters::default();
         for &(id, _) in after {
             let Some(stream) = self.clock.stream(id) else {
                 continue; // an unknown stream has no work to wait for
