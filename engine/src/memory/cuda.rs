@@ -546,8 +546,12 @@ impl StreamEvents {
             match ev.try_is_complete() {
                 Ok(true) => {
                     self.completed = e;
+                    // Spare events past the list's reserved room are destroyed rather than
+                    // grow it (recording never allocates on the host).
                     if let Some((_, ev)) = self.inflight.pop_front() {
-                        self.spare.push(ev);
+                        if self.spare.len() < self.spare.capacity() {
+                            self.spare.push(ev);
+                        }
                     }
                 }
                 _ => break,
