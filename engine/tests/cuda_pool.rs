@@ -7,11 +7,11 @@
 //! which proves the check can fail. Skips with a message where no CUDA device is usable.
 #![cfg(feature = "cuda")]
 
+#[path = "common/thread_allocations.rs"]
+mod thread_allocations;
 #[path = "../benches/common/workload.rs"]
 mod workload;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::sync::Arc;
 
 use cudarc::driver::{result, CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
@@ -34,60 +34,6 @@ extern "C" __global__ void spin_copy(const unsigned int* src, unsigned int* dst,
          i += (unsigned long long)gridDim.x * blockDim.x) dst[i] = src[i];
 }
 "#;
-
-struct Counting;
-
-thread_local! {
-    /// Whether this thread's heap allocations are counted now, and how many there were.
-    static COUNTING: Cell<bool> = const { Cell::new(false) };
-    static ALLOCS: Cell<u64> = const { Cell::new(0) };
-    /// Where the first counted allocations came from (for the failure message).
-    static FIRST: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// Allocations whose stacks are kept, at most.
-const TRACED: u64 = 3;
-
-fn count_allocation() {
-    // `try_with`: the thread-locals may be gone while a thread exits.
-    let _ = COUNTING.try_with(|c| {
-        if c.get() {
-            let n = ALLOCS.try_with(|a| {
-                a.set(a.get() + 1);
-                a.get()
-            });
-            if n.is_ok_and(|n| n <= TRACED) {
-                // Not counted while the stack is taken (that allocates too).
-                c.set(false);
-                let trace = std::backtrace::Backtrace::force_capture().to_string();
-                let _ = FIRST.try_with(|f| f.borrow_mut().push(trace));
-                c.set(true);
-            }
-        }
-    });
-}
-
-// SAFETY: forwards to the system allocator; only counts calls.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count_allocation();
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count_allocation();
-        // SAFETY: same contract as the caller's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-/// Counts heap allocations on each thread (for the steady-state test below).
-#[global_allocator]
-static GLOBAL: Counting = Counting;
 
 const A: StreamId = StreamId(0);
 const B: StreamId = StreamId(1);
@@ -737,15 +683,9 @@ fn background_pool_on_two_streams_allocates_nothing_once_warm() {
     // The host runs ahead of the mover here (no kernels): start the count with its queue empty.
     pool.region().settle().expect("the mover catches up");
     let before = pool.stats();
-    ALLOCS.with(|a| a.set(0));
-    FIRST.with(|f| f.borrow_mut().reserve(TRACED as usize));
-    COUNTING.with(|c| c.set(true));
-    for i in warm..warm + counted {
-        step(i);
-    }
-    COUNTING.with(|c| c.set(false));
+    let ((), allocations, first) =
+        thread_allocations::counted(|| (warm..warm + counted).for_each(&mut step));
     let after = pool.stats();
-    let allocations = ALLOCS.with(|a| a.get());
     let (remaps, adoptions) = (
         after.remaps - before.remaps,
         after.adoptions - before.adoptions,
@@ -756,7 +696,6 @@ fn background_pool_on_two_streams_allocates_nothing_once_warm() {
         after.pages_mapped - before.pages_mapped
     );
     assert!(remaps > 0, "no page move in the counted steps");
-    let first = FIRST.with(|f| f.borrow().join("\n----\n"));
     assert_eq!(
         allocations, 0,
         "the pool's thread allocated on the heap; the first allocations:\n{first}"

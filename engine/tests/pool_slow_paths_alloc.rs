@@ -7,57 +7,20 @@
 
 #[path = "../benches/common/fake_region.rs"]
 mod fake_region;
+#[path = "common/thread_allocations.rs"]
+mod thread_allocations;
 #[path = "../benches/common/workload.rs"]
 mod workload;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use fake_region::FakePagedRegion;
+use thread_allocations::counted;
 use vigil_engine::memory::{
     EventId, FixedPool, HostPagedRegion, HostRegion, PoolOptions, Region, StreamClock, StreamId,
 };
 use workload::{Workload, TABLE, WINDOW};
-
-struct Counting;
-
-thread_local! {
-    /// Whether this thread's allocations are counted now, and how many there were.
-    static COUNTING: Cell<bool> = const { Cell::new(false) };
-    static ALLOCS: Cell<u64> = const { Cell::new(0) };
-}
-
-fn count() {
-    // `try_with`: the thread-locals may be gone while a thread exits.
-    let _ = COUNTING.try_with(|c| {
-        if c.get() {
-            let _ = ALLOCS.try_with(|a| a.set(a.get() + 1));
-        }
-    });
-}
-
-// SAFETY: forwards to the system allocator; only counts calls.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count();
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count();
-        // SAFETY: same contract as the caller's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
 
 /// An idle device whose streams can be ordered on it (as `CudaClock` is): every point has
 /// passed. Counts the device-side waits (hand-overs).
@@ -86,24 +49,20 @@ impl StreamClock for IdleDevice {
     }
 }
 
-/// What one counted stretch of window steps did: heap allocations on this thread, page moves,
-/// hand-overs and pages mapped.
+/// What one counted stretch of window steps did: heap allocations on this thread (and where
+/// the first ones came from), page moves, hand-overs and pages mapped.
 #[derive(Debug)]
 struct Stretch {
     allocations: u64,
+    stacks: String,
     remaps: u64,
     adoptions: u64,
     pages: u64,
 }
 
-/// Runs `warm` window steps alternating over `streams` streams, then `counted` more with the
+/// Runs `warm` window steps alternating over `streams` streams, then `steps` more with the
 /// allocation counter on.
-fn window<R: Region>(
-    pool: &Arc<FixedPool<R>>,
-    streams: u64,
-    warm: usize,
-    counted: usize,
-) -> Stretch {
+fn window<R: Region>(pool: &Arc<FixedPool<R>>, streams: u64, warm: usize, steps: usize) -> Stretch {
     let w = Workload::new();
     let claim = pool.claim();
     let mut live = Vec::with_capacity(WINDOW);
@@ -125,15 +84,11 @@ fn window<R: Region>(
         step(i);
     }
     let before = pool.stats();
-    ALLOCS.with(|a| a.set(0));
-    COUNTING.with(|c| c.set(true));
-    for i in warm..warm + counted {
-        step(i);
-    }
-    COUNTING.with(|c| c.set(false));
+    let ((), allocations, stacks) = counted(|| (warm..warm + steps).for_each(&mut step));
     let after = pool.stats();
     Stretch {
-        allocations: ALLOCS.with(|a| a.get()),
+        allocations,
+        stacks,
         remaps: after.remaps - before.remaps,
         adoptions: after.adoptions - before.adoptions,
         pages: after.pages_mapped - before.pages_mapped,
@@ -153,8 +108,11 @@ fn fixed_region_on_two_streams_allocates_nothing() {
     )
     .expect("pool");
     let s = window(&pool, 2, WARM, COUNTED);
-    println!("fixed region, two streams: {s:?}");
-    assert_eq!(s.allocations, 0, "{s:?}");
+    println!(
+        "fixed region, two streams: {} allocations, {} page moves",
+        s.allocations, s.remaps
+    );
+    assert_eq!(s.allocations, 0, "the first allocations:\n{}", s.stacks);
 }
 
 #[test]
@@ -175,7 +133,7 @@ fn page_moves_allocate_nothing() {
             s.remaps > 0 && s.pages > 0,
             "no page move in the counted steps: {s:?}"
         );
-        assert_eq!(s.allocations, 0, "{s:?}");
+        assert_eq!(s.allocations, 0, "the first allocations:\n{}", s.stacks);
     }
 }
 
@@ -206,5 +164,5 @@ fn background_moves_and_hand_overs_allocate_nothing() {
         "no page move in the counted steps: {s:?}"
     );
     assert!(s.adoptions > 0, "no hand-over in the counted steps: {s:?}");
-    assert_eq!(s.allocations, 0, "{s:?}");
+    assert_eq!(s.allocations, 0, "the first allocations:\n{}", s.stacks);
 }

@@ -1854,7 +1854,9 @@ impl<R: Region> FixedPool<R> {
                 }
             }
         }
-        let handed = !s.window.is_empty() && self.hand_over(g, (stream, own), &s.window);
+        s.points.clear();
+        let handed =
+            !s.window.is_empty() && self.hand_over(g, (stream, own), &s.window, &mut s.points);
         g.moves = s;
         handed
     }
@@ -1862,22 +1864,16 @@ impl<R: Region> FixedPool<R> {
     /// [`Self::adopt_foreign`] once the spans are chosen: orders `stream` after a point on
     /// each stream that keeps one of `run` (free spans in address order), then releases them
     /// to stream tag `own`. Returns whether it could order the streams.
-    fn hand_over(&self, g: &mut Inner, (stream, own): (StreamId, u8), run: &[u32]) -> bool {
-        // One point on each stream that keeps a span of the run, and one device-side wait.
-        let mut tags = 0u64;
-        for &i in run {
-            let t = g.nodes[i as usize].tag;
-            if t != ANY && t != own {
-                tags |= 1 << (t - 1);
-            }
-        }
-        for b in set_bits(tags) {
-            let t = b as u8 + 1;
-            let other = g.streams[b];
-            let epoch = g.epoch_for_fresh(self.clock.as_ref(), t);
-            if !self.clock.order_after(stream, other, epoch) {
-                return false;
-            }
+    fn hand_over(
+        &self,
+        g: &mut Inner,
+        (stream, own): (StreamId, u8),
+        run: &[u32],
+        points: &mut Vec<(u8, StreamId, EventId)>,
+    ) -> bool {
+        let tags = g.foreign_tags(run, own);
+        if !self.order_after_streams(g, stream, tags, points) {
+            return false;
         }
         for &i in run {
             // A span merged into an earlier one of the run (its node dropped) is skipped.
@@ -1887,6 +1883,27 @@ impl<R: Region> FixedPool<R> {
             }
         }
         g.adoptions += 1;
+        true
+    }
+
+    /// Orders `stream` on the device after a point recorded now on each stream in `tags` (bit
+    /// `t - 1` for tag `t`: one event and one device-side wait each), noting the points in
+    /// `points`. False if the clock could not order one.
+    fn order_after_streams(
+        &self,
+        g: &mut Inner,
+        stream: StreamId,
+        tags: u64,
+        points: &mut Vec<(u8, StreamId, EventId)>,
+    ) -> bool {
+        for b in set_bits(tags) {
+            let t = b as u8 + 1;
+            let e = g.epoch_for_fresh(self.clock.as_ref(), t);
+            points.push((t, g.streams[b], e));
+            if !self.clock.order_after(stream, g.streams[b], e) {
+                return false;
+            }
+        }
         true
     }
 
@@ -1984,16 +2001,9 @@ impl<R: Region> FixedPool<R> {
             let Some(tags) = self.remap_plan_tries(g, s, key, foreign) else {
                 return Ok(None);
             };
-            // One point recorded now on each other stream whose span the window takes, and
-            // the allocating stream ordered after it on the device.
-            let mut ordered = true;
-            for b in set_bits(tags) {
-                let t = b as u8 + 1;
-                let e = g.epoch_for_fresh(self.clock.as_ref(), t);
-                s.points.push((t, g.streams[b], e));
-                ordered &= self.clock.order_after(stream, g.streams[b], e);
-            }
-            if ordered {
+            // The allocating stream ordered after a point on each other stream whose span the
+            // window takes.
+            if self.order_after_streams(g, stream, tags, &mut s.points) {
                 break;
             }
             foreign = false;
@@ -2117,14 +2127,7 @@ impl<R: Region> FixedPool<R> {
             }
             return None;
         }
-        let mut tags = 0u64;
-        for &i in &s.window {
-            let n = &g.nodes[i as usize];
-            if n.state == State::Free && n.tag != ANY && n.tag != key.1 {
-                tags |= 1 << (n.tag - 1);
-            }
-        }
-        Some(tags)
+        Some(g.foreign_tags(&s.window, key.1))
     }
 
     /// Registers a declared use on `stream` (its cached epoch no longer covers it); returns
@@ -2209,6 +2212,16 @@ impl Inner {
             (bytes, foreign) = (0, false);
         }
         best.map(|b| (b.2, b.3))
+    }
+
+    /// The stream tags (bit `t - 1` for tag `t`) of the spans in `spans` kept for streams other
+    /// than `own` (unbacked ranges are any stream's).
+    fn foreign_tags(&self, spans: &[u32], own: u8) -> u64 {
+        spans
+            .iter()
+            .map(|&i| self.nodes[i as usize].tag)
+            .filter(|&t| t != ANY && t != own)
+            .fold(0, |m, t| m | 1 << (t - 1))
     }
 
     /// Every span in address order, into `order` (cleared first; page mode's slow paths,
