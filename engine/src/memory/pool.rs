@@ -49,6 +49,14 @@ const PENDING_POLL: Duration = Duration::from_millis(1);
 /// moves pages itself (a few moves' worth: ~40-60 µs each on an H200).
 const MOVER_WAIT: Duration = Duration::from_micros(200);
 
+/// Page mode: allocations within which a span crossing between streams (a hand-over, or a
+/// promotion taken back at once) follows the previous one "closely", and how many close ones in
+/// a row make the pool back the next block from its reserve instead. The two-stream pair
+/// crosses every allocation; the two-stream window (a hand-over every ~150 allocations, in
+/// bursts) never meets this (`examples/stream_counts`; 4 within 8 allocations did, and took it
+/// from 1.083 to 1.163 reserved / live).
+pub(super) const CLOSE_CROSSING: u64 = 4;
+pub(super) const CLOSE_CROSSINGS: u32 = 8;
 const NIL: u32 = u32::MAX;
 const SL_BITS: u32 = 5;
 const SL: usize = 1 << SL_BITS;
@@ -463,6 +471,12 @@ struct Inner {
     reserve_first: bool,
     /// Free spans handed from one stream to another ([`FixedPool::adopt_foreign`]).
     adoptions: u64,
+    /// Allocations so far, the count at the last crossing of a span between streams, and how
+    /// many crossings in a row came within [`CLOSE_CROSSING`] allocations of the one before
+    /// ([`Self::note_crossing`]).
+    allocs: u64,
+    crossing_at: u64,
+    close_crossings: u32,
     /// The region moves pages in the background ([`Region::moves_in_background`]): free spans
     /// kept for a stream give pages too, unbacked once that stream passes a point recorded
     /// when they are taken, so nothing waits for streams to be promoted.
@@ -510,6 +524,9 @@ impl Inner {
             page_unmaps: 0,
             reserve_first: false,
             adoptions: 0,
+            allocs: 0,
+            crossing_at: 0,
+            close_crossings: 0,
             background: false,
             moves: if page_units > 0 {
                 MoveScratch::with_capacity(1024)
@@ -963,6 +980,24 @@ impl Inner {
                 self.drop_node(i);
             }
         }
+    }
+
+    /// Counts a hand-over ([`Self::note_crossing`]).
+    fn note_handover(&mut self) {
+        self.adoptions += 1;
+        self.note_crossing();
+    }
+
+    /// Notes that a span kept for one stream served another (handed over, or promoted and
+    /// taken back at once), and whether it came within [`CLOSE_CROSSING`] allocations of the
+    /// previous such crossing.
+    fn note_crossing(&mut self) {
+        if self.allocs.wrapping_sub(self.crossing_at) <= CLOSE_CROSSING {
+            self.close_crossings += 1;
+        } else {
+            self.close_crossings = 0;
+        }
+        self.crossing_at = self.allocs;
     }
 
     /// [`Self::take`] out of line, for the slow paths (the allocation path inlines it).
@@ -1650,6 +1685,7 @@ impl<R: Region> FixedPool<R> {
         };
         g.in_use += units;
         g.blocks += 1;
+        g.allocs = g.allocs.wrapping_add(1);
         g.peak_in_use = g.peak_in_use.max(g.in_use);
         Ok((
             node,
@@ -1682,6 +1718,14 @@ impl<R: Region> FixedPool<R> {
             self.reclaim(g);
             found = Self::retake(g, units, own);
         }
+        // Page mode: spans that cross between streams every few allocations (streams taking
+        // turns on too few pages to keep a span each, as in the two-stream pair) cost an event
+        // and a device-side wait, or an event recorded and queried, every time; backing this
+        // stream's block from the reserve ends that for good.
+        if found.is_none() && g.page_units > 0 && g.close_crossings >= CLOSE_CROSSINGS {
+            g.close_crossings = 0;
+            found = self.remap_take(g, units, (stream, own), true)?;
+        }
         // Background moves (stream-ordered, like cudaMallocAsync): a pending span, or a span or
         // run of spans kept for other streams, that fits is handed over at once, this stream
         // ordered on the device after those streams' points, instead of moving pages for the
@@ -1707,6 +1751,9 @@ impl<R: Region> FixedPool<R> {
         if found.is_none() && promote && self.promote_foreign(g, own) {
             self.reclaim(g);
             found = Self::retake(g, units, own);
+            if found.is_some() {
+                g.note_crossing();
+            }
         }
         // Background moves: free spans kept for a stream held on the device behind a move are
         // not promoted (their point would pass only after the mover). Waiting briefly for the
@@ -1723,7 +1770,7 @@ impl<R: Region> FixedPool<R> {
             found = Self::retake(g, units, own);
         }
         if found.is_none() && g.page_units > 0 {
-            found = self.remap_take(g, units, (stream, own))?;
+            found = self.remap_take(g, units, (stream, own), false)?;
         }
         found.ok_or_else(|| {
             Error::OutOfMemory(format!(
@@ -1817,7 +1864,7 @@ impl<R: Region> FixedPool<R> {
         g.pending_units -= g.nodes[p.node as usize].size;
         self.pending_count.fetch_sub(1, Ordering::AcqRel);
         g.release_cold(p.node, own);
-        g.adoptions += 1;
+        g.note_handover();
         true
     }
 
@@ -1882,7 +1929,7 @@ impl<R: Region> FixedPool<R> {
                 g.release_cold(i, own);
             }
         }
-        g.adoptions += 1;
+        g.note_handover();
         true
     }
 
@@ -1963,7 +2010,9 @@ impl<R: Region> FixedPool<R> {
     /// unused reserve, and returns the used node. It stays within the footprint so far if it
     /// can, then promotes spans kept for one stream and tries again, and grows the footprint
     /// only last. `None` when even that cannot hold the block (the promoted spans may serve a
-    /// later call once their streams pass).
+    /// later call once their streams pass). With `grow_first` it grows at once: the block on
+    /// this stream's spans and unbacked ranges, backed from any-stream free spans and then the
+    /// reserve, no other stream's span touched.
     #[cold]
     #[inline(never)]
     fn remap_take(
@@ -1971,9 +2020,10 @@ impl<R: Region> FixedPool<R> {
         g: &mut Inner,
         size: usize,
         (stream, own): (StreamId, Option<u8>),
+        grow_first: bool,
     ) -> Result<Option<u32>> {
         let mut s = std::mem::take(&mut g.moves);
-        let taken = self.remap_take_with(g, &mut s, size, (stream, own));
+        let taken = self.remap_take_with(g, &mut s, size, (stream, own), grow_first);
         g.moves = s;
         taken
     }
@@ -1985,9 +2035,16 @@ impl<R: Region> FixedPool<R> {
         s: &mut MoveScratch,
         size: usize,
         (stream, own): (StreamId, Option<u8>),
+        grow_first: bool,
     ) -> Result<Option<u32>> {
-        let pu = g.page_units;
         let key = (size, own.unwrap_or(ANY));
+        if grow_first {
+            s.points.clear();
+            if !g.remap_plan(key, true, (false, false), s) {
+                return Ok(None);
+            }
+            return self.remap_apply(g, s, size);
+        }
         // With a clock that orders streams, the second try may also place the block over free
         // spans kept for other streams, the allocating stream ordered after a point on each
         // (as a hand-over): fewer pages move, and the footprint stays nearer the live bytes.
@@ -2008,6 +2065,14 @@ impl<R: Region> FixedPool<R> {
             }
             foreign = false;
         }
+        self.remap_apply(g, s, size)
+    }
+
+    /// Carries out the plan in `s` (from [`Self::remap_plan_tries`] or [`Inner::remap_plan`],
+    /// with the points the window ordered the allocating stream after in `s.points`): unbacks
+    /// the donors' pages, backs the window's, and returns the block's node.
+    fn remap_apply(&self, g: &mut Inner, s: &mut MoveScratch, size: usize) -> Result<Option<u32>> {
+        let pu = g.page_units;
         // One point recorded now on each stream whose kept span gives pages (the window's
         // points serve too).
         for &(_, _, tags) in &s.steals {

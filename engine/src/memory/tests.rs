@@ -1,5 +1,6 @@
 //! Unit tests for the fixed pool, with a fake stream clock and a fake device region.
 
+use super::pool::CLOSE_CROSSINGS;
 use super::*;
 use crate::error::Error;
 use std::collections::HashMap;
@@ -34,6 +35,8 @@ struct FakeClock {
     ordering: AtomicBool,
     /// Each ordering asked for: (waiting stream, stream, epoch).
     orders: Mutex<Vec<(StreamId, StreamId, EventId)>>,
+    /// Idle streams: every point has passed as soon as it is recorded.
+    idle: AtomicBool,
 }
 
 impl FakeClock {
@@ -52,6 +55,12 @@ impl FakeClock {
     fn ordering() -> FakeClock {
         let c = FakeClock::default();
         c.ordering.store(true, Ordering::SeqCst);
+        c
+    }
+    /// A clock whose streams are idle: each point has passed once recorded.
+    fn idle() -> FakeClock {
+        let c = FakeClock::default();
+        c.idle.store(true, Ordering::SeqCst);
         c
     }
     /// The orderings asked for so far, sorted.
@@ -73,6 +82,9 @@ impl StreamClock for FakeClock {
     fn is_complete(&self, stream: StreamId, epoch: EventId) -> bool {
         assert!(!self.capturing(), "event queried during capture");
         self.queries.fetch_add(1, Ordering::SeqCst);
+        if self.idle.load(Ordering::SeqCst) {
+            return true;
+        }
         let st = self.state.lock().unwrap();
         st.get(&stream).is_some_and(|&(_, done)| epoch.0 <= done)
     }
@@ -1415,6 +1427,56 @@ fn background_moves_place_a_block_over_another_streams_span() {
             assert_eq!((mapped, unmapped), (0, 0));
         }
         drop(k);
+    }
+}
+
+/// Two streams alternating on a span too large for each to keep one (the two-stream pair): once
+/// the span has crossed between them [`CLOSE_CROSSINGS`] times in a row, the pool maps reserve
+/// pages for the receiving stream, and the crossings stop. Before, a background pool handed the
+/// span over on every allocation (an event and a device-side wait each), and an inline one
+/// promoted it (an event recorded and queried each).
+#[test]
+fn streams_alternating_on_one_span_get_pages_of_their_own() {
+    for background in [true, false] {
+        let clock = Arc::new(if background {
+            FakeClock::ordering()
+        } else {
+            FakeClock::idle()
+        });
+        let region = FakePagedRegion::new(PAGE, 16, 8);
+        let region = if background {
+            region.background()
+        } else {
+            region
+        };
+        let pool = FixedPool::new(region, clock.clone()).unwrap();
+        let steps = 400;
+        for i in 0..steps {
+            let s = if i % 2 == 0 { S1 } else { S2 };
+            let b = pool
+                .alloc(2 * PAGE + U, s)
+                .unwrap_or_else(|e| panic!("step {i}: {e}"));
+            drop(b);
+        }
+        let st = pool.stats();
+        let crossings = if background {
+            st.adoptions as usize
+        } else {
+            clock.records()
+        };
+        assert!(
+            crossings <= (CLOSE_CROSSINGS as usize + 2).min(steps / 20),
+            "background {background}: {crossings} crossings in {steps} steps"
+        );
+        assert_eq!(
+            st.committed,
+            6 * PAGE,
+            "background {background}: three pages a stream"
+        );
+        assert_eq!(
+            st.remaps, 2,
+            "background {background}: one page move a stream"
+        );
     }
 }
 
