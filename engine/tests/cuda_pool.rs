@@ -702,6 +702,48 @@ fn background_pool_on_two_streams_allocates_nothing_once_warm() {
     );
 }
 
+/// A stream that runs far behind holds at most 128 events: past that, each new point re-records
+/// the newest event. A point it stood for still orders another stream and still reads as not
+/// passed until the stream gets there.
+#[test]
+fn clock_holds_a_bounded_list_of_events_for_a_busy_stream() {
+    let Some(ctx) = device() else { return };
+    let rig = Rig::new(&ctx);
+    let region = DeviceRegion::new(&ctx, 1 << 20).expect("1 MiB of device memory");
+    let (src_ptr, dst_ptr) = (region.base() as u64, region.base() as u64 + 4096);
+    // B spins for about 0.2 s at H200 clocks.
+    let (n, cycles) = (256u64, 400_000_000i64);
+    unsafe {
+        rig.sb
+            .launch_builder(&rig.spin_copy)
+            .arg(&src_ptr)
+            .arg(&dst_ptr)
+            .arg(&n)
+            .arg(&cycles)
+            .launch(CFG)
+            .expect("spin_copy on B");
+    }
+    let points: Vec<EventId> = (0..1000).map(|_| rig.clock.record(B)).collect();
+    let held = rig.clock.in_flight(B);
+    // A point from the middle, whose event now stands for later points.
+    let mid = points[500];
+    let passed_early = rig.clock.is_complete(B, mid);
+    let ordered = rig.clock.order_after(A, B, mid);
+    let a_point = rig.clock.record(A);
+    let a_early = rig.clock.is_complete(A, a_point);
+    rig.sb.synchronize().expect("sync B");
+    rig.sa.synchronize().expect("sync A");
+    let passed_late = rig.clock.is_complete(B, points[999]);
+    println!(
+        "events in flight on a busy stream after 1000 points: {held}; point 500 passed while          busy: {passed_early}; A ordered after it: {ordered}, A's later point passed while B          busy: {a_early}; point 999 passed after sync: {passed_late}"
+    );
+    assert!(held <= 128, "{held} events held for a busy stream");
+    assert!(!passed_early, "a point B has not reached reads as passed");
+    assert!(ordered, "A could not be ordered after B's point");
+    assert!(!a_early, "A ran past B's point while B was busy");
+    assert!(passed_late);
+}
+
 /// A stream nothing asks about keeps few events: recording a point first recycles the completed
 /// ones once many are in flight, so a stream whose spans only give pages does not hold an event
 /// for every point ever recorded on it.

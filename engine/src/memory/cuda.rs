@@ -523,6 +523,10 @@ impl Drop for PinnedRegion {
 /// In-flight points on one stream past which recording one first recycles the completed ones.
 const RETIRE_AT: usize = 64;
 
+/// The most events one stream holds in flight. Past it, a new point re-records the newest
+/// event instead of taking another, so the list never grows (the host never allocates).
+const MAX_IN_FLIGHT: usize = 2 * RETIRE_AT;
+
 /// Events recorded on one stream, oldest first.
 struct StreamEvents {
     id: StreamId,
@@ -558,6 +562,17 @@ impl StreamEvents {
             }
         }
         self.completed >= epoch
+    }
+
+    /// After the stream was synchronized: every point up to `epoch` has passed, and every
+    /// in-flight event goes back to the spares (those past their room are destroyed).
+    fn passed_all(&mut self, epoch: u64) {
+        self.completed = epoch;
+        while let Some((_, ev)) = self.inflight.pop_front() {
+            if self.spare.len() < self.spare.capacity() {
+                self.spare.push(ev);
+            }
+        }
     }
 }
 
@@ -635,17 +650,26 @@ impl StreamClock for CudaClock {
         }
         s.next_epoch += 1;
         let epoch = s.next_epoch;
-        let event = match s.spare.pop() {
-            Some(e) => Ok(e),
-            None => self.ctx.new_event(None),
-        };
-        match event.and_then(|e| e.record(&s.stream).map(|_| e)) {
-            Ok(e) => s.inflight.push_back((epoch, e)),
-            Err(_) => {
-                // Cannot record: wait for the stream now, so the point is certainly passed.
-                let _ = s.stream.synchronize();
-                s.completed = epoch;
+        // Still full (the device runs far behind): the newest event is recorded again for
+        // this point, and stands for the points it stood for too. A wait on one of those, or a
+        // query, then covers this later point: never shorter than asked, only longer.
+        let full = s.inflight.len() >= MAX_IN_FLIGHT;
+        let recorded = match s.inflight.back_mut() {
+            Some((e, ev)) if full => ev.record(&s.stream).map(|_| *e = epoch),
+            _ => {
+                let event = match s.spare.pop() {
+                    Some(e) => Ok(e),
+                    None => self.ctx.new_event(None),
+                };
+                event
+                    .and_then(|e| e.record(&s.stream).map(|_| e))
+                    .map(|e| s.inflight.push_back((epoch, e)))
             }
+        };
+        if recorded.is_err() {
+            // Cannot record: wait for the stream now, so the point is certainly passed.
+            let _ = s.stream.synchronize();
+            s.passed_all(epoch);
         }
         EventId(epoch)
     }
@@ -683,10 +707,12 @@ impl StreamClock for CudaClock {
             return true;
         }
         let s = &g[si];
-        // Every recorded point is in flight until it is seen complete, in epoch order.
-        let Ok(k) = s.inflight.binary_search_by_key(&epoch.0, |(e, _)| *e) else {
+        // Every recorded point is in flight until it is seen complete, in epoch order; one
+        // whose event was recorded again for a later point ([`MAX_IN_FLIGHT`]) waits for that.
+        let k = s.inflight.partition_point(|(e, _)| *e < epoch.0);
+        let Some((_, ev)) = s.inflight.get(k) else {
             return false;
         };
-        g[wi].stream.wait(&s.inflight[k].1).is_ok()
+        g[wi].stream.wait(ev).is_ok()
     }
 }

@@ -1768,6 +1768,9 @@ impl<R: Region> FixedPool<R> {
         {
             self.reclaim(g);
             found = Self::retake(g, units, own);
+            if found.is_some() {
+                g.note_crossing();
+            }
         }
         if found.is_none() && g.page_units > 0 {
             found = self.remap_take(g, units, (stream, own), false)?;
@@ -2128,6 +2131,10 @@ impl<R: Region> FixedPool<R> {
         let used = match failed {
             None => {
                 g.remaps += 1;
+                // Pages or spans kept for another stream served this one: a crossing.
+                if !s.points.is_empty() {
+                    g.note_crossing();
+                }
                 Some(g.fill_window(&s.window, size, pu))
             }
             Some(_) => None,

@@ -1432,13 +1432,14 @@ fn background_moves_place_a_block_over_another_streams_span() {
 
 /// Two streams alternating on a span too large for each to keep one (the two-stream pair): once
 /// the span has crossed between them [`CLOSE_CROSSINGS`] times in a row, the pool maps reserve
-/// pages for the receiving stream, and the crossings stop. Before, a background pool handed the
-/// span over on every allocation (an event and a device-side wait each), and an inline one
-/// promoted it (an event recorded and queried each).
+/// pages for the receiving stream, and the crossings (each recording an event) stop. Before, a
+/// background pool with an ordering clock handed the span over on every allocation (an event
+/// and a device-side wait each), one without moved its pages every allocation, and an inline
+/// pool promoted it (an event recorded and queried each).
 #[test]
 fn streams_alternating_on_one_span_get_pages_of_their_own() {
-    for background in [true, false] {
-        let clock = Arc::new(if background {
+    for (background, ordering) in [(true, true), (true, false), (false, false)] {
+        let clock = Arc::new(if ordering {
             FakeClock::ordering()
         } else {
             FakeClock::idle()
@@ -1459,24 +1460,19 @@ fn streams_alternating_on_one_span_get_pages_of_their_own() {
             drop(b);
         }
         let st = pool.stats();
-        let crossings = if background {
-            st.adoptions as usize
-        } else {
-            clock.records()
-        };
+        let shape = format!("background {background}, ordering clock {ordering}");
+        let crossings = clock.records();
+        // Up to CLOSE_CROSSINGS crossings before the pool grows, an event or two each.
         assert!(
-            crossings <= (CLOSE_CROSSINGS as usize + 2).min(steps / 20),
-            "background {background}: {crossings} crossings in {steps} steps"
+            crossings <= 2 * (CLOSE_CROSSINGS as usize + 2) && crossings <= steps / 10,
+            "{shape}: {crossings} events recorded in {steps} steps"
         );
-        assert_eq!(
-            st.committed,
-            6 * PAGE,
-            "background {background}: three pages a stream"
+        assert!(
+            st.committed <= 6 * PAGE,
+            "{shape}: {} B backed, more than three pages a stream",
+            st.committed
         );
-        assert_eq!(
-            st.remaps, 2,
-            "background {background}: one page move a stream"
-        );
+        assert!(st.remaps <= 12, "{shape}: {} page moves", st.remaps);
     }
 }
 
