@@ -735,7 +735,9 @@ fn clock_holds_a_bounded_list_of_events_for_a_busy_stream() {
     rig.sa.synchronize().expect("sync A");
     let passed_late = rig.clock.is_complete(B, points[999]);
     println!(
-        "events in flight on a busy stream after 1000 points: {held}; point 500 passed while          busy: {passed_early}; A ordered after it: {ordered}, A's later point passed while B          busy: {a_early}; point 999 passed after sync: {passed_late}"
+        "events in flight on a busy stream after 1000 points: {held}; point 500 passed while \
+         busy: {passed_early}; A ordered after it: {ordered}, A's later point passed while B \
+         busy: {a_early}; point 999 passed after sync: {passed_late}"
     );
     assert!(held <= 128, "{held} events held for a busy stream");
     assert!(!passed_early, "a point B has not reached reads as passed");
