@@ -1,5 +1,6 @@
 #!/bin/bash
-# Issue 3 on the H200 (sessions 26-28; .gpu/s42 for the crossings build e5fe32a against db6e00b): over a fixed region, a span freed for one stream
+# Issue 3 on the H200, sessions 26 to 28 (.gpu/s42: the crossings build e5fe32a against
+# db6e00b). Over a fixed region, a span freed for one stream
 # stays apart from the space free for any stream while several streams are in use, so that
 # stream-alternating work records no event (the build before it, 63214b1, promoted the other
 # stream's span every step). The allocator benchmark's `background` rows now include the fixed
