@@ -1,9 +1,10 @@
 //! The pool's slow paths allocate nothing on the host once warm: page moves (inline and in the
 //! background), hand-overs between streams, and merging a stream's kept spans run from working
 //! lists the pool keeps, so after warm-up the allocator benchmark's window workload makes zero
-//! heap allocations while those paths run. Counted with a global allocator, on this thread
-//! only. The background region is a fake (the real one is CUDA's mover thread); the others are
-//! real host memory.
+//! heap allocations while those paths run. Nor do a first burst of live blocks (the span table
+//! is reserved up front) or blocks freed on another thread (queued through reserved entries).
+//! Counted with a global allocator, on the thread that runs the path only. The background
+//! region is a fake (the real one is CUDA's mover thread); the others are real host memory.
 
 #[path = "../benches/common/fake_region.rs"]
 mod fake_region;
@@ -165,4 +166,79 @@ fn background_moves_and_hand_overs_allocate_nothing() {
     );
     assert!(s.adoptions > 0, "no hand-over in the counted steps: {s:?}");
     assert_eq!(s.allocations, 0, "the first allocations:\n{}", s.stacks);
+}
+
+/// Blocks live at once past any count seen before.
+const NEW_HIGH: usize = 10_000;
+
+#[test]
+fn new_highs_of_live_blocks_allocate_nothing() {
+    // The span table is reserved when the pool is built (`max_spans`), so a first burst of
+    // ten thousand live blocks, and freeing them, never reach the system allocator.
+    let pool = FixedPool::new(
+        HostRegion::try_new(256 << 20).expect("region"),
+        Arc::new(IdleDevice::default()),
+    )
+    .expect("pool");
+    let claim = pool.claim();
+    let mut live = Vec::with_capacity(NEW_HIGH);
+    let (peak, allocations, stacks) = counted(|| {
+        for i in 0..NEW_HIGH {
+            let size = 256 + (i * 7919) % 16_384;
+            live.push(claim.alloc(size, StreamId::DEFAULT).expect("block"));
+        }
+        let peak = pool.stats().blocks;
+        live.clear();
+        peak
+    });
+    let stats = pool.stats();
+    println!("{peak} live blocks at once, then none: {allocations} heap allocations");
+    assert_eq!(peak, NEW_HIGH);
+    assert_eq!((stats.in_use, stats.blocks), (0, 0));
+    assert_eq!(allocations, 0, "the first allocations:\n{stacks}");
+}
+
+#[test]
+fn remote_frees_allocate_nothing() {
+    // Blocks freed on a thread that cannot take the pool (this thread holds a claim) are
+    // queued through entries reserved with the span table, not boxed; the owner's next
+    // allocation takes them back.
+    let pool = FixedPool::new(
+        HostRegion::try_new(256 << 20).expect("region"),
+        Arc::new(IdleDevice::default()),
+    )
+    .expect("pool");
+    let claim = pool.claim();
+    let blocks: Vec<_> = (0..NEW_HIGH)
+        .map(|i| {
+            claim
+                .alloc(256 + (i % 64) * 256, StreamId::DEFAULT)
+                .expect("block")
+        })
+        .collect();
+    let in_use = pool.stats().in_use;
+    let (freed, allocations, stacks) = std::thread::spawn(move || {
+        let mut blocks = blocks;
+        counted(|| {
+            let n = blocks.len();
+            blocks.clear();
+            n
+        })
+    })
+    .join()
+    .expect("freeing thread");
+    // Queued while this thread held the pool; reading the statistics takes them back.
+    assert!(in_use >= NEW_HIGH * 256);
+    assert_eq!(pool.stats().in_use, 0);
+    let one = claim
+        .alloc(1 << 20, StreamId::DEFAULT)
+        .expect("block after the frees");
+    let stats = pool.stats();
+    println!(
+        "{freed} blocks freed on another thread: {allocations} heap allocations there; \
+         in use after the owner's next allocation: {} B",
+        stats.in_use
+    );
+    assert_eq!((stats.in_use, stats.blocks), (one.size(), 1));
+    assert_eq!(allocations, 0, "the first allocations:\n{stacks}");
 }

@@ -26,8 +26,7 @@ use crate::error::{Error, Result};
 use std::cell::{Cell, UnsafeCell};
 use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
-use std::ptr;
-use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -40,6 +39,10 @@ pub const MAX_STREAMS: usize = 63;
 /// Spans examined for the best fit inside one size class (classes span 1/32 of a power of two,
 /// so beyond this the fit is within about 3% of the best).
 pub const SCAN_LIMIT: usize = 32;
+
+/// Pending-span entries reserved up front (an entry holds a point per stream, about 0.5 KiB):
+/// more spans than this pending at once grow the list.
+const PENDING_RESERVED: usize = 256;
 
 /// Longest single wait in [`FixedPool::alloc_wait`] while memory is pending on a stream
 /// (completion of GPU work signals no condition variable, so it is polled).
@@ -94,7 +97,15 @@ pub struct PoolOptions {
     /// footprint becomes the whole reserve; off (the default), the footprint follows the most
     /// bytes ever live and pages move as soon as the footprint so far is used.
     pub reserve_first: bool,
+    /// Entries of the span table, reserved up front: live blocks plus the free, pending and
+    /// unbacked spans between them, all at once. The pool never grows it (nor calls the
+    /// system allocator) after it is built; an allocation that would need one more entry
+    /// fails with an out-of-memory error that says so.
+    pub max_spans: usize,
 }
+
+/// The default [`PoolOptions::max_spans`]: 16 Ki entries, about 1 MiB of host metadata.
+pub const DEFAULT_MAX_SPANS: usize = 16 << 10;
 
 /// The size under which [`PoolOptions::serving`] places blocks from the top.
 pub const SMALL_BLOCK: usize = 1 << 20;
@@ -106,6 +117,7 @@ impl Default for PoolOptions {
             stream_safe: true,
             small_from_top: None,
             reserve_first: false,
+            max_spans: DEFAULT_MAX_SPANS,
         }
     }
 }
@@ -423,6 +435,9 @@ impl<T> std::ops::IndexMut<usize> for Table<T> {
 struct Inner {
     nodes: Table<Node>,
     spare: Vec<u32>,
+    /// Entries `nodes` was reserved with ([`PoolOptions::max_spans`], at most the region's
+    /// units): it never grows past them, so no list of node numbers outgrows its reservation.
+    span_cap: usize,
     /// Per tag: its free lists (index 0 = any stream).
     index: Table<FreeIndex>,
     /// Registered streams; stream `streams[i]` has tag `i + 1`.
@@ -488,10 +503,15 @@ struct Inner {
 }
 
 impl Inner {
-    fn new(units: usize, small_units: usize, page_units: usize, phys_pages: usize) -> Inner {
+    fn new(
+        (units, small_units): (usize, usize),
+        (page_units, phys_pages): (usize, usize),
+        span_cap: usize,
+    ) -> Inner {
         let mut inner = Inner {
-            nodes: Table::with_capacity(1024),
-            spare: Vec::with_capacity(1024),
+            nodes: Table::with_capacity(span_cap),
+            spare: Vec::with_capacity(span_cap),
+            span_cap,
             index: {
                 let mut v = Table::with_capacity(MAX_STREAMS + 1);
                 v.push(FreeIndex::new());
@@ -502,7 +522,7 @@ impl Inner {
             dirty: Vec::with_capacity(MAX_STREAMS),
             retired: Vec::with_capacity(MAX_STREAMS),
             multi: false,
-            pending: Vec::with_capacity(64),
+            pending: Vec::with_capacity(span_cap.min(PENDING_RESERVED)),
             free_units: 0,
             free_spans: 0,
             in_use: 0,
@@ -529,11 +549,11 @@ impl Inner {
             close_crossings: 0,
             background: false,
             moves: if page_units > 0 {
-                MoveScratch::with_capacity(1024)
+                MoveScratch::with_capacity(span_cap)
             } else {
                 MoveScratch::default()
             },
-            kept: Vec::with_capacity(1024),
+            kept: Vec::with_capacity(span_cap),
         };
         // The default stream is always tag 1 (its lookup short-cuts to that).
         inner.streams.push(StreamId::DEFAULT);
@@ -653,6 +673,8 @@ impl Inner {
         merged
     }
 
+    /// A node for `node`: a spare one, or the next entry of the reserved table. Callers make
+    /// sure there is room first ([`Self::span_room`]).
     #[inline]
     fn new_node(&mut self, node: Node) -> u32 {
         match self.spare.pop() {
@@ -660,8 +682,22 @@ impl Inner {
                 self.nodes[i as usize] = node;
                 i
             }
-            None => self.nodes.push(node),
+            None => {
+                debug_assert!(self.nodes.len() < self.span_cap, "span table full");
+                self.nodes.push(node)
+            }
         }
+    }
+
+    /// Nodes that can still be made without growing the table.
+    fn span_room(&self) -> usize {
+        self.spare.len() + (self.span_cap - self.nodes.len())
+    }
+
+    /// Whether the span table is full: a split (one more node) must fail.
+    #[inline(always)]
+    fn span_table_full(&self) -> bool {
+        self.spare.is_empty() && self.nodes.len() >= self.span_cap
     }
 
     #[inline]
@@ -804,6 +840,10 @@ impl Inner {
             self.nodes[i as usize].state = State::Used;
             self.note_extent(n.off, size);
             return Some(i);
+        }
+        if self.span_table_full() {
+            // Splitting needs one more node; the slow path says why it fails.
+            return None;
         }
         if size < self.small_units {
             // Carve a small block from the span's top: the span keeps its node and offset.
@@ -1067,13 +1107,15 @@ fn thread_token() -> u64 {
     })
 }
 
-/// A block freed on a thread that could not take the pool's state: queued on a lock-free list
-/// (a Treiber stack) for whoever holds the state next.
-struct RemoteFree {
-    next: *mut RemoteFree,
-    node: u32,
-    tag: u8,
-    uses: u64,
+/// The remote-free list's entry of one node: a block freed on a thread that could not take
+/// the pool's state is queued through its node's entry (a Treiber stack over node numbers,
+/// reserved with the span table) for whoever holds the state next, with no heap allocation.
+#[derive(Default)]
+struct RemoteSlot {
+    /// The next queued node (`NIL`: the last).
+    next: AtomicU32,
+    tag: AtomicU8,
+    uses: AtomicU64,
 }
 
 /// A best-fit allocator over one region reserved up front; share it as `Arc<FixedPool<R>>`.
@@ -1099,8 +1141,10 @@ pub struct FixedPool<R: Region> {
     state: UnsafeCell<Inner>,
     /// Token of the thread holding `state` (0: nobody).
     holder: AtomicU64,
-    /// Blocks freed by threads that could not take `state`.
-    remote: AtomicPtr<RemoteFree>,
+    /// The first of the blocks freed by threads that could not take `state` (`NIL`: none),
+    /// linked through `remote_slots`, one per span-table entry.
+    remote: AtomicU32,
+    remote_slots: Box<[RemoteSlot]>,
     /// Threads sleeping in `alloc_wait` or waiting for `state`; `freed` wakes them.
     sleep: Mutex<()>,
     freed: Condvar,
@@ -1269,11 +1313,17 @@ impl<R: Region> FixedPool<R> {
         } else {
             0
         };
+        if opts.max_spans == 0 {
+            return Err(Error::BadInput(
+                "a pool's span table needs at least one entry (max_spans = 0)".into(),
+            ));
+        }
+        // Every node covers at least one unit, so a region of fewer units needs fewer entries.
+        let span_cap = opts.max_spans.min(units.max(1));
         let mut inner = Inner::new(
-            units,
-            opts.small_from_top.map_or(0, |b| b.div_ceil(align)),
-            page_units,
-            phys_pages,
+            (units, opts.small_from_top.map_or(0, |b| b.div_ceil(align))),
+            (page_units, phys_pages),
+            span_cap,
         );
         inner.reserve_first = opts.reserve_first;
         inner.background = page_units > 0 && region.moves_in_background();
@@ -1286,7 +1336,8 @@ impl<R: Region> FixedPool<R> {
             stream_safe: opts.stream_safe,
             reserved,
             holder: AtomicU64::new(0),
-            remote: AtomicPtr::new(ptr::null_mut()),
+            remote: AtomicU32::new(NIL),
+            remote_slots: (0..span_cap).map(|_| RemoteSlot::default()).collect(),
             sleep: Mutex::new(()),
             freed: Condvar::new(),
             waiters: AtomicUsize::new(0),
@@ -1329,7 +1380,7 @@ impl<R: Region> FixedPool<R> {
     /// Whether blocks wait on the remote-free list (for tests).
     #[cfg(test)]
     pub(super) fn remote_queued(&self) -> bool {
-        !self.remote.load(Ordering::SeqCst).is_null()
+        self.remote.load(Ordering::SeqCst) != NIL
     }
 
     /// Whether the calling thread holds a claim on the pool.
@@ -1402,7 +1453,7 @@ impl<R: Region> FixedPool<R> {
     /// allocation checks the list).
     #[inline(always)]
     fn drain_remote(&self, g: &mut Inner) {
-        if !self.remote.load(Ordering::Relaxed).is_null() {
+        if self.remote.load(Ordering::Relaxed) != NIL {
             self.drain_remote_list(g);
         }
     }
@@ -1411,31 +1462,35 @@ impl<R: Region> FixedPool<R> {
     #[cold]
     #[inline(never)]
     fn drain_remote_list(&self, g: &mut Inner) {
-        let mut p = self.remote.swap(ptr::null_mut(), Ordering::SeqCst);
-        while !p.is_null() {
-            // SAFETY: entries come from `Box::into_raw` in `free_remote`; the swap made this
-            // thread their only owner.
-            let e = unsafe { Box::from_raw(p) };
-            p = e.next;
-            self.release_in(g, e.node, e.tag, e.uses);
+        let mut p = self.remote.swap(NIL, Ordering::SeqCst);
+        while p != NIL {
+            // The swap made this thread the list's only reader; a node's entry is written
+            // again only once its span is reused, after this reads it.
+            let e = &self.remote_slots[p as usize];
+            let next = e.next.load(Ordering::Relaxed);
+            let (tag, uses) = (
+                e.tag.load(Ordering::Relaxed),
+                e.uses.load(Ordering::Relaxed),
+            );
+            self.release_in(g, p, tag, uses);
+            p = next;
         }
     }
 
     /// Queues a freed block for the thread holding `state` (lock-free push).
     fn free_remote(&self, node: u32, tag: u8, uses: u64) {
-        let e = Box::into_raw(Box::new(RemoteFree {
-            next: ptr::null_mut(),
-            node,
-            tag,
-            uses,
-        }));
+        // The block owns its node until it is queued, so this thread alone writes its entry.
+        let e = &self.remote_slots[node as usize];
+        e.tag.store(tag, Ordering::Relaxed);
+        e.uses.store(uses, Ordering::Relaxed);
         let mut head = self.remote.load(Ordering::Relaxed);
         loop {
-            // SAFETY: `e` is ours until the exchange publishes it.
-            unsafe { (*e).next = head };
+            // Published by the release half of the exchange (the drain swaps the whole list
+            // away, so a head seen twice is no ABA hazard: the entry still leads the list).
+            e.next.store(head, Ordering::Relaxed);
             match self
                 .remote
-                .compare_exchange_weak(head, e, Ordering::SeqCst, Ordering::Relaxed)
+                .compare_exchange_weak(head, node, Ordering::SeqCst, Ordering::Relaxed)
             {
                 Ok(_) => break,
                 Err(h) => head = h,
@@ -1776,10 +1831,20 @@ impl<R: Region> FixedPool<R> {
             found = self.remap_take(g, units, (stream, own), false)?;
         }
         found.ok_or_else(|| {
+            let full = if g.span_room() < 3 {
+                " (full: raise max_spans)"
+            } else {
+                ""
+            };
+            let table = format!(
+                "; span table {} of {} entries used{full}",
+                g.span_cap - g.span_room(),
+                g.span_cap
+            );
             Error::OutOfMemory(format!(
                 "pool exhausted: requested {requested} B ({} B aligned) on stream {}; \
                  reserved {} B, in use {} B in {} blocks, free {} B, largest free block {} B, \
-                 pending {} B",
+                 pending {} B{table}",
                 units << self.shift,
                 stream.0,
                 self.reserved,
@@ -2075,6 +2140,11 @@ impl<R: Region> FixedPool<R> {
     /// with the points the window ordered the allocating stream after in `s.points`): unbacks
     /// the donors' pages, backs the window's, and returns the block's node.
     fn remap_apply(&self, g: &mut Inner, s: &mut MoveScratch, size: usize) -> Result<Option<u32>> {
+        // Each unbacked range splits at most two spans, and the window leaves at most three
+        // nodes: with less room in the span table the move is not started.
+        if g.span_room() < 2 * s.steals.len() + 3 {
+            return Ok(None);
+        }
         let pu = g.page_units;
         // One point recorded now on each stream whose kept span gives pages (the window's
         // points serve too).
@@ -2237,18 +2307,6 @@ impl<R: Region> FixedPool<R> {
                 mask: uses,
                 epochs,
             });
-        }
-    }
-}
-
-impl<R: Region> Drop for FixedPool<R> {
-    fn drop(&mut self) {
-        let mut p = *self.remote.get_mut();
-        while !p.is_null() {
-            // SAFETY: entries come from `Box::into_raw`; the pool is being dropped, so this is
-            // their only owner.
-            let e = unsafe { Box::from_raw(p) };
-            p = e.next;
         }
     }
 }

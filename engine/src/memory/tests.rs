@@ -238,6 +238,55 @@ fn bad_alignment_rejected() {
     ));
 }
 
+/// A full span table fails an allocation that needs one more entry, with an error that says
+/// so (never a panic, never a grown table), and allocations that need no new entry, or that
+/// come after frees, still succeed.
+#[test]
+fn full_span_table_is_a_clear_error_and_recovers() {
+    let region = || FakeRegion {
+        base: 0x1000_0000,
+        len: 64 * U,
+    };
+    let opts = |max_spans| PoolOptions {
+        max_spans,
+        ..PoolOptions::default()
+    };
+    match FixedPool::with_options(region(), Arc::new(SyncClock), opts(0)) {
+        Err(Error::BadInput(m)) => assert!(m.contains("max_spans"), "{m}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    let pool = FixedPool::with_options(region(), Arc::new(SyncClock), opts(4)).unwrap();
+    // Three one-unit blocks and the free rest fill the four entries.
+    let a = pool.alloc(U, S0).unwrap();
+    let b = pool.alloc(U, S0).unwrap();
+    let c = pool.alloc(U, S0).unwrap();
+    let err = pool.alloc(U, S0).unwrap_err();
+    let Error::OutOfMemory(msg) = &err else {
+        panic!("expected OutOfMemory, got {err:?}");
+    };
+    for part in [
+        "span table 4 of 4 entries used (full: raise max_spans)",
+        "largest free block 15616 B",
+    ] {
+        assert!(msg.contains(part), "{msg:?} lacks {part:?}");
+    }
+    // A block that takes the whole free span needs no new entry.
+    let rest = pool.alloc(61 * U, S0).unwrap();
+    assert_eq!(pool.stats().in_use, 64 * U);
+    drop(rest);
+    // Freeing a block gives its span back; one of its size fits without a split.
+    drop(a);
+    let a = pool.alloc(U, S0).unwrap();
+    assert_eq!(a.offset(), 0);
+    drop((a, b, c));
+    // All merged back: one entry used, and splits work again.
+    let blocks: Vec<_> = (0..3).map(|_| pool.alloc(2 * U, S0).unwrap()).collect();
+    assert_eq!(pool.stats().blocks, 3);
+    drop(blocks);
+    assert_eq!(pool.stats().in_use, 0);
+    assert_eq!(pool.stats().largest_free, 64 * U);
+}
+
 #[test]
 fn exhaustion_message_and_recovery() {
     let (pool, _) = fake_pool(16); // 4096 bytes
