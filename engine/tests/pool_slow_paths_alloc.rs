@@ -2,7 +2,8 @@
 //! background), hand-overs between streams, and merging a stream's kept spans run from working
 //! lists the pool keeps, so after warm-up the allocator benchmark's window workload makes zero
 //! heap allocations while those paths run. Nor do a first burst of live blocks (the span table
-//! is reserved up front) or blocks freed on another thread (queued through reserved entries).
+//! is reserved up front), blocks freed on another thread (queued through reserved entries), or
+//! a burst of frees left pending on a busy stream (the pending list is reserved with the table).
 //! Counted with a global allocator, on the thread that runs the path only. The background
 //! region is a fake (the real one is CUDA's mover thread); the others are real host memory.
 
@@ -241,4 +242,93 @@ fn remote_frees_allocate_nothing() {
     );
     assert_eq!((stats.in_use, stats.blocks), (one.size(), 1));
     assert_eq!(allocations, 0, "the first allocations:\n{stacks}");
+}
+
+/// A device whose streams are busy until [`BusyDevice::finish`]: points recorded on them stay
+/// incomplete, so spans freed after a declared use stay pending.
+#[derive(Default)]
+struct BusyDevice {
+    epoch: AtomicU64,
+    done: std::sync::atomic::AtomicBool,
+}
+
+impl BusyDevice {
+    /// The streams pass every point recorded so far.
+    fn finish(&self) {
+        self.done.store(true, Relaxed);
+    }
+}
+
+impl StreamClock for BusyDevice {
+    fn record(&self, _stream: StreamId) -> EventId {
+        EventId(self.epoch.fetch_add(1, Relaxed) + 1)
+    }
+    fn is_complete(&self, _stream: StreamId, _epoch: EventId) -> bool {
+        self.done.load(Relaxed)
+    }
+    fn capturing(&self) -> bool {
+        false
+    }
+}
+
+/// Resident set size of this process in bytes (Linux), for the pending list's reservation.
+fn resident_bytes() -> Option<usize> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: usize = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}
+
+#[test]
+fn pending_frees_allocate_nothing() {
+    // Blocks also used on another stream wait on that stream once freed. The pending list is
+    // reserved with the span table, so ten thousand of them pending at once never reach the
+    // system allocator; once the stream passes, the next allocation reclaims them.
+    let device = Arc::new(BusyDevice::default());
+    let before = resident_bytes();
+    let pool = FixedPool::new(
+        HostRegion::try_new(256 << 20).expect("region"),
+        device.clone(),
+    )
+    .expect("pool");
+    let built = resident_bytes();
+    let claim = pool.claim();
+    let other = StreamId(7);
+    let mut blocks: Vec<_> = (0..NEW_HIGH)
+        .map(|i| {
+            let mut b = claim
+                .alloc(256 + (i % 64) * 256, StreamId::DEFAULT)
+                .expect("block");
+            b.record_use(other).expect("declared use");
+            b
+        })
+        .collect();
+    let in_use = pool.stats().in_use;
+    let (freed, allocations, stacks) = counted(|| {
+        let n = blocks.len();
+        blocks.clear();
+        n
+    });
+    let stats = pool.stats();
+    // The pool's own resident memory: what building it added beyond its (touched) region.
+    // Only this test's figure with `--test-threads=1`; other tests run beside it otherwise.
+    let metadata = before
+        .zip(built)
+        .map(|(b, a)| a.saturating_sub(b).saturating_sub(256 << 20));
+    println!(
+        "{freed} blocks freed while their other stream is busy: {allocations} heap \
+         allocations, {} B pending; the pool's resident metadata when built: {metadata:?} B",
+        stats.pending_bytes
+    );
+    assert_eq!(stats.pending_bytes, in_use);
+    assert_eq!(stats.in_use, 0);
+    assert_eq!(allocations, 0, "the first allocations:\n{stacks}");
+    // Nothing is reused while the stream is busy; the whole region is after it passes.
+    let free = pool.stats().free_bytes;
+    assert!(claim.alloc(free + 256, StreamId::DEFAULT).is_err());
+    device.finish();
+    let all = claim
+        .alloc(pool.stats().reserved, StreamId::DEFAULT)
+        .expect("the whole region once the stream passed");
+    assert_eq!(pool.stats().pending_bytes, 0);
+    assert_eq!(all.size(), pool.stats().reserved);
 }

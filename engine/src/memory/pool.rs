@@ -40,10 +40,6 @@ pub const MAX_STREAMS: usize = 63;
 /// so beyond this the fit is within about 3% of the best).
 pub const SCAN_LIMIT: usize = 32;
 
-/// Pending-span entries reserved up front (an entry holds a point per stream, about 0.5 KiB):
-/// more spans than this pending at once grow the list.
-const PENDING_RESERVED: usize = 256;
-
 /// Longest single wait in [`FixedPool::alloc_wait`] while memory is pending on a stream
 /// (completion of GPU work signals no condition variable, so it is polled).
 const PENDING_POLL: Duration = Duration::from_millis(1);
@@ -522,7 +518,12 @@ impl Inner {
             dirty: Vec::with_capacity(MAX_STREAMS),
             retired: Vec::with_capacity(MAX_STREAMS),
             multi: false,
-            pending: Vec::with_capacity(span_cap.min(PENDING_RESERVED)),
+            // One entry per span at most, reserved with the span table so that no burst of
+            // pending frees reaches the system allocator. An entry holds a point per stream
+            // (about 0.5 KiB, 8 MiB for the default table); the allocator maps that address
+            // space at once, and the host commits a page only when an entry on it is first
+            // used, so memory follows the most spans ever pending together.
+            pending: Vec::with_capacity(span_cap),
             free_units: 0,
             free_spans: 0,
             in_use: 0,
