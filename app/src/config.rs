@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+use vigil_engine::memory::PoolSize;
 use vigil_engine::vision::{DetectionHead, ResizeMode, Task, VisionSpec};
 
 /// Default address the daemon listens on.
@@ -55,9 +56,56 @@ pub struct Config {
 #[serde(deny_unknown_fields, default)]
 pub struct MemoryConfig {
     /// Host pool reserved at start-up for every CPU execution context's activation arena, in
-    /// MiB. Unset: each context reserves its own arena. Too small a pool fails start-up with
-    /// an out-of-memory error stating the pool's state.
+    /// MiB. Unset (and no `pool_fraction`): each context reserves its own arena. Too small a
+    /// pool fails start-up with an out-of-memory error stating the pool's state.
     pub pool_mb: Option<usize>,
+    /// The host pool as a fraction in (0, 1] of the memory available at start-up
+    /// (`MemAvailable`); instead of `pool_mb`.
+    pub pool_fraction: Option<f64>,
+    /// Each GPU's activation pool, in MiB (unset: a quarter of the free device memory).
+    pub cuda_pool_mb: Option<usize>,
+    /// Each GPU's activation pool as a fraction in (0, 1] of its free memory when the first
+    /// CUDA model loads (on a Jetson, of the DRAM the CPU shares); instead of `cuda_pool_mb`.
+    pub cuda_pool_fraction: Option<f64>,
+}
+
+impl MemoryConfig {
+    /// The host pool's size, if one is configured.
+    pub fn host_pool_size(&self) -> Result<Option<PoolSize>, ConfigError> {
+        pool_size(
+            ("pool_mb", self.pool_mb),
+            ("pool_fraction", self.pool_fraction),
+        )
+    }
+
+    /// The CUDA activation pool's size, if configured.
+    pub fn cuda_pool_size(&self) -> Result<Option<PoolSize>, ConfigError> {
+        pool_size(
+            ("cuda_pool_mb", self.cuda_pool_mb),
+            ("cuda_pool_fraction", self.cuda_pool_fraction),
+        )
+    }
+}
+
+/// One pool's size from its MiB key and its fraction key (at most one of them set).
+fn pool_size(
+    (mb_key, mb): (&str, Option<usize>),
+    (fraction_key, fraction): (&str, Option<f64>),
+) -> Result<Option<PoolSize>, ConfigError> {
+    let invalid = |e: vigil_engine::Error| ConfigError::Invalid(format!("memory: {e}"));
+    match (mb, fraction) {
+        (Some(_), Some(_)) => Err(ConfigError::Invalid(format!(
+            "memory.{mb_key} and memory.{fraction_key} both size one pool: set one of them"
+        ))),
+        (Some(0), None) => Err(ConfigError::Invalid(format!(
+            "memory.{mb_key} must be at least 1 (leave it unset for the default)"
+        ))),
+        (Some(mb), None) => PoolSize::mib(mb).map(Some).map_err(invalid),
+        (None, Some(f)) => PoolSize::fraction(f)
+            .map(Some)
+            .map_err(|e| ConfigError::Invalid(format!("memory.{fraction_key}: {e}"))),
+        (None, None) => Ok(None),
+    }
 }
 
 fn default_listen() -> String {
@@ -402,11 +450,8 @@ impl Config {
 
     /// Checks value ranges and name uniqueness.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.memory.pool_mb == Some(0) {
-            return Err(ConfigError::Invalid(
-                "memory.pool_mb must be at least 1 (leave it unset for per-context arenas)".into(),
-            ));
-        }
+        self.memory.host_pool_size()?;
+        self.memory.cuda_pool_size()?;
         let l = &self.limits;
         if l.queue_depth == 0 || l.workers == 0 || l.max_body_bytes == 0 || l.max_pixels == 0 {
             return Err(ConfigError::Invalid(
@@ -562,6 +607,56 @@ mod tests {
         assert_eq!(c.limits.max_body_bytes, 16 * 1024 * 1024);
         assert_eq!(c.limits.queue_depth, 32);
         assert!(c.models.is_empty());
+    }
+
+    #[test]
+    fn memory_pools_take_a_size_or_a_fraction_of_free_memory() {
+        let c = parse("[memory]\npool_fraction = 0.25\ncuda_pool_mb = 512\n").unwrap();
+        assert_eq!(
+            c.memory.host_pool_size().unwrap(),
+            Some(PoolSize::FractionOfFree(0.25))
+        );
+        assert_eq!(
+            c.memory.cuda_pool_size().unwrap(),
+            Some(PoolSize::Bytes(512 << 20))
+        );
+        let c = parse("[memory]\npool_mb = 64\ncuda_pool_fraction = 1.0\n").unwrap();
+        assert_eq!(
+            c.memory.host_pool_size().unwrap(),
+            Some(PoolSize::Bytes(64 << 20))
+        );
+        assert_eq!(
+            c.memory.cuda_pool_size().unwrap(),
+            Some(PoolSize::FractionOfFree(1.0))
+        );
+        let c = parse("").unwrap();
+        assert_eq!(c.memory.host_pool_size().unwrap(), None);
+        assert_eq!(c.memory.cuda_pool_size().unwrap(), None);
+        for (text, says) in [
+            (
+                "pool_mb = 64\npool_fraction = 0.5",
+                "memory.pool_mb and memory.pool_fraction",
+            ),
+            ("pool_fraction = 0.0", "memory.pool_fraction"),
+            ("pool_fraction = 1.5", "(0, 1]"),
+            ("pool_fraction = -0.1", "memory.pool_fraction"),
+            ("pool_fraction = nan", "memory.pool_fraction"),
+            ("cuda_pool_fraction = 2", "memory.cuda_pool_fraction"),
+            ("cuda_pool_mb = 0", "memory.cuda_pool_mb must be at least 1"),
+            (
+                "cuda_pool_mb = 8\ncuda_pool_fraction = 0.5",
+                "set one of them",
+            ),
+            (
+                "cuda_pool_mb = 17592186044416",
+                "a pool of 17592186044416 MiB is too large",
+            ),
+        ] {
+            let e = parse(&format!("[memory]\n{text}\n"))
+                .expect_err(text)
+                .to_string();
+            assert!(e.contains(says), "{text}: {e}");
+        }
     }
 
     #[test]

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use vigil_engine::memory::HostPool;
+use vigil_engine::memory::{HostPool, PoolSize};
 
 use vigil_engine::vision::{Task, VisionSpec};
 use vigil_engine::{Model, ModelOptions, TensorInfo};
@@ -196,20 +196,22 @@ impl Registry {
         Self::load_all_in(models, limits, None)
     }
 
-    /// Loads every configured model with CPU arenas from one host pool of `pool_mb` MiB (one
+    /// Loads every configured model with CPU arenas from one host pool of `pool` (one
     /// reservation at start-up), or per-context arenas when `None`.
     pub fn load_all_in(
         models: &[ModelConfig],
         limits: &Limits,
-        pool_mb: Option<usize>,
+        pool: Option<PoolSize>,
     ) -> Result<Registry, String> {
         let mut r = Registry::new();
-        if let Some(mb) = pool_mb {
-            let bytes = mb
-                .checked_mul(1 << 20)
-                .ok_or_else(|| format!("memory.pool_mb = {mb} is too large"))?;
-            let pool = vigil_engine::memory::host_pool(bytes)
-                .map_err(|e| format!("cannot reserve the {mb} MiB host pool: {e}"))?;
+        if let Some(size) = pool {
+            let pool = vigil_engine::memory::host_pool_sized(size)
+                .map_err(|e| format!("cannot reserve the host pool ({size}): {e}"))?;
+            tracing::info!(
+                mib = pool.stats().reserved >> 20,
+                size = %size,
+                "host activation pool reserved"
+            );
             r.host_pool = Some(pool);
         }
         for m in models {

@@ -35,6 +35,28 @@ fn serve_rejects_unknown_config_key() {
 }
 
 #[test]
+fn serve_rejects_bad_memory_pool_sizes() {
+    for (name, text, says) in [
+        (
+            "fraction",
+            "[memory]\npool_fraction = 1.5\n",
+            "memory.pool_fraction",
+        ),
+        (
+            "both",
+            "[memory]\ncuda_pool_mb = 64\ncuda_pool_fraction = 0.5\n",
+            "set one of them",
+        ),
+    ] {
+        let p = temp_config(name, text);
+        let (code, err) = vigil(&["serve", "--config", p.to_str().unwrap()]);
+        assert_ne!(code, 0, "{name}: {err}");
+        assert!(err.contains(says), "{name}: {err}");
+        assert!(!err.contains("panicked"), "{name}: {err}");
+    }
+}
+
+#[test]
 fn serve_rejects_bad_toml_and_values() {
     let p = temp_config("syntax", "listen = \n");
     let (code, err) = vigil(&["serve", "--config", p.to_str().unwrap()]);

@@ -44,6 +44,22 @@ impl Drop for Server {
 }
 
 fn serve(device: &str) -> Server {
+    let models = models_dir();
+    start(
+        &format!("--device {device}"),
+        &[
+            "--device".as_ref(),
+            device.as_ref(),
+            "--models-dir".as_ref(),
+            models.as_os_str(),
+        ],
+        &[],
+    )
+}
+
+/// Starts `vigil serve` with `args` (named `what` in messages) on a free port, once ready,
+/// without the environment variables in `unset`.
+fn start(what: &str, args: &[&std::ffi::OsStr], unset: &[&str]) -> Server {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("free port")
@@ -52,11 +68,15 @@ fn serve(device: &str) -> Server {
     let bin = std::env::var_os("VIGIL_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_vigil")));
-    let child = Command::new(bin)
-        .args(["serve", "--device", device, "--listen"])
+    let mut command = Command::new(bin);
+    for var in unset {
+        command.env_remove(var);
+    }
+    let child = command
+        .arg("serve")
+        .args(args)
+        .arg("--listen")
         .arg(format!("127.0.0.1:{port}"))
-        .arg("--models-dir")
-        .arg(models_dir())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
@@ -68,7 +88,7 @@ fn serve(device: &str) -> Server {
     let t = Instant::now();
     loop {
         if let Ok(Some(st)) = s.child.try_wait() {
-            panic!("vigil serve --device {device} exited early: {st}");
+            panic!("vigil serve {what} exited early: {st}");
         }
         let ok = std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
             && get(&format!("{}/v2/health/ready", s.base)).status == 200;
@@ -77,7 +97,7 @@ fn serve(device: &str) -> Server {
         }
         assert!(
             t.elapsed() < Duration::from_secs(120),
-            "vigil serve --device {device} not ready after 120 s"
+            "vigil serve {what} not ready after 120 s"
         );
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -186,5 +206,59 @@ fn cuda_serve_matches_cpu_serve() {
     println!(
         "cuda serve matches cpu serve on {} photos ({boxes} cpu boxes)",
         photos.len()
+    );
+}
+
+/// The value of `vigil_memory_pool_bytes{kind="<kind>",pool="<pool>"}` in a metrics page.
+fn pool_gauge(page: &str, pool: &str, kind: &str) -> Option<f64> {
+    page.lines()
+        .filter(|l| l.starts_with("vigil_memory_pool_bytes{"))
+        .find(|l| {
+            l.contains(&format!("pool=\"{pool}\"")) && l.contains(&format!("kind=\"{kind}\""))
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[test]
+fn cuda_pool_is_sized_by_the_config_and_exported() {
+    if let Err(e) = vigil_engine::backend::cuda::probe(0) {
+        println!("SKIP: no CUDA device: {e}");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("vigil-cuda-pool-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let config = dir.join("vigil.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[memory]\ncuda_pool_mb = 384\n[limits]\nworkers = 2\n\
+             [[models]]\nname = \"efficientnet-lite0\"\npath = \"{}\"\ndevice = \"cuda\"\n",
+            models_dir().join("efficientnet-lite0.onnx").display()
+        ),
+    )
+    .expect("config");
+    let server = start(
+        "--config (cuda_pool_mb = 384)",
+        &["--config".as_ref(), config.as_os_str()],
+        // The scripts' override would win over the config.
+        &["VIGIL_CUDA_POOL_MB"],
+    );
+    let photo = photos_dir().join("coffee.png");
+    let v = infer(&server.base, "efficientnet-lite0", &photo);
+    assert_eq!(v["results"]["classes"][0]["label"], "espresso", "{v}");
+    let page = get(&format!("{}/metrics", server.base)).text();
+    let reserved = pool_gauge(&page, "cuda0", "reserved");
+    let in_use = pool_gauge(&page, "cuda0", "in_use").unwrap_or(0.0);
+    println!("cuda0 pool on /metrics: reserved {reserved:?} B, in use {in_use} B");
+    assert_eq!(reserved, Some((384u64 << 20) as f64), "{page}");
+    // Two contexts' arenas live in it.
+    assert!(in_use > 0.0, "{page}");
+    assert_eq!(
+        page.lines()
+            .find(|l| l.starts_with("vigil_memory_pool_blocks{") && l.contains("cuda0"))
+            .and_then(|l| l.rsplit(' ').next()),
+        Some("2"),
+        "{page}"
     );
 }

@@ -56,7 +56,12 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         let listener = tokio::net::TcpListener::bind(&listen)
             .await
             .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
-        let registry = Registry::load_all_in(&cfg.models, &cfg.limits, cfg.memory.pool_mb)?;
+        let host_pool = cfg.memory.host_pool_size().map_err(|e| e.to_string())?;
+        if let Some(size) = cfg.memory.cuda_pool_size().map_err(|e| e.to_string())? {
+            vigil_engine::backend::cuda::set_device_pool_size(size)
+                .map_err(|e| format!("memory.cuda_pool: {e}"))?;
+        }
+        let registry = Registry::load_all_in(&cfg.models, &cfg.limits, host_pool)?;
         notifier.status(&format!("warming up {} models", registry.len()));
         watchdog::warm_up(&registry).await?;
         let cameras = crate::camera::CameraHub::start_all(

@@ -7,6 +7,7 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use vigil_engine::memory::PoolStats;
 use vigil_engine::vision::Timings;
 
 use super::AppState;
@@ -92,12 +93,19 @@ pub fn spawn_upkeep(handle: PrometheusHandle) -> tokio::task::JoinHandle<()> {
     })
 }
 
-/// Publishes the host pool's occupancy as gauges (read at scrape time).
-fn record_pool(state: &AppState) {
-    let Some(pool) = state.registry.host_pool() else {
-        return;
-    };
-    let s = pool.stats();
+/// Publishes the occupancy of the host pool and of each GPU's activation pool (`pool="host"`,
+/// `pool="cuda0"`, ...) as gauges, read at scrape time.
+fn record_pools(state: &AppState) {
+    if let Some(pool) = state.registry.host_pool() {
+        record_pool("host".to_string(), &pool.stats());
+    }
+    for (device, stats) in vigil_engine::backend::cuda::device_pool_stats() {
+        record_pool(format!("cuda{device}"), &stats);
+    }
+}
+
+/// One pool's gauges under the label `pool`.
+fn record_pool(pool: String, s: &PoolStats) {
     for (kind, v) in [
         ("reserved", s.reserved),
         ("committed", s.committed),
@@ -107,16 +115,17 @@ fn record_pool(state: &AppState) {
         ("largest_free", s.largest_free),
         ("pending", s.pending_bytes),
     ] {
-        metrics::gauge!("vigil_memory_pool_bytes", "pool" => "host", "kind" => kind).set(v as f64);
+        metrics::gauge!("vigil_memory_pool_bytes", "pool" => pool.clone(), "kind" => kind)
+            .set(v as f64);
     }
-    metrics::gauge!("vigil_memory_pool_blocks", "pool" => "host").set(s.blocks as f64);
-    metrics::gauge!("vigil_memory_pool_remaps", "pool" => "host").set(s.remaps as f64);
-    metrics::gauge!("vigil_memory_pool_fragmentation", "pool" => "host").set(s.fragmentation);
+    metrics::gauge!("vigil_memory_pool_blocks", "pool" => pool.clone()).set(s.blocks as f64);
+    metrics::gauge!("vigil_memory_pool_remaps", "pool" => pool.clone()).set(s.remaps as f64);
+    metrics::gauge!("vigil_memory_pool_fragmentation", "pool" => pool).set(s.fragmentation);
 }
 
 /// `GET /metrics`: Prometheus text exposition.
 pub async fn render(State(state): State<Arc<AppState>>) -> Response {
-    record_pool(&state);
+    record_pools(&state);
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         state.metrics.render(),

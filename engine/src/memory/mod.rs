@@ -17,6 +17,7 @@ mod clock;
 pub mod cuda;
 mod pool;
 mod region;
+mod size;
 
 #[cfg(test)]
 mod tests;
@@ -27,6 +28,7 @@ pub use pool::{
     SMALL_BLOCK,
 };
 pub use region::{HostPagedRegion, HostRegion, Region, HOST_REGION_ALIGN};
+pub use size::{host_available_bytes, meminfo_available, PoolSize};
 
 /// The host memory pool the CPU backend takes activation arenas from.
 pub type HostPool = FixedPool<HostRegion>;
@@ -38,4 +40,15 @@ pub fn host_pool(bytes: usize) -> crate::error::Result<std::sync::Arc<HostPool>>
         std::sync::Arc::new(SyncClock),
         PoolOptions::serving(),
     )
+}
+
+/// Builds a host pool of `size`: a fixed size, or a share of the host memory available now
+/// ([`host_available_bytes`]).
+pub fn host_pool_sized(size: PoolSize) -> crate::error::Result<std::sync::Arc<HostPool>> {
+    let free = if size.needs_free() {
+        host_available_bytes()?
+    } else {
+        0
+    };
+    host_pool(size.resolve(free)?)
 }

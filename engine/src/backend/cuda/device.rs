@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::driver::{result as drv, sys, CudaContext, CudaStream};
 
 use crate::memory::cuda::{CudaClock, DeviceRegion};
-use crate::memory::{Block, FixedPool, StreamClock, StreamId};
+use crate::memory::{Block, FixedPool, PoolSize, PoolStats, StreamClock, StreamId};
 
 use super::codegen::TensorMap2d;
 use crate::error::{Error, Result};
@@ -191,8 +191,46 @@ impl DevicePool {
 
 static NEXT_STREAM: AtomicU64 = AtomicU64::new(1);
 
-/// Bytes the device pool reserves: `VIGIL_CUDA_POOL_MB` when set, else a quarter of the free
-/// device memory, and never less than four arenas of the first model (plus 64 MiB).
+/// The size each device's activation pool is reserved with (`None`: the default, a quarter of
+/// the free device memory), set by [`set_device_pool_size`] before the first CUDA model loads.
+static POOL_SIZE: Mutex<Option<PoolSize>> = Mutex::new(None);
+
+/// The process-wide device pools, one per device ordinal, reserved on first use.
+static POOLS: OnceLock<Mutex<HashMap<usize, Arc<DevicePool>>>> = OnceLock::new();
+
+/// Sets the size of the activation pool each device reserves when its first CUDA model loads
+/// (the config's `memory.cuda_pool_mb` or `memory.cuda_pool_fraction`). Fails once a pool is
+/// reserved, since a reserved region cannot change size; `VIGIL_CUDA_POOL_MB` overrides it.
+pub fn set_device_pool_size(size: PoolSize) -> Result<()> {
+    let reserved = POOLS
+        .get()
+        .is_some_and(|p| !p.lock().unwrap_or_else(|e| e.into_inner()).is_empty());
+    let mut g = POOL_SIZE.lock().unwrap_or_else(|e| e.into_inner());
+    if reserved && *g != Some(size) {
+        return Err(Error::BadInput(format!(
+            "the CUDA activation pool is already reserved; it cannot become {size}"
+        )));
+    }
+    *g = Some(size);
+    Ok(())
+}
+
+/// The statistics of each device's activation pool reserved so far, by device ordinal (for
+/// /metrics; empty until a CUDA model loads).
+pub fn device_pool_stats() -> Vec<(usize, PoolStats)> {
+    let Some(pools) = POOLS.get() else {
+        return Vec::new();
+    };
+    let g = pools.lock().unwrap_or_else(|e| e.into_inner());
+    let mut stats: Vec<_> = g.iter().map(|(&d, p)| (d, p.pool.stats())).collect();
+    stats.sort_by_key(|&(d, _)| d);
+    stats
+}
+
+/// Bytes the device pool reserves: `VIGIL_CUDA_POOL_MB` when set, else the configured
+/// [`PoolSize`] as stated (a share of the free device memory: on a Jetson, of the DRAM the CPU
+/// shares), else a quarter of the free device memory but never less than four arenas of the
+/// first model (plus 64 MiB).
 fn pool_bytes(ctx: &Arc<CudaContext>, first: usize) -> Result<usize> {
     if let Some(mb) = std::env::var("VIGIL_CUDA_POOL_MB")
         .ok()
@@ -200,12 +238,21 @@ fn pool_bytes(ctx: &Arc<CudaContext>, first: usize) -> Result<usize> {
     {
         return Ok(mb << 20);
     }
-    let free = ctx.mem_get_info().map_err(drv_err("memory query"))?.0;
-    Ok((free / 4).max(first.saturating_mul(4) + (64 << 20)))
+    let configured = *POOL_SIZE.lock().unwrap_or_else(|e| e.into_inner());
+    let size = configured.unwrap_or(PoolSize::FractionOfFree(0.25));
+    let free = if size.needs_free() {
+        ctx.mem_get_info().map_err(drv_err("memory query"))?.0
+    } else {
+        0
+    };
+    let bytes = size.resolve(free)?;
+    Ok(match configured {
+        Some(_) => bytes,
+        None => bytes.max(first.saturating_mul(4) + (64 << 20)),
+    })
 }
 
 fn device_pool(ctx: &Arc<CudaContext>, first: usize) -> Result<Arc<DevicePool>> {
-    static POOLS: OnceLock<Mutex<HashMap<usize, Arc<DevicePool>>>> = OnceLock::new();
     let pools = POOLS.get_or_init(|| Mutex::new(HashMap::new()));
     let mut g = pools.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(p) = g.get(&ctx.ordinal()) {

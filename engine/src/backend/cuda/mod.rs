@@ -12,7 +12,7 @@ mod lt;
 mod timing_cache;
 pub mod vision;
 
-pub use device::alloc_counts;
+pub use device::{alloc_counts, device_pool_stats, set_device_pool_size};
 pub use dnn::algo_cache_len;
 pub use executable::{back_to_back_kernels, last_device_ms, stem_pool_kernels, CudaExecutable};
 
