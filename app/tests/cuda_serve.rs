@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{get, post};
+use common::{get, pool_gauge, post};
 
 fn models_dir() -> PathBuf {
     std::env::var_os("VIGIL_MODELS")
@@ -209,17 +209,6 @@ fn cuda_serve_matches_cpu_serve() {
     );
 }
 
-/// The value of `vigil_memory_pool_bytes{kind="<kind>",pool="<pool>"}` in a metrics page.
-fn pool_gauge(page: &str, pool: &str, kind: &str) -> Option<f64> {
-    page.lines()
-        .filter(|l| l.starts_with("vigil_memory_pool_bytes{"))
-        .find(|l| {
-            l.contains(&format!("pool=\"{pool}\"")) && l.contains(&format!("kind=\"{kind}\""))
-        })
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-}
-
 #[test]
 fn cuda_pool_is_sized_by_the_config_and_exported() {
     if let Err(e) = vigil_engine::backend::cuda::probe(0) {
@@ -248,17 +237,16 @@ fn cuda_pool_is_sized_by_the_config_and_exported() {
     let v = infer(&server.base, "efficientnet-lite0", &photo);
     assert_eq!(v["results"]["classes"][0]["label"], "espresso", "{v}");
     let page = get(&format!("{}/metrics", server.base)).text();
-    let reserved = pool_gauge(&page, "cuda0", "reserved");
-    let in_use = pool_gauge(&page, "cuda0", "in_use").unwrap_or(0.0);
+    let bytes = |kind| pool_gauge(&page, "vigil_memory_pool_bytes", "cuda0", Some(kind));
+    let reserved = bytes("reserved");
+    let in_use = bytes("in_use").unwrap_or(0.0);
     println!("cuda0 pool on /metrics: reserved {reserved:?} B, in use {in_use} B");
     assert_eq!(reserved, Some((384u64 << 20) as f64), "{page}");
     // Two contexts' arenas live in it.
     assert!(in_use > 0.0, "{page}");
     assert_eq!(
-        page.lines()
-            .find(|l| l.starts_with("vigil_memory_pool_blocks{") && l.contains("cuda0"))
-            .and_then(|l| l.rsplit(' ').next()),
-        Some("2"),
+        pool_gauge(&page, "vigil_memory_pool_blocks", "cuda0", None),
+        Some(2.0),
         "{page}"
     );
 }

@@ -21,13 +21,9 @@ fn models_dir() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../models"))
 }
 
-/// The value of `vigil_memory_pool_bytes{kind="<kind>",pool="host"}` in a metrics page.
+/// Gauge `name` of the host pool in a metrics page.
 fn gauge(page: &str, name: &str, kind: Option<&str>) -> Option<f64> {
-    page.lines()
-        .filter(|l| l.starts_with(name) && l.contains("pool=\"host\""))
-        .find(|l| kind.is_none_or(|k| l.contains(&format!("kind=\"{k}\""))))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
+    pool_gauge(page, name, "host", kind)
 }
 
 #[test]

@@ -165,3 +165,13 @@ pub fn split_binary(r: &Reply) -> (serde_json::Value, Vec<u8>) {
     let header = serde_json::from_slice(&r.body[..n]).expect("json header");
     (header, r.body[n..].to_vec())
 }
+
+/// The value of gauge `name` of memory pool `pool` in a metrics page, with `kind="<kind>"` when
+/// given (`vigil_memory_pool_bytes{kind="reserved",pool="host"}`).
+pub fn pool_gauge(page: &str, name: &str, pool: &str, kind: Option<&str>) -> Option<f64> {
+    page.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(&format!("pool=\"{pool}\"")))
+        .find(|l| kind.is_none_or(|k| l.contains(&format!("kind=\"{k}\""))))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
