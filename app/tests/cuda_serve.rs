@@ -222,8 +222,10 @@ fn cuda_pool_is_sized_by_the_config_and_exported() {
         &config,
         format!(
             "[memory]\ncuda_pool_mb = 384\n[limits]\nworkers = 2\n\
-             [[models]]\nname = \"efficientnet-lite0\"\npath = \"{}\"\ndevice = \"cuda\"\n",
-            models_dir().join("efficientnet-lite0.onnx").display()
+             [[models]]\nname = \"efficientnet-lite0\"\npath = \"{}\"\n\
+             labels = \"{}\"\ndevice = \"cuda\"\n",
+            models_dir().join("efficientnet-lite0.onnx").display(),
+            models_dir().join("imagenet-labels.txt").display()
         ),
     )
     .expect("config");
