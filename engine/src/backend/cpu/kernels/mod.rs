@@ -4,6 +4,8 @@
 use crate::error::Result;
 use crate::ir::{DataType, Graph, Node, Op};
 
+#[cfg(target_arch = "x86_64")]
+mod amx;
 mod conv;
 mod elementwise;
 mod gemm;
@@ -13,7 +15,7 @@ mod norm;
 mod pool;
 mod qadd;
 mod qconv;
-mod qgemm;
+pub mod qgemm;
 mod quantize;
 mod resize;
 

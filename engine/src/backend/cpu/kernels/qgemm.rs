@@ -90,11 +90,42 @@ impl QIsa {
 /// Full panel width (columns).
 const NR: usize = 32;
 
+/// K bytes of one AMX step (a panel's depth is a multiple of it when AMX runs it).
+const AMX_K: usize = 64;
+
+/// Shortest K packed for AMX by [`PackedQB::pack`]: with less, most of each 64-byte step is
+/// padding and the VNNI registers are faster (on a Sapphire Rapids-class Xeon, K = 16-40 ran
+/// 1.1-1.4x slower on the tiles, K = 64 and up 1.3-2x faster; docs/benchmarks.md).
+const AMX_MIN_K: usize = 64;
+
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+/// Fewest rows a product runs on the AMX tiles (16-row tiles; fewer rows, such as a
+/// classifier's single one, stay on the VNNI registers).
+const AMX_MIN_ROWS: usize = 16;
+
+/// Whether AMX int8 tiles can run here ([`super::amx::available`]; never off x86-64).
+pub fn amx_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        super::amx::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// `B` packed for the micro-kernels, with its column sums.
 pub struct PackedQB {
     isa: QIsa,
     /// K rounded up to a multiple of 4 (A rows must provide this many readable bytes).
     pub kp: usize,
+    /// K rows a panel holds: `kp`, or `kp` rounded up to a whole AMX step (zero rows past K).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    depth: usize,
+    /// Whether products of at least [`AMX_MIN_ROWS`] rows run on the AMX tiles.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    amx: bool,
     pub n: usize,
     /// Panels: (first column, width 16 or 32, offset into `data`, or into `pairs` for AVX2).
     panels: Vec<(usize, usize, usize)>,
@@ -107,9 +138,25 @@ pub struct PackedQB {
 }
 
 impl PackedQB {
-    /// Packs `B` given as `b(k, n)` for a `k x n` product.
+    /// Packs `B` given as `b(k, n)` for a `k x n` product: for AMX too where `isa` is AVX-512
+    /// VNNI, the CPU and OS allow AMX ([`amx_available`]) and K is at least [`AMX_MIN_K`].
     pub fn pack(k: usize, n: usize, b: impl Fn(usize, usize) -> i8, isa: QIsa) -> Self {
+        let amx = isa == QIsa::Avx512Vnni && k >= AMX_MIN_K && amx_available();
+        Self::pack_with(k, n, b, isa, amx)
+    }
+
+    /// [`Self::pack`] with the AMX choice made by the caller (`amx` needs AVX-512 VNNI and
+    /// [`amx_available`]; ignored otherwise).
+    pub fn pack_with(
+        k: usize,
+        n: usize,
+        b: impl Fn(usize, usize) -> i8,
+        isa: QIsa,
+        amx: bool,
+    ) -> Self {
+        let amx = amx && isa == QIsa::Avx512Vnni && amx_available();
         let kp = k.div_ceil(4) * 4;
+        let depth = if amx { kp.next_multiple_of(AMX_K) } else { kp };
         let mut panels = Vec::new();
         let mut data = Vec::new();
         let mut pairs = Vec::new();
@@ -130,7 +177,7 @@ impl PackedQB {
             }
             let w = if rest > 16 { NR } else { 16 };
             let off = data.len();
-            data.resize(off + kp * w, 0);
+            data.resize(off + depth * w, 0);
             for kk in 0..k {
                 for j in 0..w.min(rest) {
                     data[off + (kk / 4) * w * 4 + j * 4 + kk % 4] = b(kk, col + j);
@@ -145,6 +192,8 @@ impl PackedQB {
         PackedQB {
             isa,
             kp,
+            depth,
+            amx,
             n,
             panels,
             data,
@@ -184,6 +233,10 @@ impl PackedQB {
             // SAFETY: the ISA was checked available when packing; bounds were checked above.
             unsafe {
                 match self.isa {
+                    QIsa::Avx512Vnni if self.amx && m >= AMX_MIN_ROWS => {
+                        self.run_amx(m, a, lda, out, ldc, epi);
+                        return Ok(());
+                    }
                     QIsa::Avx512Vnni if epi.general.is_none() => {
                         self.run_fused_vnni512(m, a, lda, out, ldc, epi);
                         return Ok(());
@@ -264,6 +317,128 @@ impl PackedQB {
                 } else {
                     tile_vnni512::<12, 1>(m - i, ap, lda, bp, groups, orow, ldc, epi, c0, masks)
                 };
+            }
+        }
+    }
+
+    /// AMX product: 32 x 32 blocks (32 x 16 on a 16-wide panel) of four accumulator tiles,
+    /// 64 bytes of K a step, stored to a block of i32 and requantized from there (in registers,
+    /// or by the scalar epilogue for a general activation). A block's requantization runs after
+    /// the next block's tile work is issued, so the tiles multiply while the vector units
+    /// requantize. A tiles read A in place where their 16 rows of `depth` bytes lie inside
+    /// `a`; the last tiles of a band (rows past `m`, or reads past the buffer) are staged
+    /// through a zeroed copy.
+    ///
+    /// # Safety
+    /// AVX-512 VNNI and AMX available; sizes checked by [`PackedQB::run`]; packed with `amx`.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn run_amx(
+        &self,
+        m: usize,
+        a: &[u8],
+        lda: usize,
+        out: &mut [u8],
+        ldc: usize,
+        epi: &QEpilogue,
+    ) {
+        use super::amx::{Block, Stage, Tiles, TILE_ROWS};
+        let tiles = Tiles::configure();
+        let mut acc = [Block([[0; 32]; 32]), Block([[0; 32]; 32])];
+        let mut stage = Stage([[[0; AMX_K]; TILE_ROWS]; 2]);
+        let steps = self.depth / AMX_K;
+        let op = out.as_mut_ptr();
+        // The block stored but not yet requantized: (its buffer, first row, rows, panel).
+        let mut pending: Option<(usize, usize, usize, (usize, usize))> = None;
+        let mut slot = 0;
+        for &(c0, w, off) in &self.panels {
+            let bp = self.data.as_ptr().add(off);
+            let ldb = w * 4;
+            let mut i = 0;
+            while i < m {
+                let rows = (2 * TILE_ROWS).min(m - i);
+                // Whether A tile `t` (rows i + 16t ..) can be read in place for every step.
+                let in_place = |t: usize| {
+                    let last = i + t * TILE_ROWS + TILE_ROWS - 1;
+                    last < m && last * lda + self.depth <= a.len()
+                };
+                let direct = [in_place(0), in_place(1)];
+                tiles.zero();
+                for s in 0..steps {
+                    let k0 = s * AMX_K;
+                    let mut src = [(std::ptr::null::<u8>(), 0usize); 2];
+                    for t in 0..2 {
+                        let r0 = i + t * TILE_ROWS;
+                        src[t] = if direct[t] {
+                            (a.as_ptr().add(r0 * lda + k0), lda)
+                        } else {
+                            // Valid rows copy the bytes they hold (`kp` per row is readable;
+                            // B is zero past K), the rest of the tile is zero.
+                            let bytes = AMX_K.min(self.kp - k0);
+                            for (r, row) in stage.0[t].iter_mut().enumerate() {
+                                if r0 + r < m {
+                                    let from = (r0 + r) * lda + k0;
+                                    row[..bytes].copy_from_slice(&a[from..from + bytes]);
+                                    row[bytes..].fill(0);
+                                } else {
+                                    row.fill(0);
+                                }
+                            }
+                            (stage.0[t].as_ptr() as *const u8, AMX_K)
+                        };
+                    }
+                    let b = bp.add(k0 * w);
+                    if w == NR {
+                        tiles.step_2x2(src[0], src[1], b, ldb);
+                    } else {
+                        tiles.step_2x1(src[0], src[1], b, ldb);
+                    }
+                }
+                tiles.store(&mut acc[slot]);
+                if let Some((ps, pi, prows, panel)) = pending {
+                    self.amx_epilogue(&acc[ps], op.add(pi * ldc), prows, ldc, panel, epi);
+                }
+                pending = Some((slot, i, rows, (c0, w)));
+                slot ^= 1;
+                i += rows;
+            }
+        }
+        if let Some((ps, pi, prows, panel)) = pending {
+            self.amx_epilogue(&acc[ps], op.add(pi * ldc), prows, ldc, panel, epi);
+        }
+    }
+
+    /// Requantizes `rows` rows of an AMX block of panel `(c0, w)` into `out` (row stride
+    /// `ldc`; the panel's columns start at `out + c0`).
+    ///
+    /// # Safety
+    /// AVX-512F/BW/VL available; `rows` rows of the panel's valid columns writable at `out`.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    #[inline]
+    unsafe fn amx_epilogue(
+        &self,
+        acc: &super::amx::Block,
+        out: *mut u8,
+        rows: usize,
+        ldc: usize,
+        (c0, w): (usize, usize),
+        epi: &QEpilogue,
+    ) {
+        let valid = w.min(self.n - c0);
+        for r in 0..rows {
+            let orow = out.add(r * ldc + c0);
+            if epi.general.is_some() {
+                let o = std::slice::from_raw_parts_mut(orow, valid);
+                epi.store(&acc.0[r][..valid], c0, o);
+                continue;
+            }
+            for v in 0..w / 16 {
+                let nb = valid.saturating_sub(v * 16).min(16);
+                let mask = ((1u32 << nb) - 1) as __mmask16;
+                let c = _mm512_load_si512(acc.0[r].as_ptr().add(v * 16) as *const _);
+                let q = epi.requant16(c, c0 + v * 16, mask);
+                _mm_mask_storeu_epi8(orow.add(v * 16) as *mut i8, mask, q);
             }
         }
     }
@@ -1157,13 +1332,23 @@ mod tests {
         }
     }
 
-    fn isas() -> Vec<QIsa> {
+    /// Every micro-kernel this CPU runs: (ISA, AMX tiles).
+    fn isas() -> Vec<(QIsa, bool)> {
         let all = [QIsa::Portable, QIsa::Avx2, QIsa::AvxVnni, QIsa::Avx512Vnni];
-        let v: Vec<QIsa> = all.into_iter().filter(|i| i.available()).collect();
+        let mut v: Vec<(QIsa, bool)> = all
+            .into_iter()
+            .filter(|i| i.available())
+            .map(|i| (i, false))
+            .collect();
         for i in all {
             if !i.available() {
                 println!("SKIP: int8 gemm {i:?} path because this CPU lacks it");
             }
+        }
+        if QIsa::Avx512Vnni.available() && amx_available() {
+            v.push((QIsa::Avx512Vnni, true));
+        } else {
+            println!("SKIP: int8 gemm AMX path because this CPU or OS lacks AMX-INT8");
         }
         v
     }
@@ -1188,6 +1373,13 @@ mod tests {
             (9, 16, 100),
             (30, 16, 96),
             (14, 2500, 40),
+            // AMX: blocks of 32 rows, 16-row tails, K past one step, tight buffers whose
+            // last rows are staged, 16-wide column panels.
+            (16, 64, 32),
+            (47, 24, 40),
+            (77, 200, 48),
+            (100, 1152, 80),
+            (33, 16, 16),
         ] {
             let a: Vec<u8> = (0..m * k)
                 .map(|i| if i % 7 == 0 { 255 } else { rng.next() as u8 })
@@ -1223,8 +1415,8 @@ mod tests {
                     want[i * n + j] = q as i8 as u8;
                 }
             }
-            for isa in isas() {
-                let p = PackedQB::pack(k, n, |kk, j| b[kk * n + j], isa);
+            for (isa, amx) in isas() {
+                let p = PackedQB::pack_with(k, n, |kk, j| b[kk * n + j], isa, amx);
                 let act = alpha.map(|alpha| Activation::LeakyRelu { alpha });
                 let epi = QEpilogue::new(x, &ws, y, &bias, &p.col_sums, act);
                 let kp = p.kp;
@@ -1237,7 +1429,10 @@ mod tests {
                 for (idx, (g, w)) in got.iter().zip(&want).enumerate() {
                     // f32 requantization may differ by one step from the reference's rounding
                     // only at exact ties; none occur with these scales.
-                    assert_eq!(*g as i8, *w as i8, "{isa:?} m{m} k{k} n{n} element {idx}");
+                    assert_eq!(
+                        *g as i8, *w as i8,
+                        "{isa:?} (AMX {amx}) m{m} k{k} n{n} element {idx}"
+                    );
                 }
             }
         }
