@@ -426,19 +426,34 @@ impl PackedQB {
         epi: &QEpilogue,
     ) {
         let valid = w.min(self.n - c0);
-        for r in 0..rows {
-            let orow = out.add(r * ldc + c0);
-            if epi.general.is_some() {
-                let o = std::slice::from_raw_parts_mut(orow, valid);
+        if epi.general.is_some() {
+            for r in 0..rows {
+                let o = std::slice::from_raw_parts_mut(out.add(r * ldc + c0), valid);
                 epi.store(&acc.0[r][..valid], c0, o);
-                continue;
             }
-            for v in 0..w / 16 {
-                let nb = valid.saturating_sub(v * 16).min(16);
-                let mask = ((1u32 << nb) - 1) as __mmask16;
-                let c = _mm512_load_si512(acc.0[r].as_ptr().add(v * 16) as *const _);
-                let q = epi.requant16(c, c0 + v * 16, mask);
-                _mm_mask_storeu_epi8(orow.add(v * 16) as *mut i8, mask, q);
+            return;
+        }
+        let lanes = |v: usize| {
+            let nb = valid.saturating_sub(v * 16).min(16);
+            ((1u32 << nb) - 1) as __mmask16
+        };
+        let (m0, m1) = (lanes(0), lanes(1));
+        let rq0 = Requant512::new(epi, c0, m0);
+        if w == NR {
+            let rq1 = Requant512::new(epi, c0 + 16, m1);
+            for r in 0..rows {
+                let (a, o) = (acc.0[r].as_ptr(), out.add(r * ldc + c0) as *mut i8);
+                _mm_mask_storeu_epi8(o, m0, rq0.apply(_mm512_load_si512(a as *const _)));
+                _mm_mask_storeu_epi8(
+                    o.add(16),
+                    m1,
+                    rq1.apply(_mm512_load_si512(a.add(16) as *const _)),
+                );
+            }
+        } else {
+            for r in 0..rows {
+                let (a, o) = (acc.0[r].as_ptr(), out.add(r * ldc + c0) as *mut i8);
+                _mm_mask_storeu_epi8(o, m0, rq0.apply(_mm512_load_si512(a as *const _)));
             }
         }
     }
@@ -935,6 +950,66 @@ pub(super) unsafe fn store_avx2(tr: &[__m256i], o: &mut [u8], c0: usize, epi: &Q
     }
 }
 
+/// [`QEpilogue::requant16`] with the columns' bias and multipliers and the clamp held in
+/// registers: loaded once for a panel's 16 columns, applied to every row of a block.
+#[cfg(target_arch = "x86_64")]
+struct Requant512 {
+    bias: __m512i,
+    mult: __m512,
+    lo: __m512,
+    hi: __m512,
+    zy: __m512i,
+    /// LeakyRelu's negative slope, when it is not 1.
+    slope: Option<__m512>,
+    signed: bool,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Requant512 {
+    /// Loads columns `c0..` of `epi` in the lanes of `m` (the others are never read).
+    ///
+    /// # Safety
+    /// AVX-512F available; lanes of `m` are columns below `epi.bias.len()`; `general` None.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    #[inline]
+    unsafe fn new(epi: &QEpilogue, c0: usize, m: __mmask16) -> Self {
+        Requant512 {
+            bias: _mm512_maskz_loadu_epi32(m, epi.bias.as_ptr().add(c0)),
+            mult: _mm512_maskz_loadu_ps(m, epi.mult.as_ptr().add(c0)),
+            lo: _mm512_set1_ps(epi.lo - epi.zy),
+            hi: _mm512_set1_ps(epi.hi - epi.zy),
+            zy: _mm512_set1_epi32(epi.zy as i32),
+            slope: (epi.slope != 1.0).then(|| _mm512_set1_ps(epi.slope)),
+            signed: epi.signed,
+        }
+    }
+
+    /// The 16 output bytes of `acc`: i32 -> f32 rounding, one multiply, clamp, round half to
+    /// even (default MXCSR), so bit-identical to [`QEpilogue::store`].
+    ///
+    /// # Safety
+    /// AVX-512F/BW/VL available.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    #[inline]
+    unsafe fn apply(&self, acc: __m512i) -> __m128i {
+        let mut f = _mm512_mul_ps(
+            _mm512_cvtepi32_ps(_mm512_add_epi32(acc, self.bias)),
+            self.mult,
+        );
+        if let Some(slope) = self.slope {
+            let neg = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(f, _mm512_setzero_ps());
+            f = _mm512_mask_mul_ps(f, neg, f, slope);
+        }
+        let f = _mm512_min_ps(_mm512_max_ps(f, self.lo), self.hi);
+        let q = _mm512_add_epi32(_mm512_cvtps_epi32(f), self.zy);
+        if self.signed {
+            _mm512_cvtsepi32_epi8(q)
+        } else {
+            _mm512_cvtusepi32_epi8(q)
+        }
+    }
+}
+
 /// [`QEpilogue::requant8`] for 16 columns at once with their bias and multipliers held in
 /// registers (loaded once per panel, used for every row of a tile).
 #[cfg(target_arch = "x86_64")]
@@ -1109,24 +1184,7 @@ impl QEpilogue {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     #[inline]
     pub(super) unsafe fn requant16(&self, acc: __m512i, c0: usize, m: __mmask16) -> __m128i {
-        let b = _mm512_maskz_loadu_epi32(m, self.bias.as_ptr().add(c0));
-        let mu = _mm512_maskz_loadu_ps(m, self.mult.as_ptr().add(c0));
-        let mut f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(acc, b)), mu);
-        if self.slope != 1.0 {
-            let neg = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(f, _mm512_setzero_ps());
-            f = _mm512_mask_mul_ps(f, neg, f, _mm512_set1_ps(self.slope));
-        }
-        let f = _mm512_min_ps(
-            _mm512_max_ps(f, _mm512_set1_ps(self.lo - self.zy)),
-            _mm512_set1_ps(self.hi - self.zy),
-        );
-        // Default MXCSR rounding: to nearest, ties to even.
-        let q = _mm512_add_epi32(_mm512_cvtps_epi32(f), _mm512_set1_epi32(self.zy as i32));
-        if self.signed {
-            _mm512_cvtsepi32_epi8(q)
-        } else {
-            _mm512_cvtusepi32_epi8(q)
-        }
+        Requant512::new(self, c0, m).apply(acc)
     }
 
     /// Requantizes 8 accumulators of columns `c0..c0 + 8` in registers into the low 8 bytes
