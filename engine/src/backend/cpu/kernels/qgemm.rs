@@ -1496,6 +1496,42 @@ mod tests {
         }
     }
 
+    /// A general activation (sigmoid, requantized by the scalar epilogue) gives the same bytes
+    /// on every micro-kernel, AMX included, as on the portable one.
+    #[test]
+    fn general_activation_is_the_same_on_every_path() {
+        let mut rng = Rng(11);
+        let (m, k, n) = (77, 200, 48);
+        let a: Vec<u8> = (0..m * k).map(|_| rng.next() as u8).collect();
+        let b: Vec<i8> = (0..k * n).map(|_| rng.next() as i8).collect();
+        let x = QParams {
+            scale: 0.02,
+            zero_point: 3,
+            dtype: DataType::U8,
+        };
+        let y = QParams {
+            scale: 1.0 / 255.0,
+            zero_point: 0,
+            dtype: DataType::U8,
+        };
+        let ws: Vec<f32> = (0..n).map(|j| 0.0005 + j as f32 * 2e-5).collect();
+        let bias: Vec<i32> = (0..n).map(|j| j as i32 * 91 - 2000).collect();
+        let run = |isa: QIsa, amx: bool| {
+            let p = PackedQB::pack_with(k, n, |kk, j| b[kk * n + j], isa, amx);
+            let epi = QEpilogue::new(x, &ws, y, &bias, &p.col_sums, Some(Activation::Sigmoid));
+            assert!(epi.general.is_some());
+            let mut out = vec![0u8; m * n];
+            p.run(m, &a, k, &mut out, n, &epi).unwrap();
+            out
+        };
+        let want = run(QIsa::Portable, false);
+        // Sigmoid outputs spread over the u8 range: the comparison is not of constants.
+        assert!(want.iter().any(|&q| q < 64) && want.iter().any(|&q| q > 192));
+        for (isa, amx) in isas() {
+            assert_eq!(run(isa, amx), want, "{isa:?} (AMX {amx})");
+        }
+    }
+
     #[test]
     fn epilogue_clamps_relu_and_leaky() {
         let x = QParams {
