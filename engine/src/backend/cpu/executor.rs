@@ -173,7 +173,9 @@ impl Drop for CpuContext {
         let mut rows: Vec<(usize, f64)> = p.iter().map(|d| d.as_secs_f64()).enumerate().collect();
         rows.sort_by(|a, b| b.1.total_cmp(&a.1));
         eprintln!("node profile (total {:.3} s):", total);
-        for (i, t) in rows.iter().take(40) {
+        // `VIGIL_PROFILE=all` lists every node; any other value the 40 slowest.
+        let all = std::env::var("VIGIL_PROFILE").is_ok_and(|v| v == "all");
+        for (i, t) in rows.iter().take(if all { usize::MAX } else { 40 }) {
             let n = &self.exe.graph.nodes[*i];
             let shape = n
                 .outputs
