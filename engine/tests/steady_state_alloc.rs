@@ -38,12 +38,9 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-fn allocations_per_run(model: &str, threads: usize) -> usize {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../models")
-        .join(model);
+fn allocations_per_run(path: &Path, threads: usize) -> usize {
     let m = Model::load(
-        &path,
+        path,
         &ModelOptions {
             threads,
             ..ModelOptions::default()
@@ -79,9 +76,30 @@ fn allocations_per_run(model: &str, threads: usize) -> usize {
 #[test]
 fn shared_models_run_without_heap_allocation() {
     // One test function: the counter is global, so the cases must not run concurrently.
-    for model in ["efficientnet-lite0.onnx", "nanodet-m-416.onnx"] {
+    // The INT8 runs of the QDQ models (made by scripts/make-qdq-models.py, which the
+    // int8_models test runs when they are missing) too, when they are there.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut models = vec![
+        root.join("models/efficientnet-lite0.onnx"),
+        root.join("models/nanodet-m-416.onnx"),
+    ];
+    for qdq in ["efficientnet-lite0", "nanodet-m-416"] {
+        let p = root.join(format!("target/qdq/{qdq}.qdq.onnx"));
+        if p.exists() {
+            models.push(p);
+        } else {
+            println!(
+                "SKIP: {qdq} INT8 allocation check: {} is missing",
+                p.display()
+            );
+        }
+    }
+    for path in &models {
+        let model = path
+            .file_name()
+            .map_or_else(String::new, |f| f.to_string_lossy().into_owned());
         for threads in [1, 2] {
-            let n = allocations_per_run(model, threads);
+            let n = allocations_per_run(path, threads);
             println!("{model}, {threads} thread(s): {n} allocations in 5 steady-state runs");
             assert_eq!(
                 n, 0,

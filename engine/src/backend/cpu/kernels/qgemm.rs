@@ -1285,26 +1285,42 @@ pub fn build(graph: &Graph, node: &Node) -> Result<Box<dyn Kernel>> {
     }
     let w = weights_i8(graph, node)?;
     let isa = QIsa::detect();
-    let packed = if q.trans_b {
-        PackedQB::pack(k, n, |kk, j| w[j * k + kk], isa)
-    } else {
-        PackedQB::pack(k, n, |kk, j| w[kk * n + j], isa)
-    };
     let bias = bias_i32(graph, node, 2, n)?;
-    let epi = QEpilogue::new(
-        u8_params(q.a),
-        &q.w_scales,
-        q.y,
-        &bias,
-        &packed.col_sums,
-        q.activation,
-    );
+    // One row (a classifier head at batch 1) cannot be shared by rows: its columns are, in
+    // one part per worker (whole 32-column panels), when there are enough of them.
+    let threads = rayon::current_num_threads().max(1);
+    let width = if m == 1 && threads > 1 && n >= 64 * threads {
+        n.div_ceil(threads).next_multiple_of(32)
+    } else {
+        n.max(1)
+    };
+    let parts = (0..n)
+        .step_by(width)
+        .map(|c0| {
+            let c1 = n.min(c0 + width);
+            let packed = if q.trans_b {
+                PackedQB::pack(k, c1 - c0, |kk, j| w[(c0 + j) * k + kk], isa)
+            } else {
+                PackedQB::pack(k, c1 - c0, |kk, j| w[kk * n + c0 + j], isa)
+            };
+            let epi = QEpilogue::new(
+                u8_params(q.a),
+                &q.w_scales[c0..c1],
+                q.y,
+                &bias[c0..c1],
+                &packed.col_sums,
+                q.activation,
+            );
+            (packed, epi)
+        })
+        .collect();
     Ok(Box::new(QGemmKernel {
         m,
         k,
+        n,
+        width,
         flip: q.a.dtype == DataType::I8,
-        packed,
-        epi,
+        parts,
         name: node.name.clone(),
     }))
 }
@@ -1313,10 +1329,14 @@ pub fn build(graph: &Graph, node: &Node) -> Result<Box<dyn Kernel>> {
 struct QGemmKernel {
     m: usize,
     k: usize,
+    n: usize,
+    /// Columns per part (`n` when there is one part).
+    width: usize,
     /// Input is i8: `x ^ 0x80` gives the u8 value `x + 128` (the zero point is shifted to match).
     flip: bool,
-    packed: PackedQB,
-    epi: QEpilogue,
+    /// The packed weights and epilogue of each run of `width` columns: one part, or for a
+    /// single row one per worker.
+    parts: Vec<(PackedQB, QEpilogue)>,
     name: String,
 }
 
@@ -1329,7 +1349,8 @@ impl Kernel for QGemmKernel {
     ) -> Result<()> {
         let a = input(inputs, 0, &self.name)?;
         let out = output(outputs, 0, &self.name)?;
-        let (m, k, kp, n) = (self.m, self.k, self.packed.kp, self.packed.n);
+        let (m, k, n) = (self.m, self.k, self.n);
+        let kp = self.parts.first().map_or(4, |p| p.0.kp);
         if a.bytes.len() != m * k || out.bytes.len() != m * n || scratch.len() < m * kp {
             return Err(Error::Shape(format!("QGemm '{}': buffer sizes", self.name)));
         }
@@ -1337,15 +1358,24 @@ impl Kernel for QGemmKernel {
         for (dst, src) in buf.chunks_exact_mut(kp).zip(a.bytes.chunks_exact(k)) {
             copy_row(dst, src, self.flip);
         }
-        let per = m.div_ceil(rayon::current_num_threads().max(1)).max(1);
+        if let [(packed, epi)] = &self.parts[..] {
+            let per = m.div_ceil(rayon::current_num_threads().max(1)).max(1);
+            return out
+                .bytes
+                .par_chunks_mut(per * n)
+                .zip(buf.par_chunks(per * kp))
+                .try_for_each(|(o, ab)| packed.run(o.len() / n, ab, kp, o, n, epi));
+        }
+        // One row split by columns: each part's columns are one contiguous run of the output.
+        let buf = &*buf;
         out.bytes
-            .par_chunks_mut(per * n)
-            .zip(buf.par_chunks(per * kp))
-            .try_for_each(|(o, ab)| self.packed.run(o.len() / n, ab, kp, o, n, &self.epi))
+            .par_chunks_mut(self.width)
+            .zip(self.parts.par_iter())
+            .try_for_each(|(o, (packed, epi))| packed.run(1, buf, kp, o, o.len(), epi))
     }
 
     fn scratch_bytes(&self) -> usize {
-        self.m * self.packed.kp
+        self.m * self.parts.first().map_or(4, |p| p.0.kp)
     }
 }
 
@@ -1498,6 +1528,108 @@ mod tests {
 
     /// A general activation (sigmoid, requantized by the scalar epilogue) gives the same bytes
     /// on every micro-kernel, AMX included, as on the portable one.
+    #[test]
+    fn one_row_split_by_columns_matches_the_reference() {
+        // A classifier head at batch 1 (m = 1, N = 300, both B layouts): built in a 3-worker
+        // pool its columns run as three parts (128 + 128 + 44); built in a 1-worker pool, as
+        // one. Both must give the naive integer reference's bytes.
+        use crate::ir::{Graph, Node, QGemmAttrs, Tensor, TensorData};
+        let mut rng = Rng(5);
+        let (k, n) = (100, 300);
+        let a = QParams {
+            scale: 0.05,
+            zero_point: 17,
+            dtype: DataType::U8,
+        };
+        let y = QParams {
+            scale: 0.3,
+            zero_point: 4,
+            dtype: DataType::U8,
+        };
+        let xs: Vec<u8> = (0..k).map(|_| rng.next() as u8).collect();
+        let wt: Vec<i8> = (0..k * n).map(|_| rng.next() as i8).collect();
+        let bias: Vec<i32> = (0..n).map(|_| (rng.next() % 4001) as i32 - 2000).collect();
+        let ws: Vec<f32> = (0..n).map(|j| 0.001 + 0.00002 * j as f32).collect();
+        for trans_b in [false, true] {
+            let at = |kk: usize, j: usize| {
+                if trans_b {
+                    wt[j * k + kk]
+                } else {
+                    wt[kk * n + j]
+                }
+            };
+            let want: Vec<u8> = (0..n)
+                .map(|j| {
+                    let acc = bias[j]
+                        + (0..k)
+                            .map(|kk| (xs[kk] as i32 - a.zero_point) * at(kk, j) as i32)
+                            .sum::<i32>();
+                    let f = acc as f32 * (a.scale * ws[j] / y.scale);
+                    (f.round_ties_even() + 4.0).clamp(0.0, 255.0) as u8
+                })
+                .collect();
+            let mut g = Graph {
+                opset: 17,
+                ..Default::default()
+            };
+            let xv = g.add_constant(
+                "a",
+                Tensor::new(vec![1, k], TensorData::U8(xs.clone())).unwrap(),
+            );
+            let bshape = if trans_b { vec![n, k] } else { vec![k, n] };
+            let wv = g.add_constant(
+                "w",
+                Tensor::new(bshape, TensorData::I8(wt.clone())).unwrap(),
+            );
+            let bv = g.add_constant(
+                "b",
+                Tensor::new(vec![n], TensorData::I32(bias.clone())).unwrap(),
+            );
+            let out = g.add_value("y", DataType::U8);
+            g.values[out].shape = Some(vec![1, n]);
+            let node = Node {
+                name: "fc".into(),
+                op: Op::QGemm(QGemmAttrs {
+                    trans_b,
+                    a,
+                    y,
+                    w_scales: ws.clone(),
+                    activation: None,
+                }),
+                inputs: vec![Some(xv), Some(wv), Some(bv)],
+                outputs: vec![out],
+            };
+            for workers in [1, 3] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(workers)
+                    .build()
+                    .unwrap();
+                let got = pool.install(|| {
+                    let kern = build(&g, &node).unwrap();
+                    let mut scratch = vec![0u8; kern.scratch_bytes()];
+                    let ins = [
+                        Some(TensorRef {
+                            dtype: DataType::U8,
+                            shape: &[1, k],
+                            bytes: &xs,
+                        }),
+                        None,
+                        None,
+                    ];
+                    let mut got = vec![0u8; n];
+                    let mut outs = [TensorMut {
+                        dtype: DataType::U8,
+                        shape: &[1, n],
+                        bytes: &mut got,
+                    }];
+                    kern.run(&ins, &mut outs, &mut scratch).unwrap();
+                    got
+                });
+                assert_eq!(got, want, "trans_b {trans_b}, {workers} workers");
+            }
+        }
+    }
+
     #[test]
     fn general_activation_is_the_same_on_every_path() {
         let mut rng = Rng(11);
