@@ -1313,10 +1313,11 @@ pub fn build(graph: &Graph, node: &Node) -> Result<Box<dyn Kernel>> {
             );
             (packed, epi)
         })
-        .collect();
+        .collect::<Vec<(PackedQB, QEpilogue)>>();
     Ok(Box::new(QGemmKernel {
         m,
         k,
+        kp: parts.first().map_or(4, |p| p.0.kp),
         n,
         width,
         flip: q.a.dtype == DataType::I8,
@@ -1329,6 +1330,8 @@ pub fn build(graph: &Graph, node: &Node) -> Result<Box<dyn Kernel>> {
 struct QGemmKernel {
     m: usize,
     k: usize,
+    /// K padded as every part's packing pads it (the row stride of the copied A).
+    kp: usize,
     n: usize,
     /// Columns per part (`n` when there is one part).
     width: usize,
@@ -1349,8 +1352,7 @@ impl Kernel for QGemmKernel {
     ) -> Result<()> {
         let a = input(inputs, 0, &self.name)?;
         let out = output(outputs, 0, &self.name)?;
-        let (m, k, n) = (self.m, self.k, self.n);
-        let kp = self.parts.first().map_or(4, |p| p.0.kp);
+        let (m, k, kp, n) = (self.m, self.k, self.kp, self.n);
         if a.bytes.len() != m * k || out.bytes.len() != m * n || scratch.len() < m * kp {
             return Err(Error::Shape(format!("QGemm '{}': buffer sizes", self.name)));
         }
@@ -1375,7 +1377,7 @@ impl Kernel for QGemmKernel {
     }
 
     fn scratch_bytes(&self) -> usize {
-        self.m * self.parts.first().map_or(4, |p| p.0.kp)
+        self.m * self.kp
     }
 }
 
@@ -1526,8 +1528,6 @@ mod tests {
         }
     }
 
-    /// A general activation (sigmoid, requantized by the scalar epilogue) gives the same bytes
-    /// on every micro-kernel, AMX included, as on the portable one.
     #[test]
     fn one_row_split_by_columns_matches_the_reference() {
         // A classifier head at batch 1 (m = 1, N = 300, both B layouts): built in a 3-worker
@@ -1630,6 +1630,8 @@ mod tests {
         }
     }
 
+    /// A general activation (sigmoid, requantized by the scalar epilogue) gives the same bytes
+    /// on every micro-kernel, AMX included, as on the portable one.
     #[test]
     fn general_activation_is_the_same_on_every_path() {
         let mut rng = Rng(11);
