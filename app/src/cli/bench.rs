@@ -1,11 +1,11 @@
 //! `vigil bench`: time raw inference of random inputs through one execution context.
 
-use std::io::IsTerminal;
+use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Instant;
 
 use serde::Serialize;
-use vigil_engine::{DataType, ModelOptions, Tensor, TensorData, TensorInfo};
+use vigil_engine::{DataType, ExecutionContext, ModelOptions, Tensor, TensorData, TensorInfo};
 
 use crate::registry::load_model;
 
@@ -29,6 +29,11 @@ pub struct BenchArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Paced mode, for a driver that interleaves Vigil with a peer in one measurement
+    /// (`scripts/bench-paired.py`): after the warm-up, each stdin line is a count of timed
+    /// iterations to run, answered by one line holding their latencies in ms as a JSON array.
+    #[arg(long, conflicts_with = "json")]
+    pub paced: bool,
     /// Backend (overrides the config): cpu, cuda or auto.
     #[arg(long, value_enum)]
     pub device: Option<super::DeviceArg>,
@@ -155,6 +160,14 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         ctx.run(&inputs)
             .map_err(|e| format!("inference failed: {e}"))?;
     }
+    if args.paced {
+        return paced(
+            &mut ctx,
+            &inputs,
+            std::io::stdin().lock(),
+            std::io::stdout().lock(),
+        );
+    }
     let bar = if args.iterations >= 50 && std::io::stderr().is_terminal() {
         indicatif::ProgressBar::new(args.iterations as u64)
     } else {
@@ -199,6 +212,42 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
                 d.min_ms, d.p50_ms, d.p90_ms
             );
         }
+    }
+    Ok(())
+}
+
+/// The paced loop: each line of `requests` is a count of timed iterations, answered on `out`
+/// by one line with their latencies in ms as a JSON array; blank lines are skipped and the loop
+/// ends at end of input. A line that is not a count is an error naming it.
+fn paced(
+    ctx: &mut ExecutionContext,
+    inputs: &[Tensor],
+    requests: impl BufRead,
+    mut out: impl Write,
+) -> Result<(), String> {
+    for (i, line) in requests.lines().enumerate() {
+        let line = line.map_err(|e| format!("--paced: cannot read stdin: {e}"))?;
+        let text = line.trim();
+        if text.is_empty() {
+            continue;
+        }
+        let n: usize = text.parse().map_err(|_| {
+            format!(
+                "--paced: line {}: expected a count of iterations, got '{text}'",
+                i + 1
+            )
+        })?;
+        let mut samples = Vec::with_capacity(n);
+        for _ in 0..n {
+            let t = Instant::now();
+            ctx.run(inputs)
+                .map_err(|e| format!("inference failed: {e}"))?;
+            samples.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        let reply = serde_json::to_string(&samples).map_err(|e| e.to_string())?;
+        writeln!(out, "{reply}")
+            .and_then(|()| out.flush())
+            .map_err(|e| format!("--paced: cannot write stdout: {e}"))?;
     }
     Ok(())
 }
