@@ -22,6 +22,10 @@ use crate::ir::{DataType, Graph, Layout, Node, Op};
 /// Output rows (pixels) per im2col tile.
 const TILE_ROWS: usize = 96;
 
+/// Fewest multiply-adds in one parallel part of a pointwise conv: handing a part to a worker
+/// costs microseconds, so small layers keep one part a worker.
+const MIN_PART_WORK: usize = 2 << 20;
+
 /// 2-D geometry of one convolution.
 #[derive(Clone, Copy, Debug)]
 struct Geom {
@@ -166,6 +170,7 @@ struct QConvKernel {
     /// Input zero point in the u8 domain, and whether i8 input bytes are flipped to u8.
     za: u8,
     flip: bool,
+    /// Scratch slots of `slot` bytes: one per parallel part (im2col tiles, depthwise rings).
     slots: usize,
     slot: usize,
     /// Depthwise on AVX-512 VNNI with padding: the geometry over a scratch copy of the input
@@ -269,8 +274,12 @@ fn build_with(graph: &Graph, node: &Node, isa: QIsa) -> Result<Box<dyn Kernel>> 
         let taps = group_taps
             .filter(|_| epi.general.is_none() && g.dw == 1 && g.kh <= TAP_GROUPS_MAX_KH)
             .map(|t| TapGroups::new(&g, wt, t));
+        // Bands of output rows, each with its own ring: more bands than workers balance
+        // unequal cores, while a band keeps enough rows that re-interleaving the `kh - sh` input
+        // rows it shares with the band above costs at most a quarter more.
+        let band_rows = (4 * g.kh.saturating_sub(g.sh)).div_ceil(g.sh).max(1);
         let (slots, slot) = match &taps {
-            Some(d) => (rayon::current_num_threads().max(1), d.ring_bytes(&g)),
+            Some(d) => (super::part_count(g.n * g.oh, band_rows), d.ring_bytes(&g)),
             None => (0, 0),
         };
         let dw_pad = (taps.is_none() && padded && isa == QIsa::Avx512Vnni && epi.general.is_none())
@@ -330,8 +339,14 @@ fn build_with(graph: &Graph, node: &Node, isa: QIsa) -> Result<Box<dyn Kernel>> 
         && cin % 4 == 0
         && !flip;
     let kp = packed.first().map_or(4, |p| p.kp);
-    let threads = rayon::current_num_threads().max(1);
-    // Per worker: an im2col tile, plus (NCHW) an output tile to scatter from.
+    // im2col parts of at least two tiles each (one part a worker, or more to balance unequal
+    // cores); a pointwise conv reads its input in place and needs no scratch.
+    let parts = if pointwise {
+        0
+    } else {
+        super::part_count((g.n * g.oh * g.ow).div_ceil(TILE_ROWS), 2)
+    };
+    // Per part: an im2col tile, plus (NCHW) an output tile to scatter from.
     // NHWC tiles keep 64 bytes of slack: the im2col fast path moves 16/32-byte blocks that may
     // run past a row's end (into the next row, rewritten after, or the slack).
     let slot = (TILE_ROWS * kp + if nhwc { 64 } else { TILE_ROWS * cout }).next_multiple_of(64);
@@ -346,7 +361,7 @@ fn build_with(graph: &Graph, node: &Node, isa: QIsa) -> Result<Box<dyn Kernel>> 
         epis,
         za,
         flip,
-        slots: threads,
+        slots: parts,
         slot,
         dw_pad: None,
         taps: None,
@@ -427,7 +442,9 @@ impl QConvKernel {
         let rows = g.n * g.oh * g.ow;
         if let Imp::Pointwise = self.imp {
             let p = &self.packed[0];
-            let per = rows.div_ceil(rayon::current_num_threads().max(1)).max(1);
+            // Parts of at least 64 rows and MIN_PART_WORK multiply-adds.
+            let min_rows = (MIN_PART_WORK / (g.cin * g.cout).max(1)).max(64);
+            let per = rows.div_ceil(super::part_count(rows, min_rows));
             return out
                 .par_chunks_mut(per * g.cout)
                 .enumerate()
@@ -445,7 +462,7 @@ impl QConvKernel {
             return Err(Error::Shape(format!("{}: scratch too small", self.name)));
         }
         let ntiles = rows.div_ceil(TILE_ROWS);
-        let workers = slots.min(rayon::current_num_threads()).min(ntiles).max(1);
+        let workers = slots.min(ntiles).max(1);
         let per_worker = ntiles.div_ceil(workers) * TILE_ROWS;
         let hw = g.oh * g.ow;
         if g.nhwc {
@@ -1560,5 +1577,76 @@ mod tests {
         for c in &cases {
             check(c, &mut rng);
         }
+    }
+
+    /// Maps large enough to be split into more parts than workers (in a two-worker pool):
+    /// depthwise bands (each with its own ring) at strides 1 and 2, im2col tiles, and a
+    /// pointwise conv's rows.
+    #[test]
+    fn qconv_split_into_more_parts_than_workers_matches_the_reference() {
+        let mut rng = Rng(29);
+        let base = Case {
+            nhwc: true,
+            n: 2,
+            cin: 24,
+            h: 40,
+            w: 21,
+            cout: 24,
+            k: (3, 3),
+            stride: 1,
+            pad: [1, 1, 1, 1],
+            dil: 1,
+            group: 24,
+            signed_in: false,
+            act: None,
+        };
+        let cases = [
+            Case { ..base },
+            Case {
+                stride: 2,
+                pad: [0, 0, 1, 1],
+                ..base
+            },
+            Case {
+                cin: 3,
+                cout: 16,
+                group: 1,
+                stride: 2,
+                h: 90,
+                w: 90,
+                ..base
+            },
+            Case {
+                n: 1,
+                cin: 64,
+                cout: 64,
+                group: 1,
+                k: (1, 1),
+                pad: [0; 4],
+                h: 64,
+                w: 64,
+                ..base
+            },
+        ];
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        pool.install(|| {
+            // The geometries above do split further than one part a worker.
+            assert_eq!(super::super::part_count(2 * 40, 8), 8);
+            assert_eq!(super::super::part_count(2 * 20, 2), 8);
+            assert_eq!(
+                super::super::part_count((45 * 45_usize).div_ceil(TILE_ROWS), 2),
+                8
+            );
+            assert_eq!(
+                super::super::part_count(64 * 64, MIN_PART_WORK / (64 * 64)),
+                8
+            );
+            for c in &cases {
+                check(c, &mut rng);
+            }
+        });
     }
 }
