@@ -14,6 +14,8 @@ Arms (batch 1, random inputs, THREADS intra-op threads each):
   vigil:MODEL            `vigil bench MODEL --paced` (target/release/vigil, or VIGIL=path)
   vigil@BINARY:MODEL     the same with another vigil binary (an A/B of two builds)
   ort:MODEL              ONNX Runtime's CPU provider, in this process (as scripts/bench_ort.py)
+  ort-written:MODEL      the same with ORT's graph optimizations off, so a QDQ model runs as
+                         written (DequantizeLinear, float op, QuantizeLinear)
 
 Usage: bench-paired.py --threads T [--rounds R] [--per-round PER] [--gap-ms G] [--json] ARM ARM...
 Ratios are arm k's round median over the first arm's: above 1.0 means the first arm is faster.
@@ -53,12 +55,14 @@ class VigilArm:
 class OrtArm:
     """An ONNX Runtime session in this process, configured as scripts/bench_ort.py does."""
 
-    def __init__(self, model, threads, warmup):
+    def __init__(self, model, threads, warmup, as_written=False):
         import onnxruntime as ort
 
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
+        if as_written:
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         self.sess = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
         inp = self.sess.get_inputs()[0]
         shape = [d if isinstance(d, int) else 1 for d in inp.shape]
@@ -80,11 +84,11 @@ class OrtArm:
 def make_arm(spec, threads, warmup):
     kind, sep, model = spec.partition(":")
     if not sep or not model:
-        sys.exit(f"bad arm '{spec}': expected vigil:MODEL, vigil@BINARY:MODEL or ort:MODEL")
+        sys.exit(f"bad arm '{spec}': expected vigil:MODEL, vigil@BINARY:MODEL, ort:MODEL or ort-written:MODEL")
     if not os.path.exists(model):
         sys.exit(f"arm '{spec}': {model} does not exist")
-    if kind == "ort":
-        return OrtArm(model, threads, warmup)
+    if kind in ("ort", "ort-written"):
+        return OrtArm(model, threads, warmup, as_written=kind == "ort-written")
     if kind == "vigil" or kind.startswith("vigil@"):
         binary = kind[len("vigil@"):] if "@" in kind else os.environ.get("VIGIL", "target/release/vigil")
         if not os.access(binary, os.X_OK):
