@@ -157,6 +157,7 @@ impl TapGroups {
 /// `x[4j + s] * w[4j + s]`. No input byte is moved before the products; the four accumulators
 /// are requantized by an epilogue whose channels are permuted to match (`s * 16 + j` within a
 /// block) and their bytes put back in channel order by one `vpermb`.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 struct DwLanes {
     /// `[tap][block][s][64]` bytes (channels past C zero).
     w: Vec<u8>,
@@ -1174,6 +1175,19 @@ unsafe fn dw_row_vnni512(
     }
 }
 
+/// The `vpermb` that puts [`DwLanes`] results back in channel order: byte `4j + s` of the
+/// output takes byte `s * 16 + j` of the four requantized vectors laid side by side.
+#[cfg(target_arch = "x86_64")]
+const LANE_ORDER: [u8; 64] = {
+    let mut o = [0u8; 64];
+    let mut i = 0;
+    while i < 64 {
+        o[i] = ((i % 4) * 16 + i / 4) as u8;
+        i += 1;
+    }
+    o
+};
+
 /// One output row of an NHWC depthwise conv through [`DwLanes`]: per group of four pixels and
 /// 64 channels, one 64-byte load of each tap's input bytes and four `vpdpbusd` against the
 /// tap's sparse lanes (16 accumulators), requantized in registers over the permuted epilogue and
@@ -1229,9 +1243,7 @@ unsafe fn dw_row_lanes(
     }
     let (xp, wp, op) = (x.as_ptr(), l.w.as_ptr(), o.as_mut_ptr());
     let fl = _mm512_set1_epi8(if flip { i8::MIN } else { 0 });
-    // Byte `4j + s` of the output takes byte `s * 16 + j` of the four requantized vectors.
-    let order: [u8; 64] = std::array::from_fn(|i| ((i % 4) * 16 + i / 4) as u8);
-    let order = _mm512_loadu_si512(order.as_ptr() as *const _);
+    let order = _mm512_loadu_si512(LANE_ORDER.as_ptr() as *const _);
     let top = (ni * g.h + oy * g.sh - g.pt) * g.w;
     let le = &l.epi;
     let mut ox0 = first;
