@@ -177,10 +177,7 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     // CUDA: device time of each run (CUDA events around the compute, like framework benchmarks).
     let mut device_ms = Vec::new();
     for _ in 0..args.iterations {
-        let t = Instant::now();
-        ctx.run(&inputs)
-            .map_err(|e| format!("inference failed: {e}"))?;
-        samples.push(t.elapsed().as_secs_f64() * 1e3);
+        samples.push(timed_run(&mut ctx, &inputs)?);
         if model.backend() == "cuda" {
             device_ms.extend(vigil_engine::backend::cuda::last_device_ms());
         }
@@ -216,6 +213,14 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// One timed inference: its wall time in ms.
+fn timed_run(ctx: &mut ExecutionContext, inputs: &[Tensor]) -> Result<f64, String> {
+    let t = Instant::now();
+    ctx.run(inputs)
+        .map_err(|e| format!("inference failed: {e}"))?;
+    Ok(t.elapsed().as_secs_f64() * 1e3)
+}
+
 /// The paced loop: each line of `requests` is a count of timed iterations, answered on `out`
 /// by one line with their latencies in ms as a JSON array; blank lines are skipped and the loop
 /// ends at end of input. A line that is not a count is an error naming it.
@@ -237,13 +242,9 @@ fn paced(
                 i + 1
             )
         })?;
-        let mut samples = Vec::with_capacity(n);
-        for _ in 0..n {
-            let t = Instant::now();
-            ctx.run(inputs)
-                .map_err(|e| format!("inference failed: {e}"))?;
-            samples.push(t.elapsed().as_secs_f64() * 1e3);
-        }
+        let samples = (0..n)
+            .map(|_| timed_run(ctx, inputs))
+            .collect::<Result<Vec<f64>, String>>()?;
         let reply = serde_json::to_string(&samples).map_err(|e| e.to_string())?;
         writeln!(out, "{reply}")
             .and_then(|()| out.flush())

@@ -191,15 +191,23 @@ impl DwLanes {
         // Position `b * 64 + s * 16 + j` of the permuted order holds channel `b * 64 + 4j + s`.
         let cp = blocks * 64;
         let channel = |p: usize| (p / 64) * 64 + 4 * (p % 16) + (p % 64) / 16;
-        let take = |v: &[i32]| -> Vec<i32> {
+        fn permuted<T: Copy + Default>(
+            v: &[T],
+            cp: usize,
+            channel: impl Fn(usize) -> usize,
+        ) -> Vec<T> {
             (0..cp)
-                .map(|p| v.get(channel(p)).copied().unwrap_or(0))
+                .map(|p| v.get(channel(p)).copied().unwrap_or_default())
                 .collect()
-        };
-        let scales: Vec<f32> = (0..cp)
-            .map(|p| q.w_scales.get(channel(p)).copied().unwrap_or(0.0))
-            .collect();
-        let epi = QEpilogue::new(x, &scales, q.y, &take(bias), &take(sums), act);
+        }
+        let epi = QEpilogue::new(
+            x,
+            &permuted(&q.w_scales, cp, channel),
+            q.y,
+            &permuted(bias, cp, channel),
+            &permuted(sums, cp, channel),
+            act,
+        );
         DwLanes { w, blocks, epi }
     }
 }
@@ -340,8 +348,9 @@ fn build_with(graph: &Graph, node: &Node, isa: QIsa) -> Result<Box<dyn Kernel>> 
             && std::env::var("VIGIL_DWL").map_or(true, |v| v != "0"))
         .then(|| DwLanes::new(&g, wt, x, q, &bias, &sums, act));
         let taps = group_taps
-            .filter(|_| lanes.is_none())
-            .filter(|_| epi.general.is_none() && g.dw == 1 && g.kh <= TAP_GROUPS_MAX_KH)
+            .filter(|_| {
+                lanes.is_none() && epi.general.is_none() && g.dw == 1 && g.kh <= TAP_GROUPS_MAX_KH
+            })
             .map(|t| TapGroups::new(&g, wt, t));
         // Bands of output rows, each with its own ring: more bands than workers balance
         // unequal cores, while a band keeps enough rows that re-interleaving the `kh - sh` input
