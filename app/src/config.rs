@@ -222,6 +222,9 @@ pub struct ModelConfig {
     pub device: Option<vigil_engine::Device>,
     /// Precision: `fp32`, `fp16` or `int8`.
     pub precision: Option<vigil_engine::Precision>,
+    /// Equal parts of the batch run at once, each on its own CUDA stream (CUDA only; 1, the
+    /// default, runs the batch as one chain of kernels).
+    pub lanes: Option<usize>,
     /// Mixed precision for `precision = "int8"`: layers (node, output or input tensor names, as
     /// listed in the calibration report) kept in floating point.
     pub int8_exclude: Option<Vec<String>>,

@@ -111,6 +111,7 @@ pub fn model_options(cfg: &ModelConfig) -> ModelOptions {
         optimize: true,
         device: cfg.device.unwrap_or_default(),
         precision: cfg.precision.unwrap_or_default(),
+        lanes: cfg.lanes.unwrap_or(1),
     }
 }
 

@@ -4,7 +4,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::backend::{
-    compile_for, prefers_nhwc, resolve_device, BackendContext, Device, Executable, Precision,
+    compile_for, compile_laned, prefers_nhwc, resolve_device, BackendContext, Device, Executable,
+    Precision,
 };
 use crate::error::{Error, Result};
 use crate::ir::{DataType, Graph, Tensor};
@@ -24,6 +25,9 @@ pub struct ModelOptions {
     pub device: Device,
     /// Arithmetic precision (`fp32`, `fp16`, `int8`).
     pub precision: Precision,
+    /// Equal parts of the batch run at once, each on its own CUDA stream (1: the whole batch
+    /// as one chain). Small-M kernels leave SMs idle that a second chain fills.
+    pub lanes: usize,
 }
 
 impl Default for ModelOptions {
@@ -34,6 +38,7 @@ impl Default for ModelOptions {
             optimize: true,
             device: Device::Cpu,
             precision: Precision::Fp32,
+            lanes: 1,
         }
     }
 }
@@ -108,7 +113,28 @@ impl Model {
             batch_carried(at_one, 1, opts.batch, &outputs)?;
         }
         let graph = Arc::new(graph);
-        let executable = compile_for(device, opts.precision, opts.threads, Arc::clone(&graph))?;
+        let executable = match opts.lanes {
+            0 => return Err(Error::BadInput("lanes must be at least 1".into())),
+            1 => compile_for(device, opts.precision, opts.threads, Arc::clone(&graph))?,
+            lanes => {
+                if !opts.batch.is_multiple_of(lanes) {
+                    return Err(Error::BadInput(format!(
+                        "{lanes} lanes must split the batch of {} evenly",
+                        opts.batch
+                    )));
+                }
+                let each = opts.batch / lanes;
+                let mut lane = source.clone();
+                prepare_with(
+                    &mut lane,
+                    each,
+                    opts.optimize,
+                    prefers_nhwc(device, opts.precision, each),
+                )?;
+                let graphs = (Arc::new(lane), Arc::clone(&graph));
+                compile_laned(device, opts.precision, graphs, lanes)?
+            }
+        };
         // CUDA models preprocess on the GPU (device 0, as `compile_for`); CPU if that fails.
         let preprocessor = Preprocessor::for_backend(executable.backend(), 0);
         let shapes = Arc::new(ShapeCache::new(

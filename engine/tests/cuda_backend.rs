@@ -440,6 +440,12 @@ fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
 /// random weights: 4% of the logits' range, H200); with `VIGIL_CUDA_QFUSE=0` they too must
 /// agree to 1e-3.
 fn compare_model(file: &str, batch: usize) {
+    compare_laned(file, batch, 1);
+}
+
+/// [`compare_model`] with the GPU model run as `lanes` lanes (equal parts of the batch at once,
+/// each on its own stream): every image's output must still be its own, in its place.
+fn compare_laned(file: &str, batch: usize, lanes: usize) {
     let cpu = load(file, Device::Cpu, batch);
     // A QDQ model runs on the GPU at the int8 precision, as users and the benches run it: that
     // keeps it channels-last (fp32 takes NCHW at batch >= 8, where the int8 convolutions run
@@ -449,8 +455,19 @@ fn compare_model(file: &str, batch: usize) {
     } else {
         Precision::Fp32
     };
-    let gpu = load_at(file, Device::Cuda, batch, precision);
+    let gpu = Model::load(
+        &models().join(file),
+        &ModelOptions {
+            device: Device::Cuda,
+            batch,
+            precision,
+            lanes,
+            ..ModelOptions::default()
+        },
+    )
+    .unwrap_or_else(|e| panic!("{file} on CUDA {precision:?}, {lanes} lanes: {e}"));
     assert_eq!(gpu.backend(), "cuda");
+    assert_eq!(gpu.inputs(), cpu.inputs());
     let mut cc = cpu.new_context().expect("cpu ctx");
     let mut gc = gpu.new_context().expect("gpu ctx");
     for seed in 0..3u64 {
@@ -460,10 +477,11 @@ fn compare_model(file: &str, batch: usize) {
         for rep in 0..3 {
             let got = gc.run(std::slice::from_ref(&x)).expect("gpu run");
             for (o, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(g.shape, w.shape, "{file}: output {o}'s shape");
                 let (g, w) = (g.as_f32().expect("f32"), w.as_f32().expect("f32"));
                 let (d, cos) = (rel_diff(g, w), cosine(g, w));
                 println!(
-                    "{file} batch {batch} seed {seed} rep {rep} output {o}: rel diff {d:.2e}, cosine {cos:.6}"
+                    "{file} batch {batch} lanes {lanes} seed {seed} rep {rep} output {o}: rel diff {d:.2e}, cosine {cos:.6}"
                 );
                 if file.contains(".qdq") && !int8_exact() {
                     assert!(cos >= 0.99, "{file}: output {o} cosine {cos} to the CPU's");
@@ -472,6 +490,17 @@ fn compare_model(file: &str, batch: usize) {
                 }
             }
         }
+    }
+}
+
+/// Both shared models at batch 4 run as 2 lanes (batch 2 each, two streams, one captured
+/// graph) against the CPU at batch 4; each image is different, so a lane's output put in the
+/// other's place fails.
+#[test]
+fn laned_models_match_cpu() {
+    if gpu() {
+        compare_laned("efficientnet-lite0.onnx", 4, 2);
+        compare_laned("nanodet-m-416.onnx", 4, 2);
     }
 }
 
@@ -512,9 +541,17 @@ fn compare_list() -> Option<Vec<(String, usize)>> {
 /// what the shared models lack: cuBLASLt pointwise convs with residual + ReLU.
 #[test]
 fn listed_models_match_cpu() {
+    // `VIGIL_CUDA_LANES=N`: each listed batch that N splits also runs as N lanes.
+    let lanes: usize = std::env::var("VIGIL_CUDA_LANES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
     for (path, batch) in compare_list().unwrap_or_default() {
         compare_model(&path, batch);
         compare_fp16(&path, batch);
+        if lanes > 1 && batch.is_multiple_of(lanes) {
+            compare_laned(&path, batch, lanes);
+        }
     }
 }
 
@@ -861,12 +898,18 @@ fn bench_one(item: &str, prec: &str) {
             "int8" => Precision::Int8,
             _ => Precision::Fp32,
         };
+        // `VIGIL_CUDA_LANES=N`: the batch as N lanes at once (each on its own stream).
+        let lanes = std::env::var("VIGIL_CUDA_LANES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1);
         let m = match Model::load(
             Path::new(path),
             &ModelOptions {
                 device: Device::Cuda,
                 batch,
                 precision,
+                lanes,
                 ..ModelOptions::default()
             },
         ) {
@@ -905,7 +948,7 @@ fn bench_one(item: &str, prec: &str) {
             median(&mut dev)
         };
         println!(
-            "BENCH vigil-cuda-{prec} {name} batch {batch}: device median {dev:.3} ms (CUDA events, compute), wall median {:.3} ms (with host copies)",
+            "BENCH vigil-cuda-{prec} {name} batch {batch} lanes {lanes}: device median {dev:.3} ms (CUDA events, compute), wall median {:.3} ms (with host copies)",
             median(&mut wall)
         );
     }

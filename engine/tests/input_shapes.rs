@@ -624,3 +624,40 @@ fn cuda_models_refuse_a_batch_change() {
     assert_eq!(out[0].shape, vec![1, 1000]);
     assert!(out[0].to_f32_vec().iter().all(|v| v.is_finite()));
 }
+
+/// Lanes (parts of the batch run at once on CUDA streams) are refused with a clear error
+/// wherever they cannot run: zero lanes, a batch they do not split evenly, and the CPU.
+#[test]
+fn lanes_that_cannot_run_are_clear_errors() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let path = models().join("efficientnet-lite0.onnx");
+    if !path.exists() {
+        println!("SKIP: lanes test because {} is missing", path.display());
+        return;
+    }
+    let load = |batch, lanes| {
+        Model::load(
+            &path,
+            &ModelOptions {
+                batch,
+                lanes,
+                threads: 1,
+                ..ModelOptions::default()
+            },
+        )
+        .map(|_| ())
+    };
+    match load(2, 0) {
+        Err(Error::BadInput(msg)) => assert!(msg.contains("at least 1"), "{msg}"),
+        other => panic!("0 lanes: {other:?}"),
+    }
+    match load(3, 2) {
+        Err(Error::BadInput(msg)) => assert!(msg.contains("evenly"), "{msg}"),
+        other => panic!("2 lanes of batch 3: {other:?}"),
+    }
+    match load(4, 2) {
+        Err(Error::Unsupported(msg)) => assert!(msg.contains("CUDA"), "{msg}"),
+        other => panic!("2 lanes on the CPU: {other:?}"),
+    }
+    load(4, 1).expect("one lane is the plain model");
+}

@@ -26,6 +26,10 @@ pub struct BenchArgs {
     /// CPU threads (0 = one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// Equal parts of the batch run at once, each on its own CUDA stream (overrides the
+    /// config; CUDA only).
+    #[arg(long)]
+    pub lanes: Option<usize>,
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
@@ -145,6 +149,7 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
             .map(Into::into)
             .or(cfg.precision)
             .unwrap_or_default(),
+        lanes: args.lanes.or(cfg.lanes).unwrap_or(1),
     };
     let (model, _spec) = load_model(&cfg, &opts)?;
     let mut ctx = model

@@ -138,6 +138,31 @@ pub fn compile_for(
     }
 }
 
+/// Compiles `lane` (the model at its batch divided by `lanes`) to run as `lanes` lanes at once
+/// that together take `full`'s batch: CUDA only, where each lane is a stream of its own.
+pub fn compile_laned(
+    device: Device,
+    precision: Precision,
+    (lane, full): (Arc<Graph>, Arc<Graph>),
+    lanes: usize,
+) -> Result<Arc<dyn Executable>> {
+    match resolve_device(device) {
+        #[cfg(feature = "cuda")]
+        Device::Cuda => cuda::CudaBackend {
+            ordinal: 0,
+            precision,
+        }
+        .compile_laned(lane, full, lanes),
+        _ => {
+            let _ = (precision, lane, full);
+            Err(crate::error::Error::Unsupported(format!(
+                "{lanes} lanes need the CUDA backend (each lane is a stream of its own); this \
+                 model runs on the CPU"
+            )))
+        }
+    }
+}
+
 /// A compiled model on one backend. Shared by all its contexts (weights live here once).
 pub trait Executable: Send + Sync {
     /// Backend name for logs and metrics ("cpu", "cuda", ...).

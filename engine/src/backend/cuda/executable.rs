@@ -33,6 +33,9 @@ use crate::error::{Error, Result};
 use crate::ir::{Activation, DataType, Graph, Layout, Node, Op, Tensor, ValueId};
 use crate::plan::{self, MemoryPlan, ALIGNMENT};
 
+mod lanes;
+pub use lanes::LanedExecutable;
+
 /// Launches of one kernel in the graph that [`Builder::graph_ms`] times.
 const PROBE_GRAPH_REPS: usize = 16;
 
@@ -2945,13 +2948,32 @@ impl CudaRun {
     /// adds the copy of the outputs to the pinned staging buffer.
     fn enqueue(&self, capturing: bool, download: bool) -> Result<()> {
         let s = self.stream.cu_stream();
+        self.enqueue_upload(s)?;
+        record(&self.events.0, s, capturing)?;
+        self.enqueue_steps(capturing)?;
+        record(&self.events.1, s, capturing)?;
+        if download {
+            self.enqueue_download(s)?;
+        }
+        Ok(())
+    }
+
+    /// Enqueues the copy of every input from the pinned staging buffer to its slot, on `s`
+    /// (this context's stream, or the stream a laned run uploads all its lanes on).
+    fn enqueue_upload(&self, s: sys::CUstream) -> Result<()> {
         let sin = self.staging_in.bytes();
         for &(dst, off, n) in &self.ins {
             // SAFETY: the slot holds n bytes; the pinned staging buffer outlives the stream work.
             unsafe { drv::memcpy_htod_async(dst, &sin[off..off + n], s) }
                 .map_err(drv_err("input copy"))?;
         }
-        record(&self.events.0, s, capturing)?;
+        Ok(())
+    }
+
+    /// Enqueues the inference's steps on this context's stream (the one its library handles
+    /// are bound to), with the profile's events when profiling.
+    fn enqueue_steps(&self, capturing: bool) -> Result<()> {
+        let s = self.stream.cu_stream();
         // Whether the stream's last operation is one of the generated kernels (which a
         // programmatic launch may overlap; it must not overlap a copy or a library call).
         let mut after_kernel = false;
@@ -3135,16 +3157,11 @@ impl CudaRun {
         if let Some(p) = &self.prof {
             record(&p.events[self.resolved.len()], s, capturing)?;
         }
-        record(&self.events.1, s, capturing)?;
-        if download {
-            self.enqueue_download()?;
-        }
         Ok(())
     }
 
-    /// Enqueues the copy of every output slot into the pinned staging buffer.
-    fn enqueue_download(&self) -> Result<()> {
-        let s = self.stream.cu_stream();
+    /// Enqueues the copy of every output slot into the pinned staging buffer, on `s`.
+    fn enqueue_download(&self, s: sys::CUstream) -> Result<()> {
         let sout = self.staging_out.bytes();
         for &(src, off, n) in self.outs.iter().flatten() {
             // SAFETY: as for the inputs; the staging buffer is pinned and outlives the work.
@@ -3289,7 +3306,7 @@ impl BackendContext for CudaRun {
             .ctx
             .bind_to_thread()
             .map_err(drv_err("bind context"))?;
-        self.enqueue_download()?;
+        self.enqueue_download(self.stream.cu_stream())?;
         self.stream
             .synchronize()
             .map_err(drv_err("output download (stream synchronize)"))?;

@@ -14,7 +14,9 @@ pub mod vision;
 
 pub use device::{alloc_counts, device_pool_stats, set_device_pool_size};
 pub use dnn::algo_cache_len;
-pub use executable::{back_to_back_kernels, last_device_ms, stem_pool_kernels, CudaExecutable};
+pub use executable::{
+    back_to_back_kernels, last_device_ms, stem_pool_kernels, CudaExecutable, LanedExecutable,
+};
 
 use crate::backend::{Backend, Executable, Precision};
 use crate::error::{Error, Result};
@@ -74,6 +76,22 @@ impl Backend for CudaBackend {
             Precision::Fp16 => true,
         };
         Ok(Arc::new(CudaExecutable::new(graph, self.ordinal, fp16)?))
+    }
+}
+
+impl CudaBackend {
+    /// Compiles `lane` (the model at its batch divided by `lanes`) to run as `lanes` lanes at
+    /// once, which together take `full`'s batch ([`LanedExecutable`]).
+    pub fn compile_laned(
+        &self,
+        lane: Arc<Graph>,
+        full: Arc<Graph>,
+        lanes: usize,
+    ) -> Result<Arc<dyn Executable>> {
+        probe(self.ordinal)?;
+        let fp16 = self.precision == Precision::Fp16;
+        let exe = Arc::new(CudaExecutable::new(lane, self.ordinal, fp16)?);
+        Ok(Arc::new(LanedExecutable::new(exe, full, lanes)?))
     }
 }
 

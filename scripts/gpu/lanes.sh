@@ -1,0 +1,26 @@
+#!/bin/bash
+# Thirty-third session (issue 5): ResNet-50 at batch 32 run as 1, 2 and 4 lanes (equal parts of
+# the batch at once, each on its own stream, fork-joined in one captured graph), INT8 (s8 QDQ)
+# and FP16, each arm twice, interleaved, on one shared timing cache (its keys carry the batch);
+# then the laned results against the CPU (both shared models at batch 4 as 2 lanes, and
+# ResNet-50 s8 at batch 4 as 2 lanes).
+# run(command="D=.gpu/s50 bash scripts/gpu/lanes.sh", carry=[".gpu/s50", ".gpu/cuda3/eval"])
+set -o pipefail
+D=${D:-.gpu/s50}
+. "$(dirname "$0")/int8-setup.sh"
+C=$OUT/cache.txt
+for round in 1 2; do
+  echo "=== round $round ($SECONDS s)"
+  for lanes in 1 2 4; do
+    bench "r$round" int8 "$S8:32" VIGIL_CUDA_TIMING_CACHE=$C VIGIL_CUDA_LANES=$lanes
+  done
+  for lanes in 1 2; do
+    bench "r$round" fp16 "/tmp/onnx/resnet50.onnx:32" VIGIL_CUDA_TIMING_CACHE=$C VIGIL_CUDA_LANES=$lanes
+  done
+done
+echo "=== laned against the CPU ($SECONDS s)"
+VIGIL_CUDA_TIMING_CACHE=$C timeout 150 $T laned_models_match_cpu --nocapture > $OUT/laned.txt 2>&1; echo "rc $?"
+grep -E "^test |test result|panicked|lanes 2 seed 2 rep 2" $OUT/laned.txt | cut -c1-200
+VIGIL_CUDA_LANES=2 VIGIL_CUDA_TIMING_CACHE=$C VIGIL_CUDA_COMPARE="$S8:4" timeout 150 $T listed_models_match_cpu --nocapture > $OUT/laned-r50.txt 2>&1; echo "rc $?"
+grep -E "^test |test result|panicked|rep 2" $OUT/laned-r50.txt | cut -c1-200
+finish
