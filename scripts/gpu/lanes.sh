@@ -3,7 +3,7 @@
 # the batch at once, each on its own stream, fork-joined in one captured graph), INT8 (s8 QDQ)
 # and FP16, each arm twice, interleaved, on one shared timing cache (its keys carry the batch);
 # then the laned results against the CPU (both shared models at batch 4 as 2 lanes, and
-# ResNet-50 s8 at batch 4 as 2 lanes).
+# ResNet-50 s8 at batch 4 as 2 lanes); then lanes with the halo tilings or the K split off.
 # run(command="D=.gpu/s50 bash scripts/gpu/lanes.sh", carry=[".gpu/s50", ".gpu/cuda3/eval"])
 set -o pipefail
 D=${D:-.gpu/s50}
@@ -23,4 +23,12 @@ VIGIL_CUDA_TIMING_CACHE=$C timeout 150 $T laned_models_match_cpu --nocapture > $
 grep -E "^test |test result|panicked|lanes 2 seed 2 rep 2" $OUT/laned.txt | cut -c1-200
 VIGIL_CUDA_LANES=2 VIGIL_CUDA_TIMING_CACHE=$C VIGIL_CUDA_COMPARE="$S8:4" timeout 150 $T listed_models_match_cpu --nocapture > $OUT/laned-r50.txt 2>&1; echo "rc $?"
 grep -E "^test |test result|panicked|rep 2" $OUT/laned-r50.txt | cut -c1-200
+# Lanes with tilings that leave room for the other lane: no persistent halo blocks, no K split
+# (each arm on its own timing cache, since the cache keeps the choice among what was timed).
+for arm in VIGIL_CUDA_HALO=0 VIGIL_CUDA_SPLITK=0; do
+  [ $SECONDS -lt 430 ] || break
+  for lanes in 2 1; do
+    bench "$arm" int8 "$S8:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-${arm#VIGIL_CUDA_}.txt VIGIL_CUDA_LANES=$lanes $arm
+  done
+done
 finish

@@ -74,12 +74,14 @@ impl Executable for LanedExecutable {
 /// One laned execution context: a [`CudaRun`] per lane, and the events that fork the lanes
 /// off the first lane's stream and join them back.
 struct LanedRun {
+    /// The captured inference (declared first, so it is destroyed before the events and
+    /// lanes it refers to).
+    captured: Option<CudaGraph>,
     lanes: Vec<CudaRun>,
     graph: Arc<Graph>,
     fork: CudaEvent,
     /// One per lane after the first, recorded on that lane's stream when its steps end.
     joins: Vec<CudaEvent>,
-    captured: Option<CudaGraph>,
     runs: usize,
     use_graph: bool,
     /// Each lane's outputs, filled from its staging buffer and then copied into the caller's.
