@@ -46,6 +46,33 @@ fn input(shape: &[usize], seed: u64) -> Tensor {
     Tensor::from_f32(shape.to_vec(), data).expect("tensor")
 }
 
+/// `path` on CUDA at `batch` and `precision`, run as `lanes` lanes.
+fn load_cuda(
+    path: &Path,
+    batch: usize,
+    precision: Precision,
+    lanes: usize,
+) -> vigil_engine::Result<Model> {
+    Model::load(
+        path,
+        &ModelOptions {
+            device: Device::Cuda,
+            batch,
+            precision,
+            lanes,
+            ..ModelOptions::default()
+        },
+    )
+}
+
+/// `VIGIL_CUDA_LANES=N`: the lanes the bench and the listed comparisons run (default 1).
+fn env_lanes() -> usize {
+    std::env::var("VIGIL_CUDA_LANES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+}
+
 fn load(file: &str, device: Device, batch: usize) -> Model {
     load_at(file, device, batch, Precision::Fp32)
 }
@@ -455,17 +482,8 @@ fn compare_laned(file: &str, batch: usize, lanes: usize) {
     } else {
         Precision::Fp32
     };
-    let gpu = Model::load(
-        &models().join(file),
-        &ModelOptions {
-            device: Device::Cuda,
-            batch,
-            precision,
-            lanes,
-            ..ModelOptions::default()
-        },
-    )
-    .unwrap_or_else(|e| panic!("{file} on CUDA {precision:?}, {lanes} lanes: {e}"));
+    let gpu = load_cuda(&models().join(file), batch, precision, lanes)
+        .unwrap_or_else(|e| panic!("{file} on CUDA {precision:?}, {lanes} lanes: {e}"));
     assert_eq!(gpu.backend(), "cuda");
     assert_eq!(gpu.inputs(), cpu.inputs());
     let mut cc = cpu.new_context().expect("cpu ctx");
@@ -541,11 +559,8 @@ fn compare_list() -> Option<Vec<(String, usize)>> {
 /// what the shared models lack: cuBLASLt pointwise convs with residual + ReLU.
 #[test]
 fn listed_models_match_cpu() {
-    // `VIGIL_CUDA_LANES=N`: each listed batch that N splits also runs as N lanes.
-    let lanes: usize = std::env::var("VIGIL_CUDA_LANES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1);
+    // Each listed batch that `VIGIL_CUDA_LANES` splits also runs as that many lanes.
+    let lanes = env_lanes();
     for (path, batch) in compare_list().unwrap_or_default() {
         compare_model(&path, batch);
         compare_fp16(&path, batch);
@@ -898,21 +913,8 @@ fn bench_one(item: &str, prec: &str) {
             "int8" => Precision::Int8,
             _ => Precision::Fp32,
         };
-        // `VIGIL_CUDA_LANES=N`: the batch as N lanes at once (each on its own stream).
-        let lanes = std::env::var("VIGIL_CUDA_LANES")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(1);
-        let m = match Model::load(
-            Path::new(path),
-            &ModelOptions {
-                device: Device::Cuda,
-                batch,
-                precision,
-                lanes,
-                ..ModelOptions::default()
-            },
-        ) {
+        let lanes = env_lanes();
+        let m = match load_cuda(Path::new(path), batch, precision, lanes) {
             Ok(m) => m,
             Err(e) => {
                 println!("BENCH {path} {prec} batch {batch}: load failed: {e}");

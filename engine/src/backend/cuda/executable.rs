@@ -2717,6 +2717,20 @@ pub fn last_device_ms() -> Option<f64> {
     LAST_DEVICE_MS.with(|c| c.get())
 }
 
+/// Captures what `enqueue` puts on `stream` (and on streams it forks off it) as a CUDA graph;
+/// the capture is ended even when `enqueue` fails.
+fn capture(stream: &Arc<CudaStream>, enqueue: impl FnOnce() -> Result<()>) -> Result<CudaGraph> {
+    stream
+        .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .map_err(drv_err("begin capture"))?;
+    let r = enqueue();
+    let captured = stream
+        .end_capture(sys::CUgraphInstantiate_flags(0))
+        .map_err(drv_err("end capture"));
+    r?;
+    captured?.ok_or_else(|| Error::Unsupported("CUDA graph capture produced nothing".into()))
+}
+
 /// Records `ev` on `s`; as an event node of the graph while the stream is being captured.
 fn record(ev: &CudaEvent, s: sys::CUstream, capturing: bool) -> Result<()> {
     // SAFETY: a live event and stream of the same context.
@@ -3184,26 +3198,29 @@ impl CudaRun {
                 outputs.len()
             )));
         }
-        for ((&v, t), o) in g.outputs.iter().zip(outputs.iter_mut()).zip(&self.outs) {
+        for (j, (&v, t)) in g.outputs.iter().zip(outputs.iter_mut()).enumerate() {
             let value = &g.values[v];
             let shape = g.shape(v)?;
             if t.dtype() != value.dtype || t.shape != shape {
                 *t = Tensor::zeros(value.dtype, shape.to_vec());
             }
-            match (o, &value.constant) {
-                (Some((_, off, n)), _) => t
-                    .as_bytes_mut()
-                    .copy_from_slice(&self.staging_out.bytes()[*off..off + n]),
-                (None, Some(c)) => t.as_bytes_mut().copy_from_slice(c.as_bytes()),
-                (None, None) => {
-                    return Err(Error::InvalidModel(format!(
-                        "output '{}' has no source",
-                        value.name
-                    )))
-                }
-            }
+            t.as_bytes_mut().copy_from_slice(self.output_bytes(j)?);
         }
         Ok(())
+    }
+
+    /// Output `j`'s bytes after a run: its slice of the staging buffer, or the constant it is.
+    fn output_bytes(&self, j: usize) -> Result<&[u8]> {
+        let g = &self.exe.graph;
+        let value = &g.values[g.outputs[j]];
+        match (self.outs[j], &value.constant) {
+            (Some((_, off, n)), _) => Ok(&self.staging_out.bytes()[off..off + n]),
+            (None, Some(c)) => Ok(c.as_bytes()),
+            (None, None) => Err(Error::InvalidModel(format!(
+                "output '{}' has no source",
+                value.name
+            ))),
+        }
     }
 }
 
@@ -3229,17 +3246,7 @@ impl CudaRun {
         if let Some(graph) = captured {
             graph.launch().map_err(drv_err("graph launch"))?;
         } else if self.use_graph && self.runs > 0 {
-            self.stream
-                .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-                .map_err(drv_err("begin capture"))?;
-            let r = self.enqueue(true, download);
-            let captured = self
-                .stream
-                .end_capture(sys::CUgraphInstantiate_flags(0))
-                .map_err(drv_err("end capture"));
-            r?;
-            let graph = captured?
-                .ok_or_else(|| Error::Unsupported("CUDA graph capture produced nothing".into()))?;
+            let graph = capture(&self.stream, || self.enqueue(true, download))?;
             graph.launch().map_err(drv_err("graph launch"))?;
             if download {
                 self.graph = Some(graph);

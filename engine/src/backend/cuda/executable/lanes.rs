@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{result as drv, sys, CudaEvent, CudaGraph};
 
-use super::{drv_err, record, CudaExecutable, CudaRun, LAST_DEVICE_MS};
+use super::{capture, drv_err, record, CudaExecutable, CudaRun, LAST_DEVICE_MS};
 use crate::backend::{check_signature, BackendContext, Executable};
 use crate::error::{Error, Result};
 use crate::ir::{Graph, Tensor};
@@ -84,8 +84,6 @@ struct LanedRun {
     joins: Vec<CudaEvent>,
     runs: usize,
     use_graph: bool,
-    /// Each lane's outputs, filled from its staging buffer and then copied into the caller's.
-    parts: Vec<Vec<Tensor>>,
 }
 
 // SAFETY: as for `CudaRun`: every handle is used only through `&mut self`, with the context
@@ -103,22 +101,10 @@ impl LanedRun {
                 .map_err(drv_err("event creation"))
         };
         let joins = (1..exe.lanes).map(|_| ev()).collect::<Result<_>>()?;
-        let lane_graph = &exe.lane.graph;
-        let part = lane_graph
-            .outputs
-            .iter()
-            .map(|&v| {
-                Ok(Tensor::zeros(
-                    lane_graph.values[v].dtype,
-                    lane_graph.shape(v)?.to_vec(),
-                ))
-            })
-            .collect::<Result<Vec<_>>>()?;
         Ok(LanedRun {
             fork: ev()?,
             joins,
             graph: Arc::clone(&exe.graph),
-            parts: vec![part; exe.lanes],
             use_graph: lanes[0].use_graph,
             lanes,
             captured: None,
@@ -182,17 +168,7 @@ impl LanedRun {
         if let Some(graph) = &self.captured {
             graph.launch().map_err(drv_err("graph launch"))?;
         } else if self.use_graph && self.runs > 0 {
-            let first = &self.lanes[0].stream;
-            first
-                .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-                .map_err(drv_err("begin capture"))?;
-            let r = self.enqueue(true);
-            let captured = first
-                .end_capture(sys::CUgraphInstantiate_flags(0))
-                .map_err(drv_err("end capture"));
-            r?;
-            let graph = captured?
-                .ok_or_else(|| Error::Unsupported("CUDA graph capture produced nothing".into()))?;
+            let graph = capture(&self.lanes[0].stream, || self.enqueue(true))?;
             graph.launch().map_err(drv_err("graph launch"))?;
             self.captured = Some(graph);
         } else {
@@ -216,9 +192,6 @@ impl BackendContext for LanedRun {
     fn run(&mut self, inputs: &[&Tensor], outputs: &mut [Tensor]) -> Result<()> {
         check_signature(&self.graph, inputs, outputs)?;
         self.execute(inputs)?;
-        for (lane, part) in self.lanes.iter().zip(self.parts.iter_mut()) {
-            lane.staged_outputs(part)?;
-        }
         let count = self.lanes.len();
         for (j, (out, &v)) in outputs.iter_mut().zip(&self.graph.outputs).enumerate() {
             let value = &self.graph.values[v];
@@ -228,8 +201,16 @@ impl BackendContext for LanedRun {
             }
             let dst = out.as_bytes_mut();
             let part = dst.len() / count;
-            for (k, lane) in self.parts.iter().enumerate() {
-                dst[k * part..(k + 1) * part].copy_from_slice(lane[j].as_bytes());
+            for (k, lane) in self.lanes.iter().enumerate() {
+                let bytes = lane.output_bytes(j)?;
+                if bytes.len() != part {
+                    return Err(Error::InvalidModel(format!(
+                        "output '{}': a lane gives {} bytes, not {part}",
+                        value.name,
+                        bytes.len()
+                    )));
+                }
+                dst[k * part..(k + 1) * part].copy_from_slice(bytes);
             }
         }
         Ok(())
