@@ -84,6 +84,17 @@ impl Model {
         if opts.batch == 0 {
             return Err(Error::BadInput("batch size must be at least 1".into()));
         }
+        // Lanes are checked before any graph work (a laned model is prepared twice).
+        match opts.lanes {
+            0 => return Err(Error::BadInput("lanes must be at least 1".into())),
+            lanes if !opts.batch.is_multiple_of(lanes) => {
+                return Err(Error::BadInput(format!(
+                    "{lanes} lanes must split the batch of {} evenly",
+                    opts.batch
+                )))
+            }
+            _ => {}
+        }
         let device = resolve_device(opts.device);
         let nhwc = prefers_nhwc(device, opts.precision, opts.batch);
         // Exporters trace at batch 1 and may write it into Reshape shapes: at another batch
@@ -114,15 +125,8 @@ impl Model {
         }
         let graph = Arc::new(graph);
         let executable = match opts.lanes {
-            0 => return Err(Error::BadInput("lanes must be at least 1".into())),
             1 => compile_for(device, opts.precision, opts.threads, Arc::clone(&graph))?,
             lanes => {
-                if !opts.batch.is_multiple_of(lanes) {
-                    return Err(Error::BadInput(format!(
-                        "{lanes} lanes must split the batch of {} evenly",
-                        opts.batch
-                    )));
-                }
                 let each = opts.batch / lanes;
                 let mut lane = source.clone();
                 prepare_with(

@@ -71,15 +71,21 @@ impl Backend for CudaBackend {
         probe(self.ordinal)?;
         // INT8 models (QDQ, folded into QConv/QGemm) run their int8 ops as int8 kernels and
         // the float ops between them in fp32.
-        let fp16 = match self.precision {
-            Precision::Fp32 | Precision::Int8 => false,
-            Precision::Fp16 => true,
-        };
-        Ok(Arc::new(CudaExecutable::new(graph, self.ordinal, fp16)?))
+        Ok(Arc::new(CudaExecutable::new(
+            graph,
+            self.ordinal,
+            self.fp16(),
+        )?))
     }
 }
 
 impl CudaBackend {
+    /// Whether float weights and activations are stored as half: fp16 only (INT8 models run
+    /// the float ops between their int8 ones in fp32).
+    fn fp16(&self) -> bool {
+        self.precision == Precision::Fp16
+    }
+
     /// Compiles `lane` (the model at its batch divided by `lanes`) to run as `lanes` lanes at
     /// once, which together take `full`'s batch ([`LanedExecutable`]).
     pub fn compile_laned(
@@ -89,8 +95,7 @@ impl CudaBackend {
         lanes: usize,
     ) -> Result<Arc<dyn Executable>> {
         probe(self.ordinal)?;
-        let fp16 = self.precision == Precision::Fp16;
-        let exe = Arc::new(CudaExecutable::new(lane, self.ordinal, fp16)?);
+        let exe = Arc::new(CudaExecutable::new(lane, self.ordinal, self.fp16())?);
         Ok(Arc::new(LanedExecutable::new(exe, full, lanes)?))
     }
 }
