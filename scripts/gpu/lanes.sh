@@ -26,13 +26,12 @@ C=$OUT/cache.txt
 int8() { bench "$1" int8 "$S8:32" VIGIL_CUDA_TIMING_CACHE=$C VIGIL_CUDA_LANES=$2; }
 fp16() { bench "$1" fp16 "/tmp/onnx/resnet50.onnx:32" VIGIL_CUDA_TIMING_CACHE=$C VIGIL_CUDA_LANES=$2; }
 echo "=== round 1 ($SECONDS s)"
-int8 r1 1; int8 r1 2
+int8 r1 1; int8 r1 2; fp16 r1 1; fp16 r1 2
 echo "=== laned against the CPU ($SECONDS s)"
 VIGIL_CUDA_TIMING_CACHE=$C timeout 150 $T laned_models_match_cpu --nocapture > $OUT/laned.txt 2>&1; echo "rc $?"
 grep -E "^test |test result|panicked|lanes 2 seed 2 rep 2" $OUT/laned.txt | cut -c1-200
 VIGIL_CUDA_LANES=2 VIGIL_CUDA_TIMING_CACHE=$C VIGIL_CUDA_COMPARE="$S8:4" timeout 150 $T listed_models_match_cpu --nocapture > $OUT/laned-r50.txt 2>&1; echo "rc $?"
 grep -E "^test |test result|panicked|rep 2" $OUT/laned-r50.txt | cut -c1-200
-fp16 r1 1; fp16 r1 2
 echo "=== round 2 ($SECONDS s)"
 int8 r2 2; int8 r2 1; fp16 r2 2; fp16 r2 1
 int8 r2 4
