@@ -97,3 +97,56 @@ fn infer_unknown_model_and_missing_file() {
     let (code, _) = vigil(&["bench", "--models-dir", models, "nope"]);
     assert_ne!(code, 0);
 }
+
+#[test]
+fn lanes_that_cannot_run_exit_with_a_clear_error() {
+    let models = concat!(env!("CARGO_MANIFEST_DIR"), "/../models");
+    let bench = |extra: &[&str]| {
+        let mut args = vec![
+            "bench",
+            "--models-dir",
+            models,
+            "efficientnet-lite0",
+            "--device",
+            "cpu",
+            "--iterations",
+            "1",
+            "--warmup",
+            "0",
+        ];
+        args.extend_from_slice(extra);
+        vigil(&args)
+    };
+    for (extra, says) in [
+        (&["--lanes", "0"][..], "lanes must be at least 1"),
+        (
+            &["--lanes", "3", "--batch", "4"][..],
+            "3 lanes must split the batch of 4 evenly",
+        ),
+        (
+            &["--lanes", "2", "--batch", "4"][..],
+            "2 lanes need the CUDA backend",
+        ),
+    ] {
+        let (code, err) = bench(extra);
+        assert_ne!(code, 0, "{extra:?}: {err}");
+        assert!(err.contains(says), "{extra:?}: {err}");
+        assert!(!err.contains("panicked"), "{extra:?}: {err}");
+    }
+    let model = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../models/efficientnet-lite0.onnx"
+    );
+    let p = temp_config(
+        "lanes",
+        &format!(
+            "listen = \"127.0.0.1:0\"\n[[models]]\nname = \"m\"\npath = \"{model}\"\nlanes = 0\n"
+        ),
+    );
+    let (code, err) = vigil(&["serve", "--config", p.to_str().unwrap()]);
+    assert_ne!(code, 0, "{err}");
+    assert!(
+        err.contains("model 'm'") && err.contains("lanes must be at least 1"),
+        "{err}"
+    );
+}
