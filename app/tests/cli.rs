@@ -133,14 +133,11 @@ fn lanes_that_cannot_run_exit_with_a_clear_error() {
         assert!(err.contains(says), "{extra:?}: {err}");
         assert!(!err.contains("panicked"), "{extra:?}: {err}");
     }
-    let model = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../models/efficientnet-lite0.onnx"
-    );
     let p = temp_config(
         "lanes",
         &format!(
-            "listen = \"127.0.0.1:0\"\n[[models]]\nname = \"m\"\npath = \"{model}\"\nlanes = 0\n"
+            "listen = \"127.0.0.1:0\"\n[[models]]\nname = \"m\"\n\
+             path = \"{models}/efficientnet-lite0.onnx\"\nlanes = 0\n"
         ),
     );
     let (code, err) = vigil(&["serve", "--config", p.to_str().unwrap()]);

@@ -5,15 +5,21 @@
 # symmetric ones (/tmp/onnx/resnet50.qdq.s8.onnx). Leaves T (the test binary) and CMP (both
 # QDQ ResNet-50s at batch 2, for VIGIL_CUDA_COMPARE), S8 and U8 (the two QDQ ResNet-50s) and
 # `bench LABEL PRECISION LIST [ENV...]` (bench_listed_models, output appended to $OUT/bench.txt)
-# set for the scripts that source it.
+# set for the scripts that source it. SETUP_NO_EXPORT=1 stops after the unpacking (no torch
+# export, no ResNet-50); SETUP_S8_ONLY=1 skips the uint8 quantization (U8 and CMP then name a
+# file that is not there).
 . "$(dirname "${BASH_SOURCE[0]}")/device-env.sh"
 export VIGIL_CUDA_POOL_MB=3072 VIGIL_MODELS=$PWD/models VIGIL_EVAL_IMAGES=$PWD/.gpu/cuda3/eval VIGIL_QDQ_MODELS=$PWD/$D/qdq
 mkdir -p $D/qdq && xz -dc $D/qdq.txz | tar xf - -C $D
 gunzip -c $D/cuda_backend.gz > /tmp/cuda_backend && chmod +x /tmp/cuda_backend
 PY=/opt/torch/.venv/bin/python; mkdir -p /tmp/onnx
-cd $D && VIGIL_EXPORT_ONLY=1 timeout 120 $PY torch_bench.py /tmp/onnx > $OUT/export.txt 2>&1; cd - >/dev/null; grep -c EXPORTED $OUT/export.txt
-timeout 100 $PY $D/qdq_resnet50.py /tmp/onnx/resnet50.onnx /tmp/onnx/resnet50.qdq.onnx > $OUT/qdq.txt 2>&1; tail -1 $OUT/qdq.txt
-timeout 100 $PY $D/qdq_resnet50.py /tmp/onnx/resnet50.onnx /tmp/onnx/resnet50.qdq.s8.onnx s8 > $OUT/qdq8.txt 2>&1; tail -1 $OUT/qdq8.txt
+if [ -z "${SETUP_NO_EXPORT:-}" ]; then
+  cd $D && VIGIL_EXPORT_ONLY=1 timeout 120 $PY torch_bench.py /tmp/onnx > $OUT/export.txt 2>&1; cd - >/dev/null; grep -c EXPORTED $OUT/export.txt
+  if [ -z "${SETUP_S8_ONLY:-}" ]; then
+    timeout 100 $PY $D/qdq_resnet50.py /tmp/onnx/resnet50.onnx /tmp/onnx/resnet50.qdq.onnx > $OUT/qdq.txt 2>&1; tail -1 $OUT/qdq.txt
+  fi
+  timeout 100 $PY $D/qdq_resnet50.py /tmp/onnx/resnet50.onnx /tmp/onnx/resnet50.qdq.s8.onnx s8 > $OUT/qdq8.txt 2>&1; tail -1 $OUT/qdq8.txt
+fi
 T=/tmp/cuda_backend
 CMP="/tmp/onnx/resnet50.qdq.onnx:2,/tmp/onnx/resnet50.qdq.s8.onnx:2"
 S8=/tmp/onnx/resnet50.qdq.s8.onnx; U8=/tmp/onnx/resnet50.qdq.onnx

@@ -7,20 +7,9 @@
 # run(command="D=.gpu/s50 bash scripts/gpu/lanes.sh", carry=[".gpu/s50", ".gpu/cuda3/eval"])
 set -o pipefail
 D=${D:-.gpu/s50}
-# int8-setup.sh's unpacking and `bench`, without the uint8 quantization this script does not use.
-. "$(dirname "$0")/device-env.sh"
-export VIGIL_CUDA_POOL_MB=3072 VIGIL_MODELS=$PWD/models VIGIL_EVAL_IMAGES=$PWD/.gpu/cuda3/eval VIGIL_QDQ_MODELS=$PWD/$D/qdq
-mkdir -p $D/qdq && xz -dc $D/qdq.txz | tar xf - -C $D
-gunzip -c $D/cuda_backend.gz > /tmp/cuda_backend && chmod +x /tmp/cuda_backend
-PY=/opt/torch/.venv/bin/python; mkdir -p /tmp/onnx
-(cd $D && VIGIL_EXPORT_ONLY=1 timeout 120 $PY torch_bench.py /tmp/onnx > $OUT/export.txt 2>&1); grep -c EXPORTED $OUT/export.txt
-timeout 100 $PY $D/qdq_resnet50.py /tmp/onnx/resnet50.onnx /tmp/onnx/resnet50.qdq.s8.onnx s8 > $OUT/qdq8.txt 2>&1; tail -1 $OUT/qdq8.txt
-T=/tmp/cuda_backend S8=/tmp/onnx/resnet50.qdq.s8.onnx
-bench() {
-  local label=$1 prec=$2 list=$3; shift 3
-  env "$@" VIGIL_CUDA_PRECISIONS=$prec VIGIL_CUDA_BENCH="$list" timeout 200 $T bench_listed_models --nocapture 2>&1 \
-    | tee -a "$OUT/bench.txt" | grep -E "BENCH|panicked|error" | sed "s/^/$label /"
-}
+# int8-setup.sh without the uint8 quantization this script does not use; its `finish` (which
+# packs $OUT) is replaced by one that only reports the time.
+SETUP_S8_ONLY=1 . "$(dirname "$0")/int8-setup.sh"
 finish() { echo "done ($SECONDS s)"; }
 C=$OUT/cache.txt
 int8() { bench "$1" int8 "$S8:32" VIGIL_CUDA_TIMING_CACHE=$C VIGIL_CUDA_LANES=$2; }
