@@ -1,519 +1,117 @@
-//! Compiles a graph for one CUDA device (weights uploaded once, kernels generated and compiled
-//! once, convolution algorithms chosen once per shape) and runs it in contexts that each own a
-//! stream, one planned activation arena, pinned staging buffers and a captured CUDA graph.
+//! Compiling a graph for one device: each node becomes a step (a generated kernel, a cuDNN or
+//! cuBLAS(Lt) call), its algorithm or tiling chosen by timing where there is a choice.
 
-use std::collections::HashMap;
-use std::ffi::c_void;
-use std::sync::{Arc, Mutex, OnceLock};
-
-use cudarc::cublas::{result as blas, sys as blas_sys};
-use cudarc::cudnn::{result as dnn, sys as dnn_sys};
-use cudarc::driver::{result as drv, sys, CudaContext, CudaEvent, CudaGraph, CudaStream};
-
-use super::codegen::{
-    b2b_fits, b2b_smem, dequantize_pool_quantize_fits, halo_fits, igemm_fits, igemm_smem,
-    narrow_dequantize_fits, narrow_gemm_fits, probe_variant, quantize_transpose_fits,
-    space_to_depth_bytes, stem_pool_fits, stem_pool_smem, tma_fits, Arg, B2bShape, Gen, GenKernel,
-    Im2col, LaunchDims, Probe, QConvParts, StemPool, TensorMap2d, Tiling, B2B_SHAPES,
-    DEEP_HALO_TILINGS, DEEP_WG_TILINGS, HALO_TILINGS, TILINGS, WG_TILINGS,
-};
-use super::device::{
-    alloc_arena, drv_err, igemm_capable, programmatic_launch_capable, upload_tensor_maps, Arena,
-    DeviceBuffer, Function, Module, PinnedBuffer, TensorMaps,
-};
-use super::dnn::{
-    blas_err, choose_algo, dnn_err, time_warm, AlgoChoice, BlasHandle, ConvDescs, ConvGeom,
-    DnnHandle,
-};
-use super::lt::{Epilogue, LtHandle, LtMatmul, PointwiseShape, SearchBuffers};
-use super::timing_cache;
-use crate::backend::cpu::kernels::QEpilogue;
-use crate::backend::{BackendContext, DeviceOutput, Executable};
-use crate::error::{Error, Result};
-use crate::ir::{Activation, DataType, Graph, Layout, Node, Op, Tensor, ValueId};
-use crate::plan::{self, MemoryPlan, ALIGNMENT};
-
-mod lanes;
-pub use lanes::LanedExecutable;
-
-/// Launches of one kernel in the graph that [`Builder::graph_ms`] times.
-const PROBE_GRAPH_REPS: usize = 16;
-
-/// Bytes of the arena's tail reserved for cuBLAS's workspace.
-const BLAS_WS: usize = 32 << 20;
-/// Largest im2col patch matrix a convolution may unfold into its scratch slot, as a fraction
-/// of the device's L2 cache: the unfold is timed in isolation with the matrix L2-resident, and
-/// only while it stays so (with the input and output) does that timing hold inside the whole
-/// graph (ResNet-50 fp16 batch 32 unfolds of 29-58 MB were 15% slower in the graph than cuDNN).
-const IM2COL_L2_FRACTION: usize = 3;
-/// Largest cuDNN workspace an algorithm may use.
-const DNN_WS_LIMIT: usize = 256 << 20;
-const BLOCK: u32 = 256;
-
-struct ConvStep {
-    node: usize,
-    x: Arg,
-    y: ValueId,
-    w: DeviceBuffer,
-    bias: Option<Arg>,
-    /// Residual input added before the activation (same shape as y).
-    z: Option<Arg>,
-    /// cuDNN applies bias, residual and activation itself (cudnnConvolutionBiasActivationForward).
-    fused: bool,
-    /// What each context builds its own cuDNN descriptors from (see [`ConvStep::descs`]).
-    geom: ConvGeom,
-    /// The activation cuDNN applies when `fused`.
-    act: Option<(dnn_sys::cudnnActivationMode_t, f64)>,
-    algo: AlgoChoice,
-    /// Byte offset of the workspace inside the node's scratch slot.
-    ws_offset: usize,
-}
-
-impl ConvStep {
-    /// This step's cuDNN descriptors for one execution context: cuDNN may keep state in a
-    /// descriptor, so contexts running concurrently never share one (as with cuBLASLt's).
-    fn descs(&self) -> Result<ConvDescs> {
-        let d = ConvDescs::new(&self.geom)?;
-        if let Some((mode, coef)) = self.act {
-            d.set_activation(mode, coef)?;
-        }
-        d.set_math(self.algo.math)?;
-        Ok(d)
-    }
-}
-
-/// A pointwise NHWC convolution run as one cuBLASLt GEMM with its epilogue fused.
-struct PointwiseStep {
-    /// The node (whose scratch slot holds the im2col patch matrix, if any).
-    node: usize,
-    x: Arg,
-    y: Arg,
-    /// Residual added through the GEMM's C operand.
-    z: Option<Arg>,
-    /// OHWI weights, i.e. a row-major [Cout, Cin] matrix.
-    w: DeviceBuffer,
-    mm: LtMatmul,
-}
-
-struct GemmStep {
-    /// The node (whose scratch slot holds broadcast operands).
-    node: usize,
-    a: Arg,
-    b: Arg,
-    y: ValueId,
-    ta: bool,
-    tb: bool,
-    m: usize,
-    n: usize,
-    k: usize,
-    alpha: f32,
-    batch: usize,
-    stride: [i64; 3],
-}
-
-enum Step {
-    Launch {
-        node: usize,
-        f: usize,
-        /// Grid, block and dynamic shared-memory sizes.
-        dims: LaunchDims,
-        args: Vec<Arg>,
-    },
-    Conv(Box<ConvStep>),
-    Pointwise(Box<PointwiseStep>),
-    Gemm(GemmStep),
-    Copy {
-        dst: ValueId,
-        src: Arg,
-        bytes: usize,
-    },
-}
-
-/// A graph compiled for one CUDA device. Shared (weights included) by all its contexts.
-pub struct CudaExecutable {
-    ctx: Arc<CudaContext>,
-    graph: Arc<Graph>,
-    plan: MemoryPlan,
-    /// Float activations and weights stored as half (arithmetic in float).
-    fp16: bool,
-    /// Where each graph input is uploaded to / each output read from (the f32 staging area of
-    /// the arena in fp16 mode, converted on the device; else the value's slot).
-    in_args: Vec<Arg>,
-    out_args: Vec<Option<Arg>>,
-    /// Bytes of the f32 input/output area after the planned arena (fp16 only).
-    io_bytes: usize,
-    _module: Module,
-    functions: Vec<Function>,
-    consts: HashMap<ValueId, DeviceBuffer>,
-    extras: Vec<DeviceBuffer>,
-    /// The TMA tensor maps the kernels read, encoded per context over its arena.
-    maps: Vec<TensorMap2d>,
-    steps: Vec<Step>,
-    /// What each step is (node, op, conv algorithm), for `VIGIL_CUDA_PROFILE`.
-    descs: Vec<String>,
-    /// Whether the generated kernels were compiled with a real `GRID_SYNC()` wait, so they
-    /// may be launched as programmatic dependents (`device::programmatic_launch_capable`).
-    programmatic: bool,
-}
-
-fn value_bytes(g: &Graph, v: ValueId) -> Result<usize> {
-    Ok(g.shape(v)?.iter().product::<usize>() * g.values[v].dtype.size())
-}
-
-/// Bytes a value occupies on the device: float values take 2 bytes each in fp16 mode.
-fn stored_bytes(g: &Graph, v: ValueId, fp16: bool) -> Result<usize> {
-    let n = g.shape(v)?.iter().product::<usize>();
-    Ok(match (fp16, g.values[v].dtype) {
-        (true, DataType::F32) => n * 2,
-        (_, dt) => n * dt.size(),
-    })
-}
-
-/// IEEE half bytes of `v` (round to nearest even).
-fn half_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter()
-        .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
-        .collect()
-}
-
-/// A tensor's bytes as stored on the device (float tensors as half in fp16 mode).
-fn device_bytes(t: &Tensor, fp16: bool) -> Result<Vec<u8>> {
-    if fp16 && t.dtype() == DataType::F32 {
-        Ok(half_bytes(t.as_f32()?))
-    } else {
-        Ok(t.as_bytes().to_vec())
-    }
-}
-
-fn unsupported(node: &Node, why: &str) -> Error {
-    Error::Unsupported(format!(
-        "CUDA backend: {} '{}': {why}",
-        node.op.name(),
-        node.name
-    ))
-}
-
-/// Whether cuBLASLt's int8 epilogue (`sat(round(alpha·acc + bias))`, ReLU optional) can
-/// requantize into `epi`'s output: `Some(relu)` for an int8 output whose clamp is the type's
-/// range (or ReLU at a zero point of 0), with no other activation.
-fn fused_requant(epi: &QEpilogue) -> Option<bool> {
-    if !epi.signed || epi.general.is_some() || epi.slope != 1.0 || epi.hi < 127.0 {
-        return None;
-    }
-    if epi.lo <= -128.0 {
-        Some(false)
-    } else if epi.lo == 0.0 && epi.zy == 0.0 {
-        Some(true)
-    } else {
-        None
-    }
-}
-
-/// The fused requantization's per-channel alpha (`mult`) and f32 bias (`bias · mult` plus the
-/// output zero point, minus `beta ·` the residual's zero point): `alpha·acc + bias` is the
-/// unfused `(acc + bias)·mult + zy` up to f32 rounding, so outputs agree with the CPU's to
-/// one code.
-fn requant_vectors(p: &QConvParts) -> (Vec<f32>, Vec<f32>) {
-    let shift = p
-        .residual
-        .map_or(0.0, |r| r.beta as f64 * r.zero_point as f64);
-    let bias = p
-        .bias
-        .iter()
-        .zip(&p.mult)
-        .map(|(&b, &m)| (b as f64 * m as f64 + p.epi.zy as f64 - shift) as f32)
-        .collect();
-    (p.mult.clone(), bias)
-}
-
-/// A process-wide memo of measured kernel times (they depend on the device and the shape only).
-type Memo<K, V> = OnceLock<Mutex<HashMap<K, V>>>;
-
-/// `memo`'s value for `key`, else `measure()`'s, stored (a poisoned lock measures again).
-fn memoised<K: Eq + std::hash::Hash, V: Copy>(
-    memo: &Memo<K, V>,
-    key: K,
-    measure: impl FnOnce() -> Result<V>,
-) -> Result<V> {
-    let map = memo.get_or_init(Default::default);
-    if let Some(&v) = map.lock().ok().as_ref().and_then(|m| m.get(&key)) {
-        return Ok(v);
-    }
-    let v = measure()?;
-    if let Ok(mut m) = map.lock() {
-        m.insert(key, v);
-    }
-    Ok(v)
-}
-
-/// Bytes of the int32 partial sums a split-K tiling `t` of `parts` writes (0 unsplit, or
-/// split within a cluster).
-fn partial_bytes(parts: &QConvParts, t: &Tiling) -> usize {
-    let c = parts.geom;
-    if t.partials() {
-        alit(t.splits * c.n * c.oh * c.ow * c.cout * 4)
-    } else {
-        0
-    }
-}
-
-/// The PTX of each source, compiled with NVRTC on its own thread with a large stack; the
-/// caller loads them (on the H200 host, compiling and loading on default 2 MiB threads
-/// crashed). `VIGIL_CUDA_COMPILE_THREADS=1` compiles them one after another.
-fn compile_all<'s>(
-    ctx: &Arc<CudaContext>,
-    srcs: impl Iterator<Item = &'s str>,
-) -> Result<Vec<Result<String>>> {
-    if std::env::var("VIGIL_CUDA_COMPILE_THREADS").is_ok_and(|v| v == "1") {
-        return Ok(srcs.map(|s| Module::ptx(ctx, s)).collect());
-    }
-    std::thread::scope(|scope| {
-        let jobs = srcs
-            .map(|s| {
-                std::thread::Builder::new()
-                    .stack_size(256 << 20)
-                    .spawn_scoped(scope, move || Module::ptx(ctx, s))
-                    .map_err(|e| Error::Unsupported(format!("compile thread: {e}")))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        jobs.into_iter()
-            .map(|j| {
-                j.join()
-                    .map_err(|_| Error::Unsupported("compile thread panicked".into()))
-            })
-            .collect()
-    })
-}
-
-/// Uploads a generated module's tables (its [`Gen::extras`]) to the device, in order.
-fn upload_tables(ctx: &Arc<CudaContext>, tables: &[Vec<u8>]) -> Result<Vec<DeviceBuffer>> {
-    tables
-        .iter()
-        .map(|b| DeviceBuffer::upload(ctx, b))
-        .collect()
-}
-
-/// The arguments of implicit-GEMM tiling `t` of `parts`, generated alone into `g`, in a
-/// timing: x at the search buffer's start (`xb` bytes), the output (or partial sums) after
-/// it, the uploaded `tables`, a residual (any int8 buffer of the output's size) where the
-/// kernel reads one, and its tensor maps (encoded over those, uploaded, returned to outlive
-/// the timing) where it has any.
-fn igemm_args(
-    ctx: &Arc<CudaContext>,
-    (g, parts, t): (&Gen, &QConvParts, &Tiling),
-    (buf, xb): (u64, usize),
-    tables: &[DeviceBuffer],
-) -> Result<(Vec<u64>, TensorMaps)> {
-    let mut args = vec![buf, buf + xb as u64];
-    args.extend(tables.iter().map(|b| b.ptr()));
-    if parts.residual.is_some() && !t.partials() {
-        args.push(buf + xb as u64);
-    }
-    let based = g
-        .maps
-        .iter()
-        .map(|m| match m.base {
-            Arg::Extra(i) => tables
-                .get(i)
-                .map(|b| (b.ptr(), *m))
-                .ok_or_else(|| Error::InvalidModel("missing constant table".into())),
-            _ => Ok((buf, *m)),
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let maps = upload_tensor_maps(ctx, &based)?;
-    args.extend((0..based.len()).filter_map(|k| maps.ptr(k)));
-    Ok((args, maps))
-}
-
-/// A generated kernel's launch: its own for tiled kernels, else one thread per item in blocks
-/// of [`BLOCK`] (a grid beyond `u32` saturates; launching it fails).
-fn launch_dims(k: &GenKernel) -> LaunchDims {
-    k.launch.unwrap_or_else(|| {
-        let blocks = k.threads.div_ceil(BLOCK as usize);
-        LaunchDims {
-            grid: (u32::try_from(blocks).unwrap_or(u32::MAX), 1, 1),
-            block: BLOCK,
-            smem: 0,
-        }
-    })
-}
-
-/// Raises `f`'s dynamic shared-memory limit to what launch `d` needs (above the default 48 KiB),
-/// and sets its preferred shared-memory carveout where one is asked for ([`carveout`]).
-fn allow_smem(f: &Function, d: &LaunchDims) -> Result<()> {
-    if let Some(pct) = carveout() {
-        let attr =
-            sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT;
-        // SAFETY: `f` is a loaded kernel; the value is a percentage the driver accepts.
-        unsafe { drv::function::set_function_attribute(f.0, attr, pct) }
-            .map_err(drv_err("shared-memory carveout"))?;
-    }
-    if d.smem <= 48 << 10 {
-        return Ok(());
-    }
-    let attr = sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
-    // SAFETY: `f` is a loaded kernel; the driver checks the value against the device's limit.
-    unsafe { drv::function::set_function_attribute(f.0, attr, d.smem as i32) }
-        .map_err(drv_err("shared-memory limit"))
-}
-
-/// The shared-memory carveout (percent of the unified L1/shared storage) every generated kernel
-/// prefers, from `VIGIL_CUDA_CARVEOUT` (0 to 100); `None` leaves the driver's choice per kernel.
-/// One carveout for all spares an SM the reconfiguration between kernels that differ, which
-/// waits for the SM to drain (and so for the previous kernel, overlap or not).
-fn carveout() -> Option<i32> {
-    static PCT: OnceLock<Option<i32>> = OnceLock::new();
-    *PCT.get_or_init(|| {
-        std::env::var("VIGIL_CUDA_CARVEOUT")
-            .ok()
-            .and_then(|v| v.parse::<i32>().ok())
-            .filter(|v| (0..=100).contains(v))
-    })
-}
-
-/// An int8 GEMM's algorithm-search buffers in one temporary at `t`: the patch matrix
-/// (`colb` bytes), then the output (`yb` bytes, also read as the residual), then the workspace.
-fn q_search_buffers(t: u64, w: u64, colb: usize, yb: usize) -> SearchBuffers {
-    let y = t + (colb + ALIGNMENT) as u64;
-    SearchBuffers {
-        x: t,
-        w,
-        y,
-        z: y,
-        ws: (t + (colb + yb + 2 * ALIGNMENT) as u64).div_ceil(256) * 256,
-        ws_limit: BLAS_WS,
-    }
-}
-
-fn alit(n: usize) -> usize {
-    n.div_ceil(ALIGNMENT) * ALIGNMENT
-}
-
-/// Permutes OIHW conv weights to OHWI (cuDNN's NHWC filter layout).
-fn ohwi(w: &[f32], s: &[usize]) -> Vec<f32> {
-    let (o, i, h, ww) = (s[0], s[1], s[2], s[3]);
-    let mut out = vec![0f32; w.len()];
-    for a in 0..o {
-        for b in 0..i {
-            for c in 0..h {
-                for d in 0..ww {
-                    out[((a * h + c) * ww + d) * i + b] = w[((a * i + b) * h + c) * ww + d];
-                }
-            }
-        }
-    }
-    out
-}
-
-struct Builder<'a> {
-    ctx: &'a Arc<CudaContext>,
-    g: &'a Graph,
+use super::*;
+pub(super) struct Builder<'a> {
+    pub(super) ctx: &'a Arc<CudaContext>,
+    pub(super) g: &'a Graph,
     /// Per value, the nodes that read it and the node that writes it (for cross-node fusions).
-    readers: Vec<Vec<usize>>,
-    writers: Vec<Option<usize>>,
+    pub(super) readers: Vec<Vec<usize>>,
+    pub(super) writers: Vec<Option<usize>>,
     /// Values read by a fused kernel at a later node than the graph's last reader, with that
     /// node (the memory plan keeps them live until then).
-    late_reads: Vec<(ValueId, usize)>,
+    pub(super) late_reads: Vec<(ValueId, usize)>,
     /// Per node, the input its output may share a buffer with (`plan_with`'s in-place rule):
     /// reshapes, whose copy then has nothing to move.
-    in_place_ok: Vec<Option<usize>>,
+    pub(super) in_place_ok: Vec<Option<usize>>,
     /// While a stem QConv is emitted: the QuantizeLinear and Transpose of the image it reads,
     /// which emitted nothing ([`Self::quantize_stem`]). Its space-to-depth copy quantizes the
     /// image itself; any other path runs their kernel first.
-    stem_input: Option<(usize, usize)>,
-    gen: Gen,
-    kernels: Vec<GenKernel>,
-    steps: Vec<Step>,
-    scratch: Vec<usize>,
-    consts: HashMap<ValueId, DeviceBuffer>,
-    dnn: DnnHandle,
-    lt: &'a LtHandle,
+    pub(super) stem_input: Option<(usize, usize)>,
+    pub(super) gen: Gen,
+    pub(super) kernels: Vec<GenKernel>,
+    pub(super) steps: Vec<Step>,
+    pub(super) scratch: Vec<usize>,
+    pub(super) consts: HashMap<ValueId, DeviceBuffer>,
+    pub(super) dnn: DnnHandle,
+    pub(super) lt: &'a LtHandle,
     /// The stream algorithm searches run on.
-    stream: sys::CUstream,
-    tmp: Option<DeviceBuffer>,
-    fp16: bool,
+    pub(super) stream: sys::CUstream,
+    pub(super) tmp: Option<DeviceBuffer>,
+    pub(super) fp16: bool,
     /// Fuse bias/residual/activation into cuDNN calls and pick algorithms for it.
-    fuse: bool,
-    descs: Vec<String>,
+    pub(super) fuse: bool,
+    pub(super) descs: Vec<String>,
     /// Extra description of the current node's conv (algorithm, workspace).
-    note: String,
+    pub(super) note: String,
     /// The device's L2 cache size in bytes (bounds the im2col patch matrix).
-    l2_bytes: usize,
+    pub(super) l2_bytes: usize,
     /// When convolutions may run through cuBLASLt (`VIGIL_CUDA_LT`).
-    lt_mode: PathMode,
+    pub(super) lt_mode: PathMode,
     /// Whether non-pointwise convolutions may unfold into a GEMM (`VIGIL_CUDA_IM2COL`).
-    im2col: bool,
+    pub(super) im2col: bool,
     /// Whether int8 GEMMs may requantize in cuBLASLt's epilogue (`VIGIL_CUDA_QFUSE`).
-    qfuse: bool,
+    pub(super) qfuse: bool,
     /// When int8 convolutions may run as the implicit-GEMM kernel (`VIGIL_CUDA_IGEMM`).
-    igemm: PathMode,
+    pub(super) igemm: PathMode,
     /// Whether the implicit GEMM may take Hopper's wgmma tilings (compute capability 9.0 only;
     /// `VIGIL_CUDA_WGMMA`: `0` never, `force` only those).
-    wgmma: PathMode,
+    pub(super) wgmma: PathMode,
     /// Whether the implicit GEMM may split K across blocks (`VIGIL_CUDA_SPLITK`: `0` never,
     /// `force` only split tilings where they apply).
-    splitk: PathMode,
+    pub(super) splitk: PathMode,
     /// Whether a K split may stay inside a thread-block cluster (Hopper; `VIGIL_CUDA_CLUSTER`:
     /// off unless `1` measures them or `force` takes only those where they apply; on
     /// ResNet-50 they beat the partial-sum split but never cuBLASLt, so they stay opt-in).
-    cluster: PathMode,
+    pub(super) cluster: PathMode,
     /// The device's multiprocessor count (how many blocks fill it).
-    sms: usize,
+    pub(super) sms: usize,
     /// Shared memory per multiprocessor in bytes (how many persistent blocks fit on one).
-    smem_per_sm: usize,
+    pub(super) smem_per_sm: usize,
     /// The most dynamic shared memory one block may opt into: implicit-GEMM tilings needing
     /// more are not tried (unbounded when the device does not say).
-    smem_per_block: usize,
+    pub(super) smem_per_block: usize,
     /// Whether stride-2 stems may run over a space-to-depth copy (`VIGIL_CUDA_S2D=0`: never).
-    s2d: bool,
+    pub(super) s2d: bool,
     /// The device as the timing cache names it (model, compute capability, SM count).
-    device_id: String,
+    pub(super) device_id: String,
     /// Whether short-K implicit GEMMs may run as persistent blocks (`VIGIL_CUDA_PERSIST`: off
     /// by default, as no ResNet-50 convolution took them on the H200; `1` times them too,
     /// `force` only those where they apply).
-    persist: PathMode,
+    pub(super) persist: PathMode,
     /// Whether long-K wgmma tilings may also run warp-specialized, loader warps beside the
     /// math ones (`VIGIL_CUDA_WS`: off unless `1` measures them or `force` takes only those
     /// where they apply; on ResNet-50 they never beat the block-barrier loop on the H200).
-    ws: PathMode,
+    pub(super) ws: PathMode,
     /// Whether 3x3 convolutions that fit may run over halo tiles on Hopper (`VIGIL_CUDA_HALO`:
     /// `0` never, `force` only those where they apply).
-    halo: PathMode,
+    pub(super) halo: PathMode,
     /// Whether the implicit GEMM also times its workhorse tilings compiled for more resident
     /// blocks per SM (shallower rings, registers capped by `__launch_bounds__`), to hide load
     /// latency with more blocks (`VIGIL_CUDA_RESIDENT`: off unless `1` measures them or
     /// `force` takes only those; on ResNet-50 they tied the others on the H200).
-    resident: PathMode,
+    pub(super) resident: PathMode,
     /// Whether the implicit GEMM also times deeper rings: wgmma tilings over 8 slots and halo
     /// tilings over 6 (`VIGIL_CUDA_DEEP`: `0` never, `force` only those where they apply; on
     /// ResNet-50 s8 at batch 32 they won 5 of 24 geometries on the H200).
-    deep: PathMode,
+    pub(super) deep: PathMode,
     /// Whether the implicit GEMM also times TMA-fed tilings for the 1x1 stride-1 convolutions
     /// that fit ([`tma_fits`]): the wgmma tilings with one loader warp whose first lane copies
     /// each slot's tiles by tensor map (`VIGIL_CUDA_TMA`: off unless `1` measures them or
     /// `force` takes only those).
-    tma: PathMode,
+    pub(super) tma: PathMode,
     /// What a library (cuBLASLt) step is charged against an implicit GEMM beyond their own
     /// timings, in ms, where programmatic launch is on (`VIGIL_CUDA_LIB_STEP_US`, negative
     /// favours cuBLASLt; 0 without programmatic launch).
-    library_step_ms: f32,
+    pub(super) library_step_ms: f32,
     /// Whether a bottleneck's last 1x1 int8 convolution and the next one's first may run as
     /// one back-to-back kernel (`VIGIL_CUDA_B2B`: off unless `1` measures it or `force` takes
     /// it wherever it fits; exact, but 1.3–1.7x the two kernels it replaces on the H200).
-    b2b: PathMode,
+    pub(super) b2b: PathMode,
     /// Whether a stride-2 stem QConv and the max pool after it may run as one kernel after the
     /// stem's space-to-depth copy (`VIGIL_CUDA_STEM_POOL`: off unless `1` measures it or
     /// `force` takes it wherever it fits; exact, but 1.2x the two kernels it replaces on the
     /// H200).
-    stem_pool: PathMode,
+    pub(super) stem_pool: PathMode,
     /// Per node, the index of its first step (where a back-to-back pair's steps start).
-    first_step: Vec<usize>,
+    pub(super) first_step: Vec<usize>,
     /// Per int8 convolution node, the measured milliseconds of the path it took, where known.
-    chosen_ms: Vec<Option<f32>>,
+    pub(super) chosen_ms: Vec<Option<f32>>,
 }
 
 /// Back-to-back kernels built so far in this process ([`Builder::back_to_back`]).
-static BACK_TO_BACK: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+pub(super) static BACK_TO_BACK: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
 
 /// How many back-to-back kernels (two chained 1x1 int8 convolutions in one) executables of
 /// this process have taken, for tests and reports.
@@ -522,7 +120,8 @@ pub fn back_to_back_kernels() -> usize {
 }
 
 /// Fused stem-and-pool kernels built so far in this process ([`Builder::stem_pool`]).
-static STEM_POOLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+pub(super) static STEM_POOLS: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
 
 /// How many fused stem-and-pool kernels (a stride-2 stem and its max pool in one) executables
 /// of this process have taken, for tests and reports.
@@ -533,7 +132,7 @@ pub fn stem_pool_kernels() -> usize {
 /// The default of [`Builder::library_step_ms`] in µs, where programmatic launch is on. A
 /// generated kernel overlaps its neighbours' tails in the graph and a library call does not,
 /// yet on the H200 charging cuBLASLt 1–3 µs for that made ResNet-50 INT8 2.5% slower.
-const LIBRARY_STEP_US: f32 = 0.0;
+pub(super) const LIBRARY_STEP_US: f32 = 0.0;
 
 /// An optional kernel path's switch, from an environment variable (`VIGIL_CUDA_LT` for the
 /// cuBLASLt convolutions, `VIGIL_CUDA_IGEMM` for the int8 implicit GEMM, `VIGIL_CUDA_WGMMA` and
@@ -541,7 +140,7 @@ const LIBRARY_STEP_US: f32 = 0.0;
 /// whenever it applies (A/B measurements and tests); otherwise it is taken when it measures
 /// faster than the alternatives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum PathMode {
+pub(super) enum PathMode {
     Off,
     Measured,
     Force,
@@ -549,13 +148,13 @@ enum PathMode {
 
 /// Whether generated kernels may launch as programmatic dependents on a device that can
 /// (`VIGIL_CUDA_PDL=0` turns it off).
-fn programmatic_launch_allowed() -> bool {
+pub(super) fn programmatic_launch_allowed() -> bool {
     std::env::var("VIGIL_CUDA_PDL").map_or(true, |v| v != "0")
 }
 
 /// [`Builder::library_step_ms`] for a device of compute capability `cc`: the graph's kernels
 /// overlap only where programmatic launch is on.
-fn library_step_ms(cc: Option<(i32, i32)>) -> f32 {
+pub(super) fn library_step_ms(cc: Option<(i32, i32)>) -> f32 {
     if !(cc.is_some_and(programmatic_launch_capable) && programmatic_launch_allowed()) {
         return 0.0;
     }
@@ -568,7 +167,7 @@ fn library_step_ms(cc: Option<(i32, i32)>) -> f32 {
 }
 
 impl PathMode {
-    fn from_var(name: &str) -> Self {
+    pub(super) fn from_var(name: &str) -> Self {
         match std::env::var(name).as_deref() {
             Ok("0") => PathMode::Off,
             Ok("force") => PathMode::Force,
@@ -578,7 +177,7 @@ impl PathMode {
 
     /// Adds this path's candidates `more` to `tilings`, or puts them in their place when the
     /// path is forced and has any (an empty list means it does not apply).
-    fn add_candidates(self, tilings: &mut Vec<Tiling>, more: Vec<Tiling>) {
+    pub(super) fn add_candidates(self, tilings: &mut Vec<Tiling>, more: Vec<Tiling>) {
         if self == PathMode::Force && !more.is_empty() {
             tilings.clear();
         }
@@ -586,7 +185,7 @@ impl PathMode {
     }
 
     /// A path that is off unless asked for: `1` measures it, `force` takes it.
-    fn opt_in(name: &str) -> Self {
+    pub(super) fn opt_in(name: &str) -> Self {
         match std::env::var(name).as_deref() {
             Ok("1") => PathMode::Measured,
             Ok("force") => PathMode::Force,
@@ -596,12 +195,12 @@ impl PathMode {
 }
 
 impl Builder<'_> {
-    fn launch(&mut self, node: usize, k: GenKernel) {
+    pub(super) fn launch(&mut self, node: usize, k: GenKernel) {
         self.launch_at(self.steps.len(), node, k);
     }
 
     /// Inserts kernel `k`'s launch as step `at` (before steps the node already emitted).
-    fn launch_at(&mut self, at: usize, node: usize, k: GenKernel) {
+    pub(super) fn launch_at(&mut self, at: usize, node: usize, k: GenKernel) {
         self.steps.insert(
             at,
             Step::Launch {
@@ -614,12 +213,12 @@ impl Builder<'_> {
         self.kernels.push(k);
     }
 
-    fn const_ptr(&self, v: ValueId) -> Option<u64> {
+    pub(super) fn const_ptr(&self, v: ValueId) -> Option<u64> {
         self.consts.get(&v).map(|b| b.ptr())
     }
 
     /// A scratch device buffer of at least `n` bytes for algorithm search (compile time only).
-    fn tmp(&mut self, n: usize) -> Result<u64> {
+    pub(super) fn tmp(&mut self, n: usize) -> Result<u64> {
         if self.tmp.as_ref().is_none_or(|t| t.len() < n) {
             self.tmp = None;
             self.tmp = Some(DeviceBuffer::alloc(self.ctx, n)?);
@@ -630,7 +229,7 @@ impl Builder<'_> {
             .ok_or_else(|| Error::Unsupported("temporary buffer missing".into()))
     }
 
-    fn node(&mut self, idx: usize, node: &Node) -> Result<()> {
+    pub(super) fn node(&mut self, idx: usize, node: &Node) -> Result<()> {
         self.note.clear();
         self.first_step[idx] = self.steps.len();
         let r = self.node_steps(idx, node);
@@ -643,7 +242,7 @@ impl Builder<'_> {
 
     /// The Transpose that runs QuantizeLinear node `q` inside it, if it may
     /// ([`quantize_transpose_fits`], `q`'s output read by it alone and not a graph output).
-    fn quantize_transpose(&self, q: usize) -> Option<usize> {
+    pub(super) fn quantize_transpose(&self, q: usize) -> Option<usize> {
         let g = self.g;
         let t = self.only_reader(*g.nodes[q].outputs.first()?)?;
         quantize_transpose_fits(g, &g.nodes[q], &g.nodes[t]).then_some(t)
@@ -652,7 +251,7 @@ impl Builder<'_> {
     /// The stem QConv whose space-to-depth copy runs Transpose `t` and the QuantizeLinear
     /// inside it ([`Self::quantize_transpose`]), if it may: the transposed image's only reader,
     /// NHWC, and a stem the implicit GEMM takes over its space-to-depth form.
-    fn quantize_stem(&self, t: usize) -> Option<usize> {
+    pub(super) fn quantize_stem(&self, t: usize) -> Option<usize> {
         let g = self.g;
         let q = self.writer_of_input(&g.nodes[t])?;
         if self.quantize_transpose(q) != Some(t) || !self.s2d || self.igemm == PathMode::Off {
@@ -670,7 +269,7 @@ impl Builder<'_> {
     }
 
     /// The value's only reader, if it has one and is not a graph output.
-    fn only_reader(&self, v: ValueId) -> Option<usize> {
+    pub(super) fn only_reader(&self, v: ValueId) -> Option<usize> {
         match self.readers[v][..] {
             [r] if !self.g.outputs.contains(&v) => Some(r),
             _ => None,
@@ -680,7 +279,7 @@ impl Builder<'_> {
     /// The GlobalAveragePool and QuantizeLinear that run DequantizeLinear node `dq` inside
     /// one kernel with them, if they may ([`dequantize_pool_quantize_fits`], each the only
     /// reader of the one before, no intermediate a graph output, f32 floats between them).
-    fn dequantize_pool_quantize(&self, dq: usize) -> Option<(usize, usize)> {
+    pub(super) fn dequantize_pool_quantize(&self, dq: usize) -> Option<(usize, usize)> {
         let g = self.g;
         let gap = self.only_reader(*g.nodes[dq].outputs.first()?)?;
         let q = self.only_reader(*g.nodes[gap].outputs.first()?)?;
@@ -691,7 +290,7 @@ impl Builder<'_> {
     /// The DequantizeLinear that runs inside QGemm node `qg`'s narrow kernel, if it may: the
     /// only reader of the codes (not a graph output), on an `mma.sync` device, f32 activations,
     /// [`narrow_gemm_fits`] and [`narrow_dequantize_fits`].
-    fn qgemm_dequantize(&self, qg: usize) -> Option<usize> {
+    pub(super) fn qgemm_dequantize(&self, qg: usize) -> Option<usize> {
         let g = self.g;
         let node = &g.nodes[qg];
         let Op::QGemm(q) = &node.op else {
@@ -706,13 +305,13 @@ impl Builder<'_> {
     }
 
     /// The node that writes input 0 of `node`.
-    fn writer_of_input(&self, node: &Node) -> Option<usize> {
+    pub(super) fn writer_of_input(&self, node: &Node) -> Option<usize> {
         node.input(0).and_then(|x| self.writers[x])
     }
 
     /// Emits nothing for nodes that run inside a later node's fused kernel, and that kernel
     /// at the later node; false for every other node.
-    fn fused_steps(&mut self, idx: usize, node: &Node) -> Result<bool> {
+    pub(super) fn fused_steps(&mut self, idx: usize, node: &Node) -> Result<bool> {
         let g = self.g;
         match node.op {
             Op::QuantizeLinear { .. } if self.quantize_transpose(idx).is_some() => {
@@ -792,7 +391,7 @@ impl Builder<'_> {
         Ok(true)
     }
 
-    fn node_steps(&mut self, idx: usize, node: &Node) -> Result<()> {
+    pub(super) fn node_steps(&mut self, idx: usize, node: &Node) -> Result<()> {
         let g = self.g;
         if self.fused_steps(idx, node)? || self.stem_pool(idx, node)? {
             return Ok(());
@@ -855,7 +454,7 @@ impl Builder<'_> {
 
     /// Nodes whose outputs depend only on constants and static shapes: computed once here (this
     /// is constant folding, not a CPU fallback: nothing runs on the CPU per inference).
-    fn host_eval(&mut self, _idx: usize, node: &Node) -> Result<()> {
+    pub(super) fn host_eval(&mut self, _idx: usize, node: &Node) -> Result<()> {
         let g = self.g;
         let outs: Vec<Tensor> = match &node.op {
             Op::Shape { .. } | Op::ConstantOfShape { .. } => {
@@ -884,7 +483,7 @@ impl Builder<'_> {
         Ok(())
     }
 
-    fn conv(&mut self, idx: usize, node: &Node) -> Result<()> {
+    pub(super) fn conv(&mut self, idx: usize, node: &Node) -> Result<()> {
         let g = self.g;
         let Op::Conv(a) = &node.op else {
             return Err(unsupported(node, "not a conv"));
@@ -1224,7 +823,12 @@ impl Builder<'_> {
     /// An int8 convolution ([`Self::qconv_steps`]). A stem whose image's quantizing transpose
     /// emitted nothing ([`Self::quantize_stem`]) quantizes the image in its space-to-depth
     /// copy, or runs that transpose's kernel first when it takes another path.
-    fn qconv(&mut self, idx: usize, node: &Node, q: &crate::ir::QConvAttrs) -> Result<()> {
+    pub(super) fn qconv(
+        &mut self,
+        idx: usize,
+        node: &Node,
+        q: &crate::ir::QConvAttrs,
+    ) -> Result<()> {
         let g = self.g;
         let first = self.steps.len();
         self.stem_input = self
@@ -1245,7 +849,7 @@ impl Builder<'_> {
     /// back-to-back kernel ([`b2b_fits`]) in place of both nodes' steps, when it measures
     /// faster than the two paths they took (or `VIGIL_CUDA_B2B=force`). The first node's
     /// inputs stay live until `j` in the memory plan.
-    fn back_to_back(&mut self, j: usize) -> Result<()> {
+    pub(super) fn back_to_back(&mut self, j: usize) -> Result<()> {
         let g = self.g;
         if self.b2b == PathMode::Off || self.igemm == PathMode::Off || j == 0 {
             return Ok(());
@@ -1308,7 +912,7 @@ impl Builder<'_> {
     /// steps and the pool's, when the two measure faster than the path the stem took (where
     /// that was measured) or `VIGIL_CUDA_STEM_POOL=force`; false when they do not run. The
     /// stem's input stays live until `j` in the memory plan.
-    fn stem_pool(&mut self, j: usize, node: &Node) -> Result<bool> {
+    pub(super) fn stem_pool(&mut self, j: usize, node: &Node) -> Result<bool> {
         let g = self.g;
         let Op::MaxPool(a) = &node.op else {
             return Ok(false);
@@ -1395,7 +999,7 @@ impl Builder<'_> {
     /// Measured milliseconds of the fused stem kernel ([`Gen::stem_pool`]) of `s2d` and
     /// `pool` into `y` over at most `blocks` blocks, without the copy (memoised per geometry,
     /// process-wide).
-    fn stem_pool_ms(
+    pub(super) fn stem_pool_ms(
         &mut self,
         s2d: &QConvParts,
         (pool, y): (StemPool, ValueId),
@@ -1427,7 +1031,7 @@ impl Builder<'_> {
     ///
     /// # Safety
     /// `place` gives device buffers the kernel may read and write whole.
-    unsafe fn tabled_kernel_ms(
+    pub(super) unsafe fn tabled_kernel_ms(
         &self,
         gen: &Gen,
         k: &GenKernel,
@@ -1455,7 +1059,7 @@ impl Builder<'_> {
     /// The fastest shape ([`B2B_SHAPES`]) of the back-to-back kernel of `p1` (input `x`) and
     /// `p2` that the device's shared memory allows, with its measured milliseconds (memoised
     /// per geometry, process-wide). A shape the device's compiler rejects is left out.
-    fn b2b_best(
+    pub(super) fn b2b_best(
         &mut self,
         p1: &QConvParts,
         p2: &QConvParts,
@@ -1482,7 +1086,7 @@ impl Builder<'_> {
 
     /// Measured milliseconds of the back-to-back kernel of `p1` (input `x`) and `p2` in
     /// `shape`.
-    fn b2b_ms(
+    pub(super) fn b2b_ms(
         &mut self,
         p1: &QConvParts,
         p2: &QConvParts,
@@ -1514,7 +1118,12 @@ impl Builder<'_> {
     /// requantization pass, whichever measures faster; the rest (grouped, depthwise, NCHW, or
     /// when neither applies) as the direct dp4a kernel. All requantize exactly as the CPU
     /// backend does.
-    fn qconv_steps(&mut self, idx: usize, node: &Node, q: &crate::ir::QConvAttrs) -> Result<()> {
+    pub(super) fn qconv_steps(
+        &mut self,
+        idx: usize,
+        node: &Node,
+        q: &crate::ir::QConvAttrs,
+    ) -> Result<()> {
         let g = self.g;
         let parts = QConvParts::new(g, node, q)?;
         if q.conv.layout == Layout::Nhwc
@@ -1536,7 +1145,12 @@ impl Builder<'_> {
 
     /// An int8 Gemm: through cuBLASLt as a 1x1 convolution of M pixels (see [`Self::qconv`]),
     /// else the direct dp4a kernel.
-    fn qgemm(&mut self, idx: usize, node: &Node, q: &crate::ir::QGemmAttrs) -> Result<()> {
+    pub(super) fn qgemm(
+        &mut self,
+        idx: usize,
+        node: &Node,
+        q: &crate::ir::QGemmAttrs,
+    ) -> Result<()> {
         let g = self.g;
         let parts = QConvParts::for_gemm(g, node, q)?;
         if self.q_gemm(idx, node, &parts)? {
@@ -1550,7 +1164,7 @@ impl Builder<'_> {
     /// Emits a dense NHWC int8 convolution as the implicit-GEMM kernel or as im2col + cuBLASLt
     /// int8 GEMM + requantization, whichever measures faster; false (with the reason in the
     /// step's note) when neither applies.
-    fn q_gemm(&mut self, idx: usize, node: &Node, parts: &QConvParts) -> Result<bool> {
+    pub(super) fn q_gemm(&mut self, idx: usize, node: &Node, parts: &QConvParts) -> Result<bool> {
         let c = parts.geom;
         let x = node.input(0).ok_or_else(|| unsupported(node, "no input"))?;
         let y = node.outputs[0];
@@ -1712,7 +1326,7 @@ impl Builder<'_> {
 
     /// Emits an int8 GEMM step reading `x` (in place when `direct`, else through the unfold
     /// into scratch) and writing `y` (with the residual `z` through cuBLASLt's C).
-    fn push_q_gemm(
+    pub(super) fn push_q_gemm(
         &mut self,
         idx: usize,
         parts: &QConvParts,
@@ -1740,7 +1354,7 @@ impl Builder<'_> {
 
     /// Emits the implicit-GEMM kernel (tiling `t`, measured `ms`) for QConv `parts`, over the
     /// space-to-depth copy of its input when `s2d` (its stride-1 form) is given.
-    fn push_igemm(
+    pub(super) fn push_igemm(
         &mut self,
         idx: usize,
         (parts, s2d): (&QConvParts, Option<&QConvParts>),
@@ -1795,7 +1409,7 @@ impl Builder<'_> {
 
     /// Split-K versions of the implicit GEMM worth timing for `parts`: long K (16 tiles of 64
     /// or more) whose 128×128 grid would leave SMs idle, with at most 16 MiB of partial sums.
-    fn split_tilings(&self, parts: &QConvParts) -> Vec<Tiling> {
+    pub(super) fn split_tilings(&self, parts: &QConvParts) -> Vec<Tiling> {
         let c = parts.geom;
         let (m, n) = (c.n * c.oh * c.ow, c.cout);
         let kt = (c.kh * c.kw * parts.c4).div_ceil(64);
@@ -1832,7 +1446,7 @@ impl Builder<'_> {
     /// Persistent versions of the implicit GEMM worth timing for `parts`: short K (at most 8
     /// tiles of 64, the 1x1 convolutions whose time goes to moving activations), as many
     /// blocks as the SMs hold at once (estimated from shared memory, threads and registers).
-    fn persistent_tilings(&self, parts: &QConvParts) -> Vec<Tiling> {
+    pub(super) fn persistent_tilings(&self, parts: &QConvParts) -> Vec<Tiling> {
         let c = parts.geom;
         let kt = (c.kh * c.kw * parts.c4).div_ceil(64);
         if self.persist == PathMode::Off || kt > 8 {
@@ -1857,7 +1471,7 @@ impl Builder<'_> {
     /// and 64×128 wgmma tilings and their partial-sum K splits with two loader warps, and the
     /// 128×128 one with four, for K of 8 tiles of 64 or more (the 3x3 convolutions and the
     /// widest 1x1s), where the block barrier per K tile might hold up the tensor cores.
-    fn ws_tilings(&self, parts: &QConvParts, tilings: &[Tiling]) -> Vec<Tiling> {
+    pub(super) fn ws_tilings(&self, parts: &QConvParts, tilings: &[Tiling]) -> Vec<Tiling> {
         let c = parts.geom;
         let kt = (c.kh * c.kw * parts.c4).div_ceil(64);
         if self.ws == PathMode::Off || self.wgmma == PathMode::Off || kt < 8 {
@@ -1882,7 +1496,7 @@ impl Builder<'_> {
     /// blocks, as many as the SMs hold at once (by shared memory, threads and about 80
     /// registers a thread), which load a tile while they store the one before (only those
     /// with `VIGIL_CUDA_PERSIST=force`).
-    fn halo_tilings(&self, parts: &QConvParts) -> Vec<Tiling> {
+    pub(super) fn halo_tilings(&self, parts: &QConvParts) -> Vec<Tiling> {
         if self.halo == PathMode::Off || self.wgmma == PathMode::Off || !halo_fits(parts) {
             return Vec::new();
         }
@@ -1905,7 +1519,7 @@ impl Builder<'_> {
 
     /// Halo tiling `t` as persistent blocks for `parts`: as many as the SMs hold at once, by
     /// shared memory and by registers (about 80 a thread).
-    fn persistent_halo(&self, parts: &QConvParts, t: Tiling) -> Tiling {
+    pub(super) fn persistent_halo(&self, parts: &QConvParts, t: Tiling) -> Tiling {
         let by_smem = self.smem_blocks(igemm_smem(parts, t.persistent(1)));
         let by_regs = 65536 / (80 * t.threads());
         let per_sm = by_smem.unwrap_or(1).min(by_regs).max(1);
@@ -1914,7 +1528,7 @@ impl Builder<'_> {
 
     /// Deeper-ring tilings worth timing for `parts` (`VIGIL_CUDA_DEEP`): the wgmma ones,
     /// and where it fits the halo kernel, the halo ones, block per tile and persistent.
-    fn deep_tilings(&self, parts: &QConvParts) -> Vec<Tiling> {
+    pub(super) fn deep_tilings(&self, parts: &QConvParts) -> Vec<Tiling> {
         if self.deep == PathMode::Off || self.wgmma == PathMode::Off {
             return Vec::new();
         }
@@ -1930,7 +1544,7 @@ impl Builder<'_> {
 
     /// TMA-fed versions of the wgmma tilings (the deeper rings too, where those are timed)
     /// worth timing for `parts` (`VIGIL_CUDA_TMA`): 1x1 stride-1 convolutions only.
-    fn tma_tilings(&self, parts: &QConvParts) -> Vec<Tiling> {
+    pub(super) fn tma_tilings(&self, parts: &QConvParts) -> Vec<Tiling> {
         if self.tma == PathMode::Off || self.wgmma == PathMode::Off || !tma_fits(parts) {
             return Vec::new();
         }
@@ -1951,7 +1565,7 @@ impl Builder<'_> {
     /// per SM (at most 64 registers a thread: ptxas spills a few `mma.sync` ones, and rejects
     /// the wgmma tilings' caps below their accumulators, so 5 blocks and the 128×128 wgmma
     /// tiling are not tried); each only where its shared memory lets that many blocks in.
-    fn resident_tilings(&self, parts: &QConvParts) -> Vec<Tiling> {
+    pub(super) fn resident_tilings(&self, parts: &QConvParts) -> Vec<Tiling> {
         if self.resident == PathMode::Off {
             return Vec::new();
         }
@@ -1970,14 +1584,19 @@ impl Builder<'_> {
 
     /// Blocks of `bytes` dynamic shared memory one SM holds (each also costs 1 KiB the system
     /// reserves); None when the device does not say how much it has.
-    fn smem_blocks(&self, bytes: usize) -> Option<usize> {
+    pub(super) fn smem_blocks(&self, bytes: usize) -> Option<usize> {
         (self.smem_per_sm > 0).then(|| self.smem_per_sm / (bytes + 1024))
     }
 
     /// The fastest implicit-GEMM tiling for QConv `parts` and its measured milliseconds (each
     /// tiling compiled on its own thread, as NVRTC takes most of the time, then loaded and
     /// timed in turn; memoised per geometry, residual and tiling set, process-wide).
-    fn igemm_best(&mut self, parts: &QConvParts, x: ValueId, y: ValueId) -> Result<(Tiling, f32)> {
+    pub(super) fn igemm_best(
+        &mut self,
+        parts: &QConvParts,
+        x: ValueId,
+        y: ValueId,
+    ) -> Result<(Tiling, f32)> {
         static CACHE: Memo<String, (Tiling, f32)> = OnceLock::new();
         let c = parts.geom;
         let mut tilings: Vec<Tiling> = match self.wgmma {
@@ -2095,7 +1714,7 @@ impl Builder<'_> {
     /// as each [`Probe`] variant, on the search buffer `buf` (x's `xb` bytes, then the output),
     /// and prints a `WSPROBE` line to stderr: which side of the kernel bounds it. Diagnostics
     /// only; the plan keeps the real kernel.
-    fn print_probes(
+    pub(super) fn print_probes(
         &mut self,
         parts: &QConvParts,
         (x, y): (ValueId, ValueId),
@@ -2138,7 +1757,12 @@ impl Builder<'_> {
     ///
     /// # Safety
     /// As for [`Self::kernel_ms`].
-    unsafe fn graph_ms(&self, module: &Module, k: &GenKernel, args: &[u64]) -> Result<f32> {
+    pub(super) unsafe fn graph_ms(
+        &self,
+        module: &Module,
+        k: &GenKernel,
+        args: &[u64],
+    ) -> Result<f32> {
         let f = module.function(&k.name)?;
         let d = launch_dims(k);
         allow_smem(&f, &d)?;
@@ -2182,7 +1806,11 @@ impl Builder<'_> {
 
     /// Measured milliseconds of the space-to-depth copy of QConv `parts`' input for `s2d`
     /// (memoised per geometry, process-wide).
-    fn space_to_depth_ms(&mut self, parts: &QConvParts, s2d: &QConvParts) -> Result<f32> {
+    pub(super) fn space_to_depth_ms(
+        &mut self,
+        parts: &QConvParts,
+        s2d: &QConvParts,
+    ) -> Result<f32> {
         static CACHE: Memo<String, f32> = OnceLock::new();
         let c = parts.geom;
         memoised(&CACHE, format!("{c:?} {}", parts.flip), || {
@@ -2198,7 +1826,7 @@ impl Builder<'_> {
 
     /// Measured milliseconds of the int8 unfold of `parts` into a `col_bytes` patch matrix
     /// (memoised per geometry, process-wide).
-    fn qunfold_ms(&mut self, parts: &QConvParts, col_bytes: usize) -> Result<f32> {
+    pub(super) fn qunfold_ms(&mut self, parts: &QConvParts, col_bytes: usize) -> Result<f32> {
         static CACHE: Memo<String, f32> = OnceLock::new();
         let c = parts.geom;
         memoised(&CACHE, format!("{c:?} {}", parts.flip), || {
@@ -2217,7 +1845,7 @@ impl Builder<'_> {
     /// Measured milliseconds of the requantization kernel of `parts` from int32 sums at `acc`
     /// (`splits` partial buffers) into int8 at `y` (compiled on its own; memoised per output
     /// shape, residual and split, process-wide).
-    fn requant_ms(
+    pub(super) fn requant_ms(
         &mut self,
         parts: &QConvParts,
         yv: ValueId,
@@ -2249,7 +1877,7 @@ impl Builder<'_> {
 
     /// Measured milliseconds of the im2col kernel for `unfold` from `x` into `col` (compiled
     /// on its own for the measurement; memoised per geometry and precision, process-wide).
-    fn im2col_ms(&mut self, unfold: &Im2col, x: u64, col: u64) -> Result<f32> {
+    pub(super) fn im2col_ms(&mut self, unfold: &Im2col, x: u64, col: u64) -> Result<f32> {
         static CACHE: Memo<(Im2col, bool), f32> = OnceLock::new();
         memoised(&CACHE, (*unfold, self.fp16), || {
             let mut g = Gen::new(self.fp16);
@@ -2263,7 +1891,7 @@ impl Builder<'_> {
     ///
     /// # Safety
     /// `args` are `k`'s parameters in order: device buffers it may read and write whole.
-    unsafe fn kernel_ms(&self, g: &Gen, k: &GenKernel, args: &[u64]) -> Result<f32> {
+    pub(super) unsafe fn kernel_ms(&self, g: &Gen, k: &GenKernel, args: &[u64]) -> Result<f32> {
         // SAFETY: as the caller vouches.
         unsafe { self.source_ms(&g.src, k, args) }
     }
@@ -2272,7 +1900,7 @@ impl Builder<'_> {
     ///
     /// # Safety
     /// As for [`Self::kernel_ms`].
-    unsafe fn source_ms(&self, src: &str, k: &GenKernel, args: &[u64]) -> Result<f32> {
+    pub(super) unsafe fn source_ms(&self, src: &str, k: &GenKernel, args: &[u64]) -> Result<f32> {
         let module = Module::compile(self.ctx, src)?;
         let f = module.function(&k.name)?;
         // SAFETY: as the caller vouches.
@@ -2283,7 +1911,12 @@ impl Builder<'_> {
     ///
     /// # Safety
     /// As for [`Self::kernel_ms`].
-    unsafe fn function_ms(&self, f: &Function, k: &GenKernel, args: &[u64]) -> Result<f32> {
+    pub(super) unsafe fn function_ms(
+        &self,
+        f: &Function,
+        k: &GenKernel,
+        args: &[u64],
+    ) -> Result<f32> {
         let d = launch_dims(k);
         allow_smem(f, &d)?;
         let s = self.stream;
@@ -2298,7 +1931,7 @@ impl Builder<'_> {
         })
     }
 
-    fn gemm(&mut self, idx: usize, node: &Node) -> Result<()> {
+    pub(super) fn gemm(&mut self, idx: usize, node: &Node) -> Result<()> {
         let g = self.g;
         let a = node.input(0).ok_or_else(|| unsupported(node, "no A"))?;
         let b = node.input(1).ok_or_else(|| unsupported(node, "no B"))?;
@@ -2461,1335 +2094,5 @@ impl Builder<'_> {
                 Ok(())
             }
         }
-    }
-}
-
-impl CudaExecutable {
-    /// Compiles `graph` for device `ordinal`; `fp16` stores float weights and activations as
-    /// half (convolutions and GEMMs accumulate in float; inputs and outputs stay f32).
-    pub fn new(graph: Arc<Graph>, ordinal: usize, fp16: bool) -> Result<Self> {
-        let ctx = CudaContext::new(ordinal).map_err(drv_err("context creation"))?;
-        let fuse = std::env::var("VIGIL_CUDA_FUSE").map_or(true, |v| v != "0");
-        let (lt_mode, qfuse) = (
-            PathMode::from_var("VIGIL_CUDA_LT"),
-            std::env::var("VIGIL_CUDA_QFUSE").map_or(true, |v| v != "0"),
-        );
-        // Int8 residuals fold only where cuBLASLt runs the convs (the dp4a kernel adds none).
-        let int8 = lt_mode != PathMode::Off && qfuse;
-        let graph = if fuse {
-            Arc::new(fuse_residual(&graph, int8)?)
-        } else {
-            graph
-        };
-        let g: &Graph = &graph;
-        let stream = ctx.default_stream();
-        let mut consts = HashMap::new();
-        for n in &g.nodes {
-            for v in n.present_inputs() {
-                if let (Some(c), false) = (g.constant(v), consts.contains_key(&v)) {
-                    consts.insert(v, DeviceBuffer::upload(&ctx, &device_bytes(c, fp16)?)?);
-                }
-            }
-        }
-        let lt = LtHandle::new()?;
-        // The device's compute capability decides which int8 kernel paths exist (None: unknown).
-        let cc = ctx.compute_capability().ok();
-        let attr = |a| {
-            ctx.attribute(a)
-                .map_or(0, |v| usize::try_from(v).unwrap_or(0))
-        };
-        let sms = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).max(1);
-        let mut b = Builder {
-            ctx: &ctx,
-            g,
-            readers: g.consumers(),
-            writers: g.producers(),
-            late_reads: Vec::new(),
-            in_place_ok: vec![None; g.nodes.len()],
-            stem_input: None,
-            gen: Gen::new(fp16),
-            kernels: Vec::new(),
-            steps: Vec::new(),
-            scratch: vec![0; g.nodes.len()],
-            consts,
-            dnn: DnnHandle::new(stream.cu_stream())?,
-            lt: &lt,
-            stream: stream.cu_stream(),
-            tmp: None,
-            fp16,
-            fuse,
-            descs: Vec::new(),
-            note: String::new(),
-            l2_bytes: ctx
-                .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
-                .map_or(0, |v| usize::try_from(v).unwrap_or(0)),
-            lt_mode,
-            im2col: std::env::var("VIGIL_CUDA_IM2COL").map_or(true, |v| v != "0"),
-            qfuse,
-            igemm: match cc {
-                Some(cc) if igemm_capable(cc) => PathMode::from_var("VIGIL_CUDA_IGEMM"),
-                _ => PathMode::Off,
-            },
-            wgmma: match cc {
-                Some((9, 0)) => PathMode::from_var("VIGIL_CUDA_WGMMA"),
-                _ => PathMode::Off,
-            },
-            splitk: PathMode::from_var("VIGIL_CUDA_SPLITK"),
-            cluster: PathMode::opt_in("VIGIL_CUDA_CLUSTER"),
-            sms,
-            smem_per_sm: attr(
-                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
-            ),
-            smem_per_block: match attr(
-                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-            ) {
-                0 => usize::MAX,
-                v => v,
-            },
-            s2d: std::env::var("VIGIL_CUDA_S2D").map_or(true, |v| v != "0"),
-            persist: PathMode::opt_in("VIGIL_CUDA_PERSIST"),
-            ws: PathMode::opt_in("VIGIL_CUDA_WS"),
-            halo: PathMode::from_var("VIGIL_CUDA_HALO"),
-            resident: PathMode::opt_in("VIGIL_CUDA_RESIDENT"),
-            deep: PathMode::from_var("VIGIL_CUDA_DEEP"),
-            tma: PathMode::opt_in("VIGIL_CUDA_TMA"),
-            library_step_ms: library_step_ms(cc),
-            b2b: PathMode::opt_in("VIGIL_CUDA_B2B"),
-            stem_pool: PathMode::opt_in("VIGIL_CUDA_STEM_POOL"),
-            first_step: vec![0; g.nodes.len()],
-            chosen_ms: vec![None; g.nodes.len()],
-            device_id: format!(
-                "{} cc{} sms{sms}",
-                ctx.name().unwrap_or_default(),
-                cc.map_or("?".into(), |(major, minor)| format!("{major}.{minor}")),
-            ),
-        };
-        for (i, n) in g.nodes.iter().enumerate() {
-            b.node(i, n)?;
-        }
-        b.tmp = None;
-        // fp16: inputs arrive as f32 in the io area and are converted into their slots first;
-        // outputs are converted back into the io area last.
-        let body = std::mem::take(&mut b.steps);
-        let body_descs = std::mem::take(&mut b.descs);
-        let mut io_bytes = 0usize;
-        let mut in_args = Vec::new();
-        for &v in &g.inputs {
-            if fp16 && g.values[v].dtype == DataType::F32 {
-                let n = g.shape(v)?.iter().product::<usize>();
-                let k = b.gen.convert(Arg::Io(io_bytes), Arg::Val(v), n, true);
-                b.launch(0, k);
-                in_args.push(Arg::Io(io_bytes));
-                io_bytes += alit(n * 4);
-            } else {
-                in_args.push(Arg::Val(v));
-            }
-        }
-        b.descs = vec!["input conversion".to_string(); b.steps.len()];
-        b.steps.extend(body);
-        b.descs.extend(body_descs);
-        let mut out_args = Vec::new();
-        for &v in &g.outputs {
-            if g.values[v].constant.is_some() {
-                out_args.push(None);
-            } else if fp16 && g.values[v].dtype == DataType::F32 {
-                let n = g.shape(v)?.iter().product::<usize>();
-                let k = b.gen.convert(Arg::Val(v), Arg::Io(io_bytes), n, false);
-                b.launch(0, k);
-                out_args.push(Some(Arg::Io(io_bytes)));
-                io_bytes += alit(n * 4);
-            } else {
-                out_args.push(Some(Arg::Val(v)));
-            }
-        }
-        while b.descs.len() < b.steps.len() {
-            b.descs.push("output conversion".to_string());
-        }
-        let plan = plan::plan_with_late_reads(g, &b.scratch, &b.in_place_ok, &b.late_reads)?;
-        let module = Module::compile(&ctx, &b.gen.src)?;
-        let functions = b
-            .kernels
-            .iter()
-            .map(|k| {
-                let f = module.function(&k.name)?;
-                allow_smem(&f, &launch_dims(k))?;
-                Ok(f)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let extras = upload_tables(&ctx, &b.gen.extras)?;
-        let maps = b.gen.maps.clone();
-        let Builder {
-            steps,
-            consts,
-            descs,
-            ..
-        } = b;
-        Ok(CudaExecutable {
-            ctx,
-            graph,
-            plan,
-            fp16,
-            in_args,
-            out_args,
-            io_bytes,
-            _module: module,
-            functions,
-            consts,
-            extras,
-            maps,
-            steps,
-            descs,
-            programmatic: cc.is_some_and(programmatic_launch_capable),
-        })
-    }
-
-    /// Generated CUDA kernels in this executable (for reports).
-    pub fn kernel_count(&self) -> usize {
-        self.functions.len()
-    }
-}
-
-impl Executable for CudaExecutable {
-    fn backend(&self) -> &'static str {
-        "cuda"
-    }
-
-    fn new_context(self: Arc<Self>) -> Result<Box<dyn BackendContext>> {
-        Ok(Box::new(CudaRun::new(self)?))
-    }
-
-    fn arena_bytes(&self) -> usize {
-        self.plan.arena_bytes
-    }
-
-    fn arena_lower_bound(&self) -> usize {
-        self.plan.lower_bound
-    }
-}
-
-/// A step with every pointer resolved against this context's arena.
-enum Resolved {
-    Launch {
-        f: Function,
-        dims: LaunchDims,
-        args: Vec<u64>,
-    },
-    Conv {
-        step: usize,
-        /// This context's own descriptors for the step.
-        descs: Box<ConvDescs>,
-        x: u64,
-        y: u64,
-        bias: u64,
-        z: u64,
-        ws: u64,
-    },
-    Pointwise {
-        /// This context's own copy of the step's matmul.
-        mm: Box<LtMatmul>,
-        x: u64,
-        w: u64,
-        y: u64,
-        z: u64,
-        ws: u64,
-    },
-    Gemm {
-        step: usize,
-        a: u64,
-        b: u64,
-        y: u64,
-    },
-    Copy {
-        dst: u64,
-        src: u64,
-        bytes: usize,
-    },
-}
-
-thread_local! {
-    static LAST_DEVICE_MS: std::cell::Cell<Option<f64>> = const { std::cell::Cell::new(None) };
-}
-
-/// Device time in ms (CUDA events) of the last inference this thread ran on a CUDA context,
-/// from after the input upload to before the output download (what framework benchmarks time
-/// with inputs already on the device); `None` before any or where the events failed.
-pub fn last_device_ms() -> Option<f64> {
-    LAST_DEVICE_MS.with(|c| c.get())
-}
-
-/// Captures what `enqueue` puts on `stream` (and on streams it forks off it) as a CUDA graph;
-/// the capture is ended even when `enqueue` fails.
-fn capture(stream: &Arc<CudaStream>, enqueue: impl FnOnce() -> Result<()>) -> Result<CudaGraph> {
-    stream
-        .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-        .map_err(drv_err("begin capture"))?;
-    let r = enqueue();
-    let captured = stream
-        .end_capture(sys::CUgraphInstantiate_flags(0))
-        .map_err(drv_err("end capture"));
-    r?;
-    captured?.ok_or_else(|| Error::Unsupported("CUDA graph capture produced nothing".into()))
-}
-
-/// Records `ev` on `s`; as an event node of the graph while the stream is being captured.
-fn record(ev: &CudaEvent, s: sys::CUstream, capturing: bool) -> Result<()> {
-    // SAFETY: a live event and stream of the same context.
-    unsafe {
-        if capturing {
-            sys::cuEventRecordWithFlags(
-                ev.cu_event(),
-                s,
-                sys::CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as u32,
-            )
-            .result()
-        } else {
-            drv::event::record(ev.cu_event(), s)
-        }
-    }
-    .map_err(drv_err("event record"))
-}
-
-/// One execution context: its own stream, arena, handles, staging and captured graph.
-struct CudaRun {
-    exe: Arc<CudaExecutable>,
-    stream: Arc<CudaStream>,
-    arena: Arena,
-    /// The kernels' TMA tensor maps over this context's arena ([`Arg::Map`]).
-    _maps: TensorMaps,
-    dnn: DnnHandle,
-    blas: BlasHandle,
-    lt: LtHandle,
-    staging_in: PinnedBuffer,
-    staging_out: PinnedBuffer,
-    /// (arena address, staging offset, bytes) per graph input / output.
-    ins: Vec<(u64, usize, usize)>,
-    outs: Vec<Option<(u64, usize, usize)>>,
-    resolved: Vec<Resolved>,
-    /// The captured inference: with the output download, and without it (outputs left on
-    /// the device for device postprocessing).
-    graph: Option<CudaGraph>,
-    graph_device: Option<CudaGraph>,
-    runs: usize,
-    use_graph: bool,
-    /// Timing events around the compute part of each inference.
-    events: (CudaEvent, CudaEvent),
-    /// `VIGIL_CUDA_PROFILE`: an event before every step (inside the captured graph too).
-    prof: Option<Prof>,
-    /// Generated kernels that follow one another overlap the next one's launch with the
-    /// previous one's tail (programmatic dependent launch: sm_90+, not while profiling,
-    /// `VIGIL_CUDA_PDL=0` turns it off).
-    overlap: bool,
-}
-
-/// Per-step device times accumulated over replays (`VIGIL_CUDA_PROFILE=1`).
-struct Prof {
-    events: Vec<CudaEvent>,
-    sum_ms: Vec<f64>,
-    runs: usize,
-}
-
-// SAFETY: every handle inside is used only through `&mut self` (one thread at a time), with
-// the context bound to the calling thread first.
-unsafe impl Send for CudaRun {}
-
-impl CudaRun {
-    fn new(exe: Arc<CudaExecutable>) -> Result<Self> {
-        let ctx = &exe.ctx;
-        ctx.bind_to_thread().map_err(drv_err("bind context"))?;
-        let stream = ctx.new_stream().map_err(drv_err("stream creation"))?;
-        let io_base = alit(exe.plan.arena_bytes);
-        // The cuBLAS(Lt) workspace starts 256-byte aligned (cuBLAS's requirement).
-        let ws_off = (io_base + exe.io_bytes).div_ceil(256) * 256;
-        let arena_bytes = ws_off + BLAS_WS;
-        let arena = alloc_arena(ctx, &stream, arena_bytes)?;
-        let base = arena.ptr();
-        let blas_ws = base + ws_off as u64;
-        let blas = BlasHandle::new(stream.cu_stream(), blas_ws, BLAS_WS)?;
-        let dnn = DnnHandle::new(stream.cu_stream())?;
-        let lt = LtHandle::new()?;
-        let g = &exe.graph;
-        let slot = |v: ValueId| -> Result<u64> {
-            exe.plan.values[v]
-                .map(|s| base + s.offset as u64)
-                .ok_or_else(|| {
-                    Error::InvalidModel(format!("value '{}' has no arena slot", g.values[v].name))
-                })
-        };
-        let resolve_base = |a: Arg, node: usize| -> Result<u64> {
-            match a {
-                Arg::Val(v) => match exe.consts.get(&v) {
-                    Some(b) => Ok(b.ptr()),
-                    None => slot(v),
-                },
-                Arg::Extra(k) => exe
-                    .extras
-                    .get(k)
-                    .map(|b| b.ptr())
-                    .ok_or_else(|| Error::InvalidModel("missing constant table".into())),
-                Arg::Scratch => exe.plan.scratch[node]
-                    .map(|s| base + s.offset as u64)
-                    .ok_or_else(|| Error::InvalidModel("missing scratch slot".into())),
-                Arg::ScratchAt(off) => exe.plan.scratch[node]
-                    .map(|s| base + (s.offset + off) as u64)
-                    .ok_or_else(|| Error::InvalidModel("missing scratch slot".into())),
-                Arg::Io(off) => Ok(base + (io_base + off) as u64),
-                Arg::Map(_) => Err(Error::InvalidModel("a tensor map over a tensor map".into())),
-            }
-        };
-        // The TMA tensor maps over this context's buffers.
-        let based = exe
-            .maps
-            .iter()
-            .map(|m| Ok((resolve_base(m.base, m.node)?, *m)))
-            .collect::<Result<Vec<_>>>()?;
-        let maps = upload_tensor_maps(ctx, &based)?;
-        let resolve = |a: Arg, node: usize| -> Result<u64> {
-            match a {
-                Arg::Map(k) => maps
-                    .ptr(k)
-                    .ok_or_else(|| Error::InvalidModel("missing tensor map".into())),
-                _ => resolve_base(a, node),
-            }
-        };
-        let mut ins = Vec::new();
-        let mut off = 0;
-        for (&v, &a) in g.inputs.iter().zip(&exe.in_args) {
-            let n = value_bytes(g, v)?;
-            ins.push((resolve(a, 0)?, off, n));
-            off += alit(n);
-        }
-        let staging_in = PinnedBuffer::alloc(ctx, off)?;
-        let mut outs = Vec::new();
-        let mut off = 0;
-        for (&v, a) in g.outputs.iter().zip(&exe.out_args) {
-            let Some(a) = a else {
-                outs.push(None);
-                continue;
-            };
-            let n = value_bytes(g, v)?;
-            outs.push(Some((resolve(*a, 0)?, off, n)));
-            off += alit(n);
-        }
-        let staging_out = PinnedBuffer::alloc(ctx, off)?;
-        let mut resolved = Vec::with_capacity(exe.steps.len());
-        for (i, s) in exe.steps.iter().enumerate() {
-            resolved.push(match s {
-                Step::Launch {
-                    node,
-                    f,
-                    dims,
-                    args,
-                } => Resolved::Launch {
-                    f: exe.functions[*f],
-                    dims: *dims,
-                    args: args
-                        .iter()
-                        .map(|&a| resolve(a, *node))
-                        .collect::<Result<_>>()?,
-                },
-                Step::Conv(c) => Resolved::Conv {
-                    step: i,
-                    descs: Box::new(c.descs()?),
-                    x: resolve(c.x, c.node)?,
-                    y: slot(c.y)?,
-                    bias: c.bias.map(|b| resolve(b, c.node)).transpose()?.unwrap_or(0),
-                    z: c.z.map(|b| resolve(b, c.node)).transpose()?.unwrap_or(0),
-                    ws: exe.plan.scratch[c.node]
-                        .map(|s| base + (s.offset + c.ws_offset) as u64)
-                        .unwrap_or(0),
-                },
-                Step::Pointwise(p) => Resolved::Pointwise {
-                    mm: Box::new(p.mm.instance()?),
-                    x: resolve(p.x, p.node)?,
-                    w: p.w.ptr(),
-                    y: resolve(p.y, p.node)?,
-                    z: p.z.map(|z| resolve(z, p.node)).transpose()?.unwrap_or(0),
-                    ws: blas_ws,
-                },
-                Step::Gemm(gm) => Resolved::Gemm {
-                    step: i,
-                    a: resolve(gm.a, gm.node)?,
-                    b: resolve(gm.b, gm.node)?,
-                    y: slot(gm.y)?,
-                },
-                Step::Copy { dst, src, bytes } => Resolved::Copy {
-                    dst: slot(*dst)?,
-                    src: resolve(*src, 0)?,
-                    bytes: *bytes,
-                },
-            });
-        }
-        let use_graph = std::env::var("VIGIL_CUDA_GRAPH").map_or(true, |v| v != "0");
-        let overlap = exe.programmatic && programmatic_launch_allowed();
-        let ev = || {
-            ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-                .map_err(drv_err("event creation"))
-        };
-        let events = (ev()?, ev()?);
-        let prof = if std::env::var("VIGIL_CUDA_PROFILE").is_ok_and(|v| v == "1") {
-            Some(Prof {
-                events: (0..=resolved.len()).map(|_| ev()).collect::<Result<_>>()?,
-                sum_ms: vec![0.0; resolved.len()],
-                runs: 0,
-            })
-        } else {
-            None
-        };
-        Ok(CudaRun {
-            exe,
-            stream,
-            arena,
-            _maps: maps,
-            dnn,
-            blas,
-            lt,
-            staging_in,
-            staging_out,
-            ins,
-            outs,
-            resolved,
-            graph: None,
-            graph_device: None,
-            runs: 0,
-            use_graph,
-            events,
-            overlap: prof.is_none() && overlap,
-            prof,
-        })
-    }
-
-    /// Enqueues one whole inference on the stream (what a CUDA graph captures); `download`
-    /// adds the copy of the outputs to the pinned staging buffer.
-    fn enqueue(&self, capturing: bool, download: bool) -> Result<()> {
-        let s = self.stream.cu_stream();
-        self.enqueue_upload(s)?;
-        record(&self.events.0, s, capturing)?;
-        self.enqueue_steps(capturing)?;
-        record(&self.events.1, s, capturing)?;
-        if download {
-            self.enqueue_download(s)?;
-        }
-        Ok(())
-    }
-
-    /// Enqueues the copy of every input from the pinned staging buffer to its slot, on `s`
-    /// (this context's stream, or the stream a laned run uploads all its lanes on).
-    fn enqueue_upload(&self, s: sys::CUstream) -> Result<()> {
-        let sin = self.staging_in.bytes();
-        for &(dst, off, n) in &self.ins {
-            // SAFETY: the slot holds n bytes; the pinned staging buffer outlives the stream work.
-            unsafe { drv::memcpy_htod_async(dst, &sin[off..off + n], s) }
-                .map_err(drv_err("input copy"))?;
-        }
-        Ok(())
-    }
-
-    /// Enqueues the inference's steps on this context's stream (the one its library handles
-    /// are bound to), with the profile's events when profiling.
-    fn enqueue_steps(&self, capturing: bool) -> Result<()> {
-        let s = self.stream.cu_stream();
-        // Whether the stream's last operation is one of the generated kernels (which a
-        // programmatic launch may overlap; it must not overlap a copy or a library call).
-        let mut after_kernel = false;
-        for (k, r) in self.resolved.iter().enumerate() {
-            if let Some(p) = &self.prof {
-                record(&p.events[k], s, capturing)?;
-            }
-            match r {
-                Resolved::Launch { f, dims, args } => {
-                    let LaunchDims { grid, block, smem } = *dims;
-                    if grid.0 == 0 || grid.1 == 0 {
-                        continue;
-                    }
-                    let mut ptrs = [std::ptr::null_mut::<c_void>(); 64];
-                    if args.len() > ptrs.len() {
-                        return Err(Error::Unsupported("kernel with over 64 arguments".into()));
-                    }
-                    for (p, a) in ptrs.iter_mut().zip(args) {
-                        *p = a as *const u64 as *mut c_void;
-                    }
-                    // SAFETY: the generated kernel takes exactly these pointer arguments, each
-                    // into a live buffer sized by the plan.
-                    unsafe {
-                        f.launch(
-                            (grid, block, smem),
-                            s,
-                            &mut ptrs[..args.len()],
-                            self.overlap && after_kernel,
-                        )
-                    }?;
-                    after_kernel = true;
-                    continue;
-                }
-                Resolved::Conv {
-                    step,
-                    descs,
-                    x,
-                    y,
-                    bias,
-                    z,
-                    ws,
-                } => {
-                    let Step::Conv(c) = &self.exe.steps[*step] else {
-                        continue;
-                    };
-                    let (one, zero) = (1f32, 0f32);
-                    let (alpha2, zp) = if *z != 0 { (1f32, *z) } else { (0f32, *y) };
-                    let d = descs;
-                    // SAFETY: descriptors match the buffers, which the plan sized.
-                    unsafe {
-                        if c.fused {
-                            dnn::convolution_bias_activation_forward(
-                                self.dnn.0,
-                                &one as *const f32 as *const c_void,
-                                d.x,
-                                *x as *const c_void,
-                                d.w,
-                                c.w.ptr() as *const c_void,
-                                d.conv,
-                                c.algo.algo,
-                                *ws as *mut c_void,
-                                c.algo.workspace,
-                                &alpha2 as *const f32 as *const c_void,
-                                d.y,
-                                zp as *const c_void,
-                                d.bias,
-                                *bias as *const c_void,
-                                d.act,
-                                d.y,
-                                *y as *mut c_void,
-                            )
-                        } else {
-                            dnn::convolution_forward(
-                                self.dnn.0,
-                                &one as *const f32 as *const c_void,
-                                d.x,
-                                *x as *const c_void,
-                                d.w,
-                                c.w.ptr() as *const c_void,
-                                d.conv,
-                                c.algo.algo,
-                                *ws as *mut c_void,
-                                c.algo.workspace,
-                                &zero as *const f32 as *const c_void,
-                                d.y,
-                                *y as *mut c_void,
-                            )
-                        }
-                    }
-                    .map_err(dnn_err("convolution"))?;
-                }
-                Resolved::Pointwise { mm, x, w, y, z, ws } => {
-                    mm.run(&self.lt, s, *x, *w, *z, *y, *ws)?;
-                }
-                Resolved::Gemm { step, a, b, y } => {
-                    let Step::Gemm(gm) = &self.exe.steps[*step] else {
-                        continue;
-                    };
-                    let op = |t: bool| {
-                        if t {
-                            blas_sys::cublasOperation_t::CUBLAS_OP_T
-                        } else {
-                            blas_sys::cublasOperation_t::CUBLAS_OP_N
-                        }
-                    };
-                    let lda = if gm.ta { gm.m } else { gm.k } as i32;
-                    let ldb = if gm.tb { gm.k } else { gm.n } as i32;
-                    let zero = 0f32;
-                    // Row-major Y = A·B is column-major Yᵀ = Bᵀ·Aᵀ.
-                    if self.exe.fp16 {
-                        let h = blas_sys::cudaDataType_t::CUDA_R_16F;
-                        // SAFETY: half operands sized by the inferred shapes; float scalars
-                        // for the float compute type.
-                        unsafe {
-                            blas::gemm_strided_batched_ex(
-                                self.blas.0,
-                                op(gm.tb),
-                                op(gm.ta),
-                                gm.n as i32,
-                                gm.m as i32,
-                                gm.k as i32,
-                                &gm.alpha as *const f32 as *const c_void,
-                                *b as *const c_void,
-                                h,
-                                ldb,
-                                gm.stride[1],
-                                *a as *const c_void,
-                                h,
-                                lda,
-                                gm.stride[0],
-                                &zero as *const f32 as *const c_void,
-                                *y as *mut c_void,
-                                h,
-                                gm.n as i32,
-                                gm.stride[2],
-                                gm.batch as i32,
-                                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT_TENSOR_OP,
-                            )
-                        }
-                        .map_err(blas_err("half gemm"))?;
-                        continue;
-                    }
-                    // SAFETY: operand sizes follow from the inferred shapes.
-                    unsafe {
-                        blas::sgemm_strided_batched(
-                            self.blas.0,
-                            op(gm.tb),
-                            op(gm.ta),
-                            gm.n as i32,
-                            gm.m as i32,
-                            gm.k as i32,
-                            &gm.alpha,
-                            *b as *const f32,
-                            ldb,
-                            gm.stride[1],
-                            *a as *const f32,
-                            lda,
-                            gm.stride[0],
-                            &zero,
-                            *y as *mut f32,
-                            gm.n as i32,
-                            gm.stride[2],
-                            gm.batch as i32,
-                        )
-                    }
-                    .map_err(blas_err("gemm"))?;
-                }
-                Resolved::Copy { dst, src, bytes } => {
-                    // A reshape planned in place (same address) has nothing to copy.
-                    if *bytes == 0 || dst == src {
-                        continue;
-                    }
-                    // SAFETY: both ranges hold `bytes` bytes.
-                    unsafe { drv::memcpy_dtod_async(*dst, *src, *bytes, s) }
-                        .map_err(drv_err("device copy"))?;
-                }
-            }
-            after_kernel = false;
-        }
-        if let Some(p) = &self.prof {
-            record(&p.events[self.resolved.len()], s, capturing)?;
-        }
-        Ok(())
-    }
-
-    /// Enqueues the copy of every output slot into the pinned staging buffer, on `s`.
-    fn enqueue_download(&self, s: sys::CUstream) -> Result<()> {
-        let sout = self.staging_out.bytes();
-        for &(src, off, n) in self.outs.iter().flatten() {
-            // SAFETY: as for the inputs; the staging buffer is pinned and outlives the work.
-            let dst =
-                unsafe { std::slice::from_raw_parts_mut(sout.as_ptr().add(off) as *mut u8, n) };
-            // SAFETY: the slot holds n bytes.
-            unsafe { drv::memcpy_dtoh_async(dst, src, s) }.map_err(drv_err("output copy"))?;
-        }
-        Ok(())
-    }
-
-    /// Fills `outputs` (reshaped as needed) from the staging buffer, or from the graph for
-    /// outputs that are constants.
-    fn staged_outputs(&self, outputs: &mut [Tensor]) -> Result<()> {
-        let g = &self.exe.graph;
-        if outputs.len() != g.outputs.len() {
-            return Err(Error::BadInput(format!(
-                "model gives {} outputs, got {} buffers",
-                g.outputs.len(),
-                outputs.len()
-            )));
-        }
-        for (j, (&v, t)) in g.outputs.iter().zip(outputs.iter_mut()).enumerate() {
-            let value = &g.values[v];
-            let shape = g.shape(v)?;
-            if t.dtype() != value.dtype || t.shape != shape {
-                *t = Tensor::zeros(value.dtype, shape.to_vec());
-            }
-            t.as_bytes_mut().copy_from_slice(self.output_bytes(j)?);
-        }
-        Ok(())
-    }
-
-    /// Output `j`'s bytes after a run: its slice of the staging buffer, or the constant it is.
-    fn output_bytes(&self, j: usize) -> Result<&[u8]> {
-        let g = &self.exe.graph;
-        let value = &g.values[g.outputs[j]];
-        match (self.outs[j], &value.constant) {
-            (Some((_, off, n)), _) => Ok(&self.staging_out.bytes()[off..off + n]),
-            (None, Some(c)) => Ok(c.as_bytes()),
-            (None, None) => Err(Error::InvalidModel(format!(
-                "output '{}' has no source",
-                value.name
-            ))),
-        }
-    }
-}
-
-impl CudaRun {
-    /// Uploads the inputs and runs one inference to completion (replaying the captured graph
-    /// of this variant), with or without the output download.
-    fn execute(&mut self, inputs: &[&Tensor], download: bool) -> Result<()> {
-        let exe = Arc::clone(&self.exe);
-        exe.ctx.bind_to_thread().map_err(drv_err("bind context"))?;
-        for (t, &(_, off, n)) in inputs.iter().zip(&self.ins) {
-            self.staging_in.bytes_mut()[off..off + n].copy_from_slice(t.as_bytes());
-        }
-        let ncu = self.prof.is_some() && self.runs == 3;
-        if ncu {
-            // SAFETY: plain profiler range marker (for `ncu --profile-from-start off`).
-            let _ = unsafe { sys::cuProfilerStart() };
-        }
-        let captured = if download {
-            &self.graph
-        } else {
-            &self.graph_device
-        };
-        if let Some(graph) = captured {
-            graph.launch().map_err(drv_err("graph launch"))?;
-        } else if self.use_graph && self.runs > 0 {
-            let graph = capture(&self.stream, || self.enqueue(true, download))?;
-            graph.launch().map_err(drv_err("graph launch"))?;
-            if download {
-                self.graph = Some(graph);
-            } else {
-                self.graph_device = Some(graph);
-            }
-        } else {
-            self.enqueue(false, download)?;
-        }
-        self.stream
-            .synchronize()
-            .map_err(drv_err("inference (stream synchronize)"))?;
-        // SAFETY: both events were recorded by the work just synchronised.
-        let ms = unsafe { drv::event::elapsed(self.events.0.cu_event(), self.events.1.cu_event()) };
-        LAST_DEVICE_MS.with(|c| c.set(ms.ok().map(f64::from)));
-        if ncu {
-            // SAFETY: as above.
-            let _ = unsafe { sys::cuProfilerStop() };
-        }
-        if let (Some(p), true) = (&mut self.prof, self.runs >= 2) {
-            for k in 0..p.sum_ms.len() {
-                // SAFETY: both events were recorded by the work just synchronised.
-                let t = unsafe {
-                    drv::event::elapsed(p.events[k].cu_event(), p.events[k + 1].cu_event())
-                };
-                p.sum_ms[k] += f64::from(t.unwrap_or(f32::NAN));
-            }
-            p.runs += 1;
-        }
-        self.runs += 1;
-        Ok(())
-    }
-}
-
-impl BackendContext for CudaRun {
-    fn run(&mut self, inputs: &[&Tensor], outputs: &mut [Tensor]) -> Result<()> {
-        crate::backend::check_signature(&self.exe.graph, inputs, outputs)?;
-        self.execute(inputs, true)?;
-        self.staged_outputs(outputs)
-    }
-
-    fn run_on_device(&mut self, inputs: &[&Tensor]) -> Result<Option<Vec<DeviceOutput>>> {
-        let exe = Arc::clone(&self.exe);
-        let g = &exe.graph;
-        crate::backend::check_inputs(g, inputs)?;
-        // Outputs that are graph constants have no device slot: postprocess on the host.
-        let mut outs = Vec::with_capacity(self.outs.len());
-        for (&v, o) in g.outputs.iter().zip(&self.outs) {
-            let Some((ptr, _, _)) = *o else {
-                return Ok(None);
-            };
-            outs.push(DeviceOutput {
-                ptr,
-                dtype: g.values[v].dtype,
-                shape: g.shape(v)?.to_vec(),
-            });
-        }
-        self.execute(inputs, false)?;
-        Ok(Some(outs))
-    }
-
-    fn download_outputs(&mut self, outputs: &mut [Tensor]) -> Result<()> {
-        self.exe
-            .ctx
-            .bind_to_thread()
-            .map_err(drv_err("bind context"))?;
-        self.enqueue_download(self.stream.cu_stream())?;
-        self.stream
-            .synchronize()
-            .map_err(drv_err("output download (stream synchronize)"))?;
-        self.staged_outputs(outputs)
-    }
-}
-
-impl CudaRun {
-    /// Prints the per-step profile (`VIGIL_CUDA_PROFILE=1`) to stderr.
-    fn report(&self) {
-        let Some(p) = &self.prof else { return };
-        if p.runs == 0 {
-            return;
-        }
-        let n = p.runs as f64;
-        let total: f64 = p.sum_ms.iter().sum::<f64>() / n;
-        let g = &self.exe.graph;
-        let mut lines = vec![format!(
-            "PROFILE {} steps, {} graph input(s) {:?}, fp16 {}, cuDNN {}, {} replays: {:.4} ms per inference",
-            p.sum_ms.len(),
-            g.inputs.len(),
-            g.inputs.first().and_then(|&v| g.shape(v).ok()),
-            self.exe.fp16,
-            super::dnn::cudnn_version(),
-            p.runs,
-            total
-        )];
-        let mut by_kind: Vec<(String, f64, usize)> = Vec::new();
-        for (k, d) in self.exe.descs.iter().enumerate() {
-            let kind = d.split(' ').next().unwrap_or("?").to_string()
-                + match self.resolved.get(k) {
-                    Some(Resolved::Launch { .. }) => "/kernel",
-                    Some(Resolved::Conv { .. }) => "/cudnn",
-                    Some(Resolved::Gemm { .. }) => "/cublas",
-                    Some(Resolved::Pointwise { .. }) => "/cublaslt",
-                    Some(Resolved::Copy { .. }) => "/copy",
-                    None => "",
-                };
-            let t = p.sum_ms[k] / n;
-            match by_kind.iter_mut().find(|e| e.0 == kind) {
-                Some(e) => {
-                    e.1 += t;
-                    e.2 += 1;
-                }
-                None => by_kind.push((kind, t, 1)),
-            }
-            lines.push(format!("PSTEP {k:3} {:8.1} us  {d}", t * 1e3));
-        }
-        by_kind.sort_by(|a, b| b.1.total_cmp(&a.1));
-        for (kind, t, c) in by_kind {
-            lines.push(format!("PKIND {kind:28} {c:4} steps {:9.1} us", t * 1e3));
-        }
-        eprintln!("{}", lines.join("\n"));
-    }
-}
-
-impl Drop for CudaRun {
-    fn drop(&mut self) {
-        self.report();
-        let _ = self.exe.ctx.bind_to_thread();
-        let _ = self.stream.synchronize();
-        let _ = &self.arena;
-    }
-}
-
-/// Folds `Add(conv(x), z)` and `Relu(Add(conv(x), z))` (conv with constant bias and no
-/// activation, its output read only by the add) into one conv node with `z` as a fourth input,
-/// placed where the add was (so every input is computed before it and stays live until it).
-/// cuDNN then computes `act(conv(x) + bias + z)` in one call. With `int8`, uint8 activations
-/// between int8 ops become int8 first ([`signed_activations`]), then `QAdd(QConv(x), z)` (no
-/// activation on the sum but ReLU) folds into a dense NHWC QConv with a residual.
-fn fuse_residual(g: &Graph, int8: bool) -> Result<Graph> {
-    use crate::ir::{BinaryOp, ChainStep, UnaryOp};
-    let signed;
-    let g = if int8 {
-        signed = signed_activations(g);
-        &signed
-    } else {
-        g
-    };
-    let consumers = g.consumers();
-    let mut out = g.clone();
-    let mut dead = vec![false; g.nodes.len()];
-    let producer: HashMap<ValueId, usize> = g
-        .nodes
-        .iter()
-        .enumerate()
-        .flat_map(|(i, n)| n.outputs.iter().map(move |&o| (o, i)))
-        .collect();
-    for (j, add) in g.nodes.iter().enumerate() {
-        // What the add is: a float sum (ReLU after or not) or, with `int8`, a QAdd.
-        let (float_relu, qadd) = match &add.op {
-            Op::QAdd(qa) if int8 && matches!(qa.activation, None | Some(Activation::Relu)) => {
-                (false, Some(qa))
-            }
-            Op::Binary(BinaryOp::Add) => (false, None),
-            Op::Elementwise(steps) => match steps.as_slice() {
-                [ChainStep::Binary {
-                    op: BinaryOp::Add,
-                    operand: 1,
-                    ..
-                }] => (false, None),
-                [ChainStep::Binary {
-                    op: BinaryOp::Add,
-                    operand: 1,
-                    ..
-                }, ChainStep::Unary(UnaryOp::Act(Activation::Relu))] => (true, None),
-                _ => continue,
-            },
-            _ => continue,
-        };
-        let dtype = if qadd.is_some() {
-            DataType::I8
-        } else {
-            DataType::F32
-        };
-        let accept = |conv: &Node| match (&conv.op, qadd) {
-            (Op::Conv(c), None) => {
-                c.activation.is_none()
-                    && conv.inputs.len() == 3
-                    && conv.input(2).is_some_and(|bv| g.constant(bv).is_some())
-            }
-            (Op::QConv(q), Some(_)) => {
-                q.conv.activation.is_none()
-                    && q.residual.is_none()
-                    && q.conv.layout == Layout::Nhwc
-                    && q.conv.group == 1
-                    && (2..=3).contains(&conv.inputs.len())
-            }
-            _ => false,
-        };
-        let operands = residual_operands(g, add, dtype, (&producer, &consumers, &dead), accept);
-        let Some((i, z, z_first)) = operands else {
-            continue;
-        };
-        let conv = &g.nodes[i];
-        let mut inputs = conv.inputs.clone();
-        let op = match (&conv.op, qadd) {
-            (Op::Conv(c), None) => {
-                let mut c = c.clone();
-                c.activation = float_relu.then_some(Activation::Relu);
-                Op::Conv(c)
-            }
-            (Op::QConv(q), Some(qa)) => {
-                // `Q(act(conv + DQ(z)))`: the conv's own requantization is skipped (as
-                // TensorRT does), so values can differ from the unfused graph by a step.
-                let mut q = q.clone();
-                q.conv.activation = qa.activation;
-                q.y = qa.y;
-                q.residual = Some(if z_first { qa.a } else { qa.b });
-                inputs.resize(3, None);
-                Op::QConv(q)
-            }
-            _ => continue,
-        };
-        inputs.push(Some(z));
-        out.nodes[j] = Node {
-            name: format!("{}+{}", conv.name, add.name),
-            op,
-            inputs,
-            outputs: add.outputs.clone(),
-        };
-        dead[i] = true;
-    }
-    let mut k = 0;
-    out.nodes.retain(|_| {
-        k += 1;
-        !dead[k - 1]
-    });
-    Ok(out)
-}
-
-/// `g` with uint8 activations between int8 ops stored as int8: a value that a QConv or QAdd
-/// produces and only QConvs (as their input) and QAdds read, not a graph input or output,
-/// becomes int8 with its zero point minus 128 in the producer's and every consumer's
-/// parameters. The same real values, bit for bit (`q_i8 = q_u8 - 128`); it lets cuBLASLt's
-/// signed epilogue (and the residual fold) serve ONNX Runtime's default uint8 QDQ models.
-fn signed_activations(g: &Graph) -> Graph {
-    use crate::ir::QParams;
-    let consumers = g.consumers();
-    let mut producer = vec![None; g.values.len()];
-    for (i, n) in g.nodes.iter().enumerate() {
-        for &o in &n.outputs {
-            producer[o] = Some(i);
-        }
-    }
-    let reads_as_activation = |node: &Node, v: ValueId| match &node.op {
-        Op::QConv(q) => {
-            q.residual.is_none()
-                && node.input(0) == Some(v)
-                && node.present_inputs().filter(|&u| u == v).count() == 1
-        }
-        Op::QAdd(_) => true,
-        _ => false,
-    };
-    let flip: Vec<ValueId> = (0..g.values.len())
-        .filter(|&v| {
-            g.values[v].dtype == DataType::U8
-                && !g.inputs.contains(&v)
-                && !g.outputs.contains(&v)
-                && !consumers[v].is_empty()
-                && producer[v].is_some_and(|p| match &g.nodes[p].op {
-                    Op::QConv(q) => q.residual.is_none(),
-                    Op::QAdd(_) => true,
-                    _ => false,
-                })
-                && consumers[v]
-                    .iter()
-                    .all(|&c| reads_as_activation(&g.nodes[c], v))
-        })
-        .collect();
-    let signed = |q: &mut QParams| {
-        if q.dtype == DataType::U8 {
-            q.dtype = DataType::I8;
-            q.zero_point -= 128;
-        }
-    };
-    let mut out = g.clone();
-    for &v in &flip {
-        out.values[v].dtype = DataType::I8;
-        for i in producer[v].into_iter().chain(consumers[v].iter().copied()) {
-            let node = &mut out.nodes[i];
-            let (ins, outs) = (node.inputs.clone(), node.outputs.clone());
-            match &mut node.op {
-                Op::QConv(q) => {
-                    if outs.contains(&v) {
-                        signed(&mut q.y);
-                    }
-                    if ins.first() == Some(&Some(v)) {
-                        signed(&mut q.x);
-                    }
-                }
-                Op::QAdd(q) => {
-                    if outs.contains(&v) {
-                        signed(&mut q.y);
-                    }
-                    if ins.first() == Some(&Some(v)) {
-                        signed(&mut q.a);
-                    }
-                    if ins.get(1) == Some(&Some(v)) {
-                        signed(&mut q.b);
-                    }
-                }
-                _ => {}
-            }
-        }
-    }
-    out
-}
-
-/// The conv whose output an add `add` (inputs `a`, `b`) can absorb: the first orientation
-/// where one input is produced by a node `accept`s (not fused already), read only by the add
-/// and no graph output, with the other input `z` and the sum of its shape, all `dtype`.
-/// Returns the conv's index, `z`, and whether `z` is the add's first input.
-fn residual_operands(
-    g: &Graph,
-    add: &Node,
-    dtype: DataType,
-    (producer, consumers, dead): (&HashMap<ValueId, usize>, &[Vec<usize>], &[bool]),
-    accept: impl Fn(&Node) -> bool,
-) -> Option<(usize, ValueId, bool)> {
-    let (Some(Some(a)), Some(Some(b)), 2, 1) = (
-        add.inputs.first(),
-        add.inputs.get(1),
-        add.inputs.len(),
-        add.outputs.len(),
-    ) else {
-        return None;
-    };
-    let out_v = add.outputs[0];
-    [(*a, *b, false), (*b, *a, true)]
-        .into_iter()
-        .find_map(|(y, z, z_first)| {
-            let i = *producer.get(&y)?;
-            let ok = !dead[i]
-                && y != z
-                && accept(&g.nodes[i])
-                && consumers[y].len() == 1
-                && !g.outputs.contains(&y)
-                && [y, z, out_v].iter().all(|&v| g.values[v].dtype == dtype)
-                && g.shape(y).ok() == g.shape(z).ok()
-                && g.shape(y).ok() == g.shape(out_v).ok();
-            ok.then_some((i, z, z_first))
-        })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::ir::{AutoPad, ConvAttrs, QAddAttrs, QConvAttrs, QParams, TensorData};
-
-    fn q8(scale: f32, zero_point: i32) -> QParams {
-        QParams {
-            scale,
-            zero_point,
-            dtype: DataType::I8,
-        }
-    }
-
-    /// `x → QConv(1x1) → a`, `QAdd(a, z) [→ ReLU] → y` on int8 NHWC tensors; `z` and `x`
-    /// are graph inputs, `y` the output (and `a` too when `a_out`).
-    fn conv_add(a_out: bool) -> Graph {
-        let mut g = Graph {
-            opset: 17,
-            ..Default::default()
-        };
-        let shape = vec![1, 4, 4, 8];
-        let value = |g: &mut Graph, name: &str| {
-            let v = g.add_value(name, DataType::I8);
-            g.values[v].shape = Some(shape.clone());
-            v
-        };
-        let (x, z, a, y) = (
-            value(&mut g, "x"),
-            value(&mut g, "z"),
-            value(&mut g, "a"),
-            value(&mut g, "y"),
-        );
-        let w = g.add_constant(
-            "w",
-            Tensor::new(vec![8, 8, 1, 1], TensorData::I8(vec![1; 64])).expect("w"),
-        );
-        let b = g.add_constant(
-            "b",
-            Tensor::new(vec![8], TensorData::I32(vec![0; 8])).expect("b"),
-        );
-        g.nodes.push(Node {
-            name: "conv".into(),
-            op: Op::QConv(QConvAttrs {
-                conv: ConvAttrs {
-                    kernel_shape: vec![1, 1],
-                    strides: vec![1, 1],
-                    pads: vec![0; 4],
-                    dilations: vec![1, 1],
-                    group: 1,
-                    auto_pad: AutoPad::NotSet,
-                    activation: None,
-                    layout: Layout::Nhwc,
-                },
-                x: q8(0.1, 0),
-                y: q8(0.2, 3),
-                w_scales: vec![0.01; 8],
-                residual: None,
-            }),
-            inputs: vec![Some(x), Some(w), Some(b)],
-            outputs: vec![a],
-        });
-        g.nodes.push(Node {
-            name: "add".into(),
-            op: Op::QAdd(QAddAttrs {
-                a: q8(0.2, 3),
-                b: q8(0.05, -2),
-                y: q8(0.3, 0),
-                activation: Some(Activation::Relu),
-            }),
-            inputs: vec![Some(a), Some(z)],
-            outputs: vec![y],
-        });
-        g.inputs = vec![x, z];
-        g.outputs = if a_out { vec![y, a] } else { vec![y] };
-        g
-    }
-
-    #[test]
-    fn int8_residual_add_folds_into_its_conv() {
-        let g = conv_add(false);
-        let f = fuse_residual(&g, true).expect("fuse");
-        assert_eq!(f.nodes.len(), 1, "{:?}", f.nodes);
-        let n = &f.nodes[0];
-        let Op::QConv(q) = &n.op else {
-            panic!("not a QConv: {:?}", n.op)
-        };
-        // The sum's parameters and activation; the residual keeps z's parameters.
-        assert_eq!(q.y, q8(0.3, 0));
-        assert_eq!(q.conv.activation, Some(Activation::Relu));
-        assert_eq!(q.residual, Some(q8(0.05, -2)));
-        let (x, w, b, z) = (
-            g.inputs[0],
-            g.nodes[0].inputs[1],
-            g.nodes[0].inputs[2],
-            g.inputs[1],
-        );
-        assert_eq!(n.inputs, vec![Some(x), w, b, Some(z)]);
-        assert_eq!(n.outputs, g.outputs);
-        // Off (cuBLASLt off or VIGIL_CUDA_QFUSE=0): untouched.
-        assert_eq!(
-            names(&fuse_residual(&g, false).expect("fuse")),
-            ["conv", "add"]
-        );
-    }
-
-    #[test]
-    fn int8_residual_stays_when_the_conv_output_is_read_elsewhere() {
-        let g = conv_add(true);
-        assert_eq!(
-            names(&fuse_residual(&g, true).expect("fuse")),
-            ["conv", "add"]
-        );
-    }
-
-    #[test]
-    fn uint8_activations_between_int8_ops_become_int8() {
-        // x (input) → conv → a → conv2 → y (output), all uint8.
-        let mut g = conv_add(false);
-        let u8q = |q: QParams| QParams {
-            dtype: DataType::U8,
-            zero_point: q.zero_point + 128,
-            ..q
-        };
-        let (x, a, y) = (g.inputs[0], g.nodes[0].outputs[0], g.nodes[1].outputs[0]);
-        let mut conv2 = g.nodes[0].clone();
-        conv2.name = "conv2".into();
-        conv2.inputs[0] = Some(a);
-        conv2.outputs = vec![y];
-        g.nodes[1] = conv2;
-        g.outputs = vec![y];
-        g.inputs = vec![x];
-        for v in [x, a, y] {
-            g.values[v].dtype = DataType::U8;
-        }
-        for n in &mut g.nodes {
-            if let Op::QConv(q) = &mut n.op {
-                q.x = u8q(q.x);
-                q.y = u8q(q.y);
-            }
-        }
-        let f = signed_activations(&g);
-        let dt = |v: ValueId| f.values[v].dtype;
-        assert_eq!(
-            (dt(x), dt(a), dt(y)),
-            (DataType::U8, DataType::I8, DataType::U8)
-        );
-        let q = |i: usize| match &f.nodes[i].op {
-            Op::QConv(q) => (q.x, q.y),
-            op => panic!("{op:?}"),
-        };
-        // `a`'s parameters in its producer (output) and consumer (input) go back to int8
-        // (zero point - 128); the graph's input and output keep theirs.
-        assert_eq!(q(0), (u8q(q8(0.1, 0)), q8(0.2, 3)));
-        assert_eq!(q(1), (q8(0.1, 0), u8q(q8(0.2, 3))));
-    }
-
-    #[test]
-    fn float_residual_add_and_relu_fold_into_their_conv() {
-        use crate::ir::{BinaryOp, ChainStep, UnaryOp};
-        // The int8 graph turned float: Conv → a, Relu(a + z) as one elementwise chain.
-        let mut g = conv_add(false);
-        for v in &mut g.values {
-            if v.dtype == DataType::I8 {
-                v.dtype = DataType::F32;
-            }
-        }
-        if let Op::QConv(q) = &g.nodes[0].op {
-            g.nodes[0].op = Op::Conv(q.conv.clone());
-        }
-        g.nodes[1].op = Op::Elementwise(vec![
-            ChainStep::Binary {
-                op: BinaryOp::Add,
-                operand: 1,
-                acc_on_right: false,
-            },
-            ChainStep::Unary(UnaryOp::Act(Activation::Relu)),
-        ]);
-        let f = fuse_residual(&g, true).expect("fuse");
-        assert_eq!(names(&f), ["conv+add"]);
-        let Op::Conv(c) = &f.nodes[0].op else {
-            panic!("not a Conv: {:?}", f.nodes[0].op)
-        };
-        assert_eq!(c.activation, Some(Activation::Relu));
-        let mut want = g.nodes[0].inputs.clone();
-        want.push(Some(g.inputs[1]));
-        assert_eq!(f.nodes[0].inputs, want);
-        assert_eq!(f.nodes[0].outputs, g.outputs);
-    }
-
-    fn names(g: &Graph) -> Vec<&str> {
-        g.nodes.iter().map(|n| n.name.as_str()).collect()
     }
 }
