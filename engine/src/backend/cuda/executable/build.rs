@@ -391,6 +391,21 @@ impl Builder<'_> {
         Ok(true)
     }
 
+    /// A step copying the node's first input into its output (the whole output's bytes).
+    fn copy_input(&mut self, node: &Node) -> Result<()> {
+        let x = node
+            .input(0)
+            .ok_or_else(|| unsupported(node, "missing input"))?;
+        let y = node.outputs[0];
+        let bytes = stored_bytes(self.g, y, self.fp16)?;
+        self.steps.push(Step::Copy {
+            dst: y,
+            src: Arg::Val(x),
+            bytes,
+        });
+        Ok(())
+    }
+
     pub(super) fn node_steps(&mut self, idx: usize, node: &Node) -> Result<()> {
         let g = self.g;
         if self.fused_steps(idx, node)? || self.stem_pool(idx, node)? {
@@ -406,16 +421,7 @@ impl Builder<'_> {
             | Op::Squeeze { .. }
             | Op::Unsqueeze { .. }
             | Op::Identity => {
-                let x = node
-                    .input(0)
-                    .ok_or_else(|| unsupported(node, "missing input"))?;
-                let y = node.outputs[0];
-                let bytes = stored_bytes(g, y, self.fp16)?;
-                self.steps.push(Step::Copy {
-                    dst: y,
-                    src: Arg::Val(x),
-                    bytes,
-                });
+                self.copy_input(node)?;
                 // Where x dies here, the plan gives y x's buffer and the copy moves nothing.
                 self.in_place_ok[idx] = Some(0);
                 Ok(())
@@ -429,16 +435,7 @@ impl Builder<'_> {
             Op::ScatterND => {
                 // The output starts as a copy of the data; the updates are then scattered in.
                 let k = self.gen.scatter_nd(g, node)?;
-                let x = node
-                    .input(0)
-                    .ok_or_else(|| unsupported(node, "missing input"))?;
-                let y = node.outputs[0];
-                let bytes = stored_bytes(g, y, self.fp16)?;
-                self.steps.push(Step::Copy {
-                    dst: y,
-                    src: Arg::Val(x),
-                    bytes,
-                });
+                self.copy_input(node)?;
                 self.launch(idx, k);
                 Ok(())
             }
