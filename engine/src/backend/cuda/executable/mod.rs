@@ -806,6 +806,38 @@ mod tests {
         assert_eq!(f.nodes[0].outputs, g.outputs);
     }
 
+    #[test]
+    fn plain_launches_match_the_chosen_tiling_only() {
+        let descs: Vec<String> = [
+            "QConv 'a' igemm wg128x128/6 tma 0.0085 ms (cuBLASLt 0.0112 ms) m6272 n256 k1024",
+            "QConv 'b' igemm halo256x64/4 persistent 132 0.0158 ms (wg128x64/6 persistent 8 0.0170 ms) m1 n2 k3",
+            "QConv 'c' igemm wg128x64/6 0.0100 ms (wg128x64/6 tma 0.0120 ms) m1 n2 k3",
+            "QAdd 'd'",
+        ]
+        .map(String::from)
+        .to_vec();
+        assert_eq!(plain_launches(&descs, "", ""), [false; 4]);
+        // Only 'b' chose persistent blocks; 'c' merely measured tma against its choice.
+        assert_eq!(
+            plain_launches(&descs, "persistent", ""),
+            [false, true, false, false]
+        );
+        assert_eq!(
+            plain_launches(&descs, "", "tma"),
+            [false, true, false, false]
+        );
+        assert_eq!(
+            plain_launches(&descs, "tma", "persistent"),
+            [true, false, true, false]
+        );
+        // Words are whole: "tm" names nothing, and a list may hold several.
+        assert_eq!(plain_launches(&descs, "tm", ""), [false; 4]);
+        assert_eq!(
+            plain_launches(&descs, " tma , persistent ", ""),
+            [true, true, false, false]
+        );
+    }
+
     fn names(g: &Graph) -> Vec<&str> {
         g.nodes.iter().map(|n| n.name.as_str()).collect()
     }

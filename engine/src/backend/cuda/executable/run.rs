@@ -117,6 +117,34 @@ pub(super) struct CudaRun {
     /// previous one's tail (programmatic dependent launch: sm_90+, not while profiling,
     /// `VIGIL_CUDA_PDL=0` turns it off).
     pub(super) overlap: bool,
+    /// Per step, whether its launch is plain even where `overlap` holds
+    /// ([`plain_launches`]: the placement experiment's `VIGIL_CUDA_PDL_PLAIN*`).
+    pub(super) plain: Vec<bool>,
+}
+
+/// Per step, whether a generated kernel launches plainly (not as a programmatic dependent)
+/// although programmatic launch is on: its step's tiling names one of the words in `own`
+/// (`VIGIL_CUDA_PDL_PLAIN`, e.g. `persistent`), or the step before's names one in `after`
+/// (`VIGIL_CUDA_PDL_PLAIN_AFTER`, e.g. `tma`). A step's tiling is its description up to the
+/// chosen time, so the candidates it was measured against do not count. An A/B knob: it tests
+/// whether blocks launched early beside their predecessor's are placed worse (docs/cuda.md).
+pub(super) fn plain_launches(descs: &[String], own: &str, after: &str) -> Vec<bool> {
+    let words = |list: &str| -> Vec<String> {
+        list.split(',')
+            .map(str::trim)
+            .filter(|w| !w.is_empty())
+            .map(|w| format!(" {w}"))
+            .collect()
+    };
+    let (own, after) = (words(own), words(after));
+    let names = |d: &String, ws: &[String]| {
+        let tiling = d.split(" ms (").next().unwrap_or("");
+        ws.iter()
+            .any(|w| tiling.contains(&format!("{w} ")) || tiling.ends_with(w.as_str()))
+    };
+    (0..descs.len())
+        .map(|k| names(&descs[k], &own) || (k > 0 && names(&descs[k - 1], &after)))
+        .collect()
 }
 
 /// Per-step device times accumulated over replays (`VIGIL_CUDA_PROFILE=1`).
@@ -273,6 +301,11 @@ impl CudaRun {
         } else {
             None
         };
+        let plain = plain_launches(
+            &exe.descs,
+            &std::env::var("VIGIL_CUDA_PDL_PLAIN").unwrap_or_default(),
+            &std::env::var("VIGIL_CUDA_PDL_PLAIN_AFTER").unwrap_or_default(),
+        );
         Ok(CudaRun {
             exe,
             stream,
@@ -292,6 +325,7 @@ impl CudaRun {
             use_graph,
             events,
             overlap: prof.is_none() && overlap,
+            plain,
             prof,
         })
     }
@@ -353,7 +387,9 @@ impl CudaRun {
                             (grid, block, smem),
                             s,
                             &mut ptrs[..args.len()],
-                            self.overlap && after_kernel,
+                            self.overlap
+                                && after_kernel
+                                && !self.plain.get(k).copied().unwrap_or(false),
                         )
                     }?;
                     after_kernel = true;
