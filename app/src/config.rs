@@ -16,12 +16,19 @@ pub enum ConfigError {
     /// The file could not be read.
     #[error("cannot read config {path}: {source}")]
     Read {
+        /// The config file.
         path: PathBuf,
+        /// Why it could not be read.
         source: std::io::Error,
     },
     /// The TOML did not parse or did not match the schema (unknown keys included).
     #[error("invalid config {path}: {message}")]
-    Parse { path: PathBuf, message: String },
+    Parse {
+        /// The config file (or the name the text was given under).
+        path: PathBuf,
+        /// The TOML parser's message (it usually points at the line at fault).
+        message: String,
+    },
     /// A value is out of range or inconsistent.
     #[error("invalid config: {0}")]
     Invalid(String),

@@ -46,8 +46,11 @@ impl Default for ModelOptions {
 /// Name, type and static shape of a model input or output.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct TensorInfo {
+    /// Tensor name in the model.
     pub name: String,
+    /// Element type.
     pub dtype: DataType,
+    /// Static shape once prepared (symbolic dims resolved, batch pinned).
     pub shape: Vec<usize>,
 }
 

@@ -19,11 +19,17 @@ pub enum FrameSizes {
     Discrete(Vec<DiscreteSize>),
     /// Any size in a range, in steps (continuous when steps are 1).
     Stepwise {
+        /// Smallest width offered, in pixels.
         min_width: u32,
+        /// Largest width offered, in pixels.
         max_width: u32,
+        /// Width increment between offered sizes, in pixels.
         step_width: u32,
+        /// Smallest height offered, in pixels.
         min_height: u32,
+        /// Largest height offered, in pixels.
         max_height: u32,
+        /// Height increment between offered sizes, in pixels.
         step_height: u32,
         /// Frame rates offered (empty: unknown).
         fps: Vec<f64>,
@@ -33,7 +39,9 @@ pub enum FrameSizes {
 /// One discrete size and its frame rates.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct DiscreteSize {
+    /// Frame width in pixels.
     pub width: u32,
+    /// Frame height in pixels.
     pub height: u32,
     /// Frame rates offered at this size (empty: unknown).
     pub fps: Vec<f64>,
@@ -57,16 +65,22 @@ pub struct OfferedFormat {
 pub struct Request {
     /// Formats in order of preference.
     pub formats: Vec<PixelFormat>,
+    /// Wanted frame width in pixels.
     pub width: u32,
+    /// Wanted frame height in pixels.
     pub height: u32,
+    /// Wanted frame rate (fps); the nearest offered rate is chosen.
     pub fps: f64,
 }
 
 /// The negotiated choice.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Choice {
+    /// Pixel format to set on the device.
     pub format: PixelFormat,
+    /// Frame width to set, in pixels (nearest offered to the request).
     pub width: u32,
+    /// Frame height to set, in pixels (nearest offered to the request).
     pub height: u32,
     /// Chosen rate (0 when the device lists none).
     pub fps: f64,

@@ -31,8 +31,11 @@ use super::webhook::Webhook;
 pub struct FrameTimings {
     /// MJPEG decode or YUV → RGB conversion.
     pub convert_ms: f64,
+    /// Resizing and normalising the RGB frame into the model's input tensor.
     pub preprocess_ms: f64,
+    /// Running the model.
     pub inference_ms: f64,
+    /// Turning the model's outputs into classes or boxes.
     pub postprocess_ms: f64,
     /// Capture → results published.
     pub latency_ms: f64,
@@ -112,20 +115,27 @@ fn convert_frame(
 /// One frame's results, as broadcast to SSE clients and shown in `/v1/cameras`.
 #[derive(Clone, Debug, Serialize)]
 pub struct FrameResult {
+    /// Id of the camera that captured the frame.
     pub camera: String,
     /// Capture sequence number.
     pub seq: u64,
+    /// Frame width in pixels, after conversion to RGB.
     pub width: u32,
+    /// Frame height in pixels, after conversion to RGB.
     pub height: u32,
     /// Wall-clock time of capture, milliseconds since the Unix epoch.
     pub timestamp_ms: u64,
+    /// Stage times of this frame, in milliseconds.
     pub timings: FrameTimings,
+    /// Classes or boxes (boxes in frame pixels).
     pub results: Results,
 }
 
 /// The latest inferred frame with its results; JPEG encodings are made once, on first request.
 pub struct Published {
+    /// The frame's results.
     pub result: Arc<FrameResult>,
+    /// The frame as inferred (RGB, without annotations).
     pub image: Arc<RgbImage>,
     jpeg_plain: OnceLock<Result<bytes::Bytes, String>>,
     jpeg_annotated: OnceLock<Result<bytes::Bytes, String>>,
@@ -182,7 +192,9 @@ pub enum CameraState {
 /// State, last error and source details.
 #[derive(Clone, Debug, Serialize)]
 pub struct Status {
+    /// Lifecycle state.
     pub state: CameraState,
+    /// Most recent source or frame error, kept after recovery (`None` until one occurs).
     pub last_error: Option<String>,
     /// Reopens after a failure.
     pub reconnects: u64,
@@ -293,7 +305,9 @@ impl LatestSlot {
 
 /// A running camera: its config, state, counters and sinks.
 pub struct CameraHandle {
+    /// The camera's configuration, as validated at start.
     pub config: CameraConfig,
+    /// Frame counters (captured, inferred, dropped, failed).
     pub counters: Counters,
     status: Mutex<Status>,
     rate_in: RateMeter,
@@ -308,16 +322,26 @@ pub struct CameraHandle {
 /// A snapshot of a camera for `GET /v1/cameras`.
 #[derive(Clone, Debug, Serialize)]
 pub struct CameraSummary {
+    /// Camera id, as used in `/v1/cameras/{id}`.
     pub id: String,
+    /// Name of the model the camera runs.
     pub model: String,
+    /// Lifecycle state, last error, reconnects and source details (flattened in the JSON).
     #[serde(flatten)]
     pub status: Status,
+    /// Frames captured per second, over about the last second (0 when the source went quiet).
     pub fps_in: f64,
+    /// Frames inferred per second, over about the last second (0 when inference went quiet).
     pub fps_out: f64,
+    /// Frames read from the source since start.
     pub frames_captured: u64,
+    /// Frames run through the model since start.
     pub frames_inferred: u64,
+    /// Frames overwritten in the latest-frame slot before inference took them.
     pub frames_dropped: u64,
+    /// Frames that failed conversion or inference.
     pub frames_failed: u64,
+    /// Results of the latest inferred frame, if any.
     pub last_result: Option<FrameResult>,
 }
 

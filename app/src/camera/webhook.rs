@@ -17,8 +17,11 @@ use super::pipeline::FrameResult;
 /// A parsed `http://host[:port]/path` URL.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HttpUrl {
+    /// Host name or IP address (IPv6 without brackets).
     pub host: String,
+    /// TCP port (80 when the URL gives none).
     pub port: u16,
+    /// Request path with any query string; "/" when the URL gives none.
     pub path: String,
 }
 

@@ -55,13 +55,21 @@ pub struct BenchArgs {
 /// Latency summary in milliseconds plus throughput.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct BenchStats {
+    /// Number of timed iterations.
     pub iterations: usize,
+    /// Images per iteration.
     pub batch: usize,
+    /// Fastest iteration.
     pub min_ms: f64,
+    /// Median iteration (nearest rank).
     pub p50_ms: f64,
+    /// 90th-percentile iteration (nearest rank).
     pub p90_ms: f64,
+    /// 99th-percentile iteration (nearest rank).
     pub p99_ms: f64,
+    /// Slowest iteration.
     pub max_ms: f64,
+    /// Mean iteration.
     pub mean_ms: f64,
     /// Images (batch elements) per second over the timed iterations.
     pub throughput: f64,

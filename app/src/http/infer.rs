@@ -29,22 +29,34 @@ pub struct InferQuery {
 /// Stage timings plus the end-to-end time, in milliseconds.
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct TimingsMs {
+    /// Decoding the image into RGB pixels.
     pub decode_ms: f64,
+    /// Resizing and normalising the image into the model's input tensor.
     pub preprocess_ms: f64,
+    /// Running the model (queue wait excluded).
     pub inference_ms: f64,
+    /// Turning the model's outputs into classes or boxes.
     pub postprocess_ms: f64,
+    /// Request received to results ready, including reading the body and waiting in the queue.
     pub total_ms: f64,
 }
 
 /// The JSON answer for one image (shared by the HTTP API and `vigil infer`).
 #[derive(Clone, Debug, Serialize)]
 pub struct InferResponse {
+    /// Name of the model that ran.
     pub model: String,
+    /// The model's task: "classification" or "detection".
     pub task: &'static str,
+    /// Width in pixels of the decoded image.
     pub width: u32,
+    /// Height in pixels of the decoded image.
     pub height: u32,
+    /// Time taken per stage, in milliseconds.
     pub timings: TimingsMs,
+    /// Top classes with scores, or boxes in the image's pixels with labels and scores.
     pub results: Results,
+    /// Request id, from `X-Request-Id` or generated; also sent back in that header.
     pub request_id: String,
 }
 

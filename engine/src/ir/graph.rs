@@ -12,7 +12,9 @@ pub type ValueId = usize;
 /// One tensor-valued edge of the graph.
 #[derive(Clone, Debug)]
 pub struct Value {
+    /// Tensor name from the model, or one made up by the pass that created the value.
     pub name: String,
+    /// Element type.
     pub dtype: DataType,
     /// Static shape once inference has run; `None` before, or when it cannot be known.
     pub shape: Option<Vec<usize>>,
@@ -25,10 +27,13 @@ pub struct Value {
 /// One operator application.
 #[derive(Clone, Debug)]
 pub struct Node {
+    /// Node name from the model, else `<op_type>#<index>` (for messages and reports).
     pub name: String,
+    /// The operator and its attributes.
     pub op: Op,
     /// Inputs in ONNX order; `None` for an omitted optional input.
     pub inputs: Vec<Option<ValueId>>,
+    /// Output values, in ONNX order.
     pub outputs: Vec<ValueId>,
 }
 
@@ -47,10 +52,13 @@ impl Node {
 /// A model graph. `nodes` is kept in a valid execution (topological) order by every pass.
 #[derive(Clone, Debug, Default)]
 pub struct Graph {
+    /// Every value, indexed by [`ValueId`].
     pub values: Vec<Value>,
+    /// Nodes in execution order.
     pub nodes: Vec<Node>,
     /// Runtime inputs (initializers are not listed here).
     pub inputs: Vec<ValueId>,
+    /// Model outputs, in model order.
     pub outputs: Vec<ValueId>,
     /// The default-domain opset the model was exported with.
     pub opset: i64,

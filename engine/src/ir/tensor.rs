@@ -5,11 +5,17 @@ use crate::error::{Error, Result};
 /// Element types the engine understands. F16 and F64 initializers are widened to F32 at import.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum DataType {
+    /// 32-bit float (also holds F16/F64/BF16 data, widened at import).
     F32,
+    /// 64-bit signed integer (shapes, indices).
     I64,
+    /// 32-bit signed integer (e.g. quantized biases).
     I32,
+    /// 8-bit signed integer (quantized weights and activations).
     I8,
+    /// 8-bit unsigned integer (quantized activations, image bytes).
     U8,
+    /// Boolean, one byte per element (0 or 1).
     Bool,
 }
 
@@ -52,18 +58,26 @@ impl DataType {
 /// Typed element storage of a [`Tensor`]. Bool is stored as one byte per element (0 or 1).
 #[derive(Clone, Debug, PartialEq)]
 pub enum TensorData {
+    /// Elements of an [`DataType::F32`] tensor.
     F32(Vec<f32>),
+    /// Elements of an [`DataType::I64`] tensor.
     I64(Vec<i64>),
+    /// Elements of an [`DataType::I32`] tensor.
     I32(Vec<i32>),
+    /// Elements of an [`DataType::I8`] tensor.
     I8(Vec<i8>),
+    /// Elements of a [`DataType::U8`] tensor.
     U8(Vec<u8>),
+    /// Elements of a [`DataType::Bool`] tensor, each 0 or 1.
     Bool(Vec<u8>),
 }
 
 /// A dense row-major host tensor with a static shape.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Tensor {
+    /// Dimensions, outermost first (empty for a scalar).
     pub shape: Vec<usize>,
+    /// Elements in row-major order.
     pub data: TensorData,
 }
 

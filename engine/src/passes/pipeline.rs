@@ -8,7 +8,9 @@ use crate::ir::{shape, Graph};
 /// What the optimizer did, for logs and `vigil inspect`.
 #[derive(Clone, Debug, Default)]
 pub struct OptimizeReport {
+    /// Nodes removed by constant folding.
     pub folded: usize,
+    /// Rewrites of the structural passes (empty when not optimizing).
     pub passes: PassReport,
 }
 

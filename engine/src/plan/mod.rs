@@ -24,7 +24,9 @@ pub const ALIGNMENT: usize = 64;
 /// Where one buffer lives in the arena.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Slot {
+    /// Byte offset from the start of the arena (a multiple of [`ALIGNMENT`]).
     pub offset: usize,
+    /// Bytes reserved: the value's size rounded up to [`ALIGNMENT`].
     pub size: usize,
 }
 

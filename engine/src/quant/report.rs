@@ -106,20 +106,32 @@ pub fn match_detections(
 pub enum Agreement {
     /// Classifiers: top-1 agreement and logit cosine similarity.
     Classification {
+        /// Images compared.
         images: usize,
+        /// Images whose FP32 and INT8 top-1 classes are the same.
         top1_agree: usize,
+        /// `top1_agree / images` (1 with no images).
         top1_agreement: f64,
+        /// Mean cosine similarity of the FP32 and INT8 logits (0 with no images).
         mean_cosine: f64,
+        /// Smallest per-image cosine similarity.
         min_cosine: f64,
     },
     /// Detectors: INT8 detections scored against the FP32 detections (IoU 0.5, same class).
     Detection {
+        /// Images compared.
         images: usize,
+        /// FP32 detections over all images (the reference).
         fp32_detections: usize,
+        /// INT8 detections over all images.
         int8_detections: usize,
+        /// INT8 detections matched to an FP32 one (same class, IoU >= 0.5).
         matched: usize,
+        /// `matched / int8_detections` (1 when there are none).
         precision: f64,
+        /// `matched / fp32_detections` (1 when there are none).
         recall: f64,
+        /// Harmonic mean of precision and recall (0 when both are 0).
         f1: f64,
     },
 }
@@ -209,8 +221,9 @@ pub struct LayerReport {
     pub input: String,
     /// Output tensor.
     pub output: String,
-    /// Calibrated `amax` of the input and its scale (`amax / 127`).
+    /// Calibrated `amax` of the input (the largest magnitude its int8 range covers).
     pub input_amax: f32,
+    /// The input's quantization scale, `input_amax / 127`.
     pub input_scale: f32,
     /// Number of weight scales (output channels when per-channel).
     pub weight_scales: usize,
@@ -223,7 +236,9 @@ pub struct LayerReport {
 /// SQNR of one model output, INT8 (all non-excluded layers quantized) against FP32.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct OutputSqnr {
+    /// Model output name.
     pub name: String,
+    /// SQNR in dB, capped at ±[`MAX_SQNR_DB`].
     pub sqnr_db: f64,
 }
 
@@ -237,13 +252,19 @@ pub const MAX_SUGGESTED: usize = 5;
 pub struct Report {
     /// sha256 of the model file, hex.
     pub model_sha256: String,
+    /// Activation calibration method: `entropy`, `percentile` or `minmax`.
     pub method: String,
+    /// Whether weights got one scale per output channel (else one per tensor).
     pub per_channel: bool,
+    /// Images the activation ranges were calibrated on.
     pub calibration_images: usize,
+    /// Held-out images SQNR and agreement were measured on.
     pub evaluation_images: usize,
     /// How the INT8 numbers were computed.
     pub int8_path: String,
+    /// FP32-vs-INT8 agreement on the held-out images.
     pub agreement: Agreement,
+    /// SQNR of each model output, in model order.
     pub outputs: Vec<OutputSqnr>,
     /// Layers in execution order.
     pub layers: Vec<LayerReport>,

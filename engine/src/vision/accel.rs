@@ -25,7 +25,10 @@ pub enum YuvLayout {
     /// Packed 4:2:2, Y0 U Y1 V per pixel pair.
     Yuyv,
     /// 4:2:0: a Y plane, then interleaved UV rows; `cubic` = vertical cubic chroma (else nearest).
-    Nv12 { cubic: bool },
+    Nv12 {
+        /// Upsample chroma vertically with a cubic filter (else nearest).
+        cubic: bool,
+    },
 }
 
 /// A borrowed raw YUV frame (`stride` bytes per row of each plane, 0 = tightly packed).

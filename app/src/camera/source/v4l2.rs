@@ -22,8 +22,11 @@ pub const BUFFERS: u32 = 4;
 /// Device identity from VIDIOC_QUERYCAP.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Caps {
+    /// Driver name, e.g. "uvcvideo".
     pub driver: String,
+    /// Device name as the driver reports it, e.g. the webcam's model.
     pub card: String,
+    /// Where the device is attached, e.g. "usb-0000:00:14.0-1".
     pub bus_info: String,
     /// Supports video capture.
     pub capture: bool,
@@ -34,17 +37,24 @@ pub struct Caps {
 /// The format the driver settled on (VIDIOC_S_FMT's answer).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ActualFormat {
+    /// Pixel format as a V4L2 fourcc, e.g. `*b"YUYV"`.
     pub fourcc: [u8; 4],
+    /// Frame width in pixels.
     pub width: u32,
+    /// Frame height in pixels.
     pub height: u32,
+    /// Bytes per row of the (first) plane, padding included (the stride).
     pub bytes_per_line: u32,
+    /// Buffer size one frame needs, in bytes (for MJPEG, an upper bound).
     pub size_image: u32,
 }
 
 /// A dequeued buffer.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Dequeued {
+    /// Index of the buffer among those requested.
     pub index: u32,
+    /// Bytes of the buffer filled with frame data.
     pub bytes_used: u32,
     /// The driver flagged the frame as corrupt (V4L2_BUF_FLAG_ERROR).
     pub error: bool,
@@ -777,10 +787,13 @@ impl DeviceIo for SysDevice {
 /// A capture device found by [`list_devices`].
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct DeviceListing {
+    /// Device node, e.g. `/dev/video0`.
     pub path: PathBuf,
     /// Stable `/dev/v4l/by-id` aliases pointing at it.
     pub by_id: Vec<PathBuf>,
+    /// Capabilities from VIDIOC_QUERYCAP (`None` when the device could not be queried).
     pub caps: Option<Caps>,
+    /// Formats and sizes offered (empty when the device could not be queried).
     pub formats: Vec<OfferedFormat>,
     /// Set when the device could not be queried.
     pub error: Option<String>,

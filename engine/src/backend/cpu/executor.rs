@@ -12,6 +12,7 @@ use crate::plan::{MemoryPlan, PlanCache, Slot, ALIGNMENT};
 
 /// The CPU backend with its thread count (0 = one per core).
 pub struct CpuBackend {
+    /// Worker threads for the kernels (0 = one per core).
     pub threads: usize,
 }
 

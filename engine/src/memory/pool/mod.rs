@@ -178,6 +178,7 @@ pub struct PoolStats {
     /// Pages a remappable region's pool has backed and unbacked so far (the driver work of
     /// its page moves: each costs tens of microseconds on a GPU).
     pub pages_mapped: u64,
+    /// Pages it has unbacked so far (see `pages_mapped`).
     pub pages_unmapped: u64,
     /// Free spans handed from one stream to another in place, ordered on the device after a
     /// point on the giving stream (a pool whose region moves pages in the background).

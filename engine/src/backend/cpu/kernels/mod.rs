@@ -90,16 +90,22 @@ pub fn build_kernel(graph: &Graph, node: &Node) -> Result<Box<dyn Kernel>> {
 /// A read-only view of one tensor (an arena slice or a constant's bytes).
 #[derive(Clone, Copy, Debug)]
 pub struct TensorRef<'a> {
+    /// Element type.
     pub dtype: DataType,
+    /// Static shape, row-major.
     pub shape: &'a [usize],
+    /// The elements' native-endian bytes, aligned for the element type.
     pub bytes: &'a [u8],
 }
 
 /// A writable view of one output tensor in the arena.
 #[derive(Debug)]
 pub struct TensorMut<'a> {
+    /// Element type.
     pub dtype: DataType,
+    /// Static shape, row-major.
     pub shape: &'a [usize],
+    /// The elements' native-endian bytes, aligned for the element type.
     pub bytes: &'a mut [u8],
 }
 

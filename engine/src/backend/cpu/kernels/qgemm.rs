@@ -126,6 +126,7 @@ pub struct PackedQB {
     /// Whether products of at least [`AMX_MIN_ROWS`] rows run on the AMX tiles.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     amx: bool,
+    /// N, the number of columns of B (and of the output).
     pub n: usize,
     /// Panels: (first column, width 16 or 32, offset into `data`, or into `pairs` for AVX2).
     panels: Vec<(usize, usize, usize)>,
@@ -1087,6 +1088,7 @@ pub struct QEpilogue {
     pub zy: f32,
     /// Clamp of the rounded value (after adding the zero point), in the output's range.
     pub lo: f32,
+    /// Upper end of that clamp (`lo` is the lower end).
     pub hi: f32,
     /// Negative-side slope (LeakyRelu; 1 otherwise).
     pub slope: f32,
