@@ -28,6 +28,8 @@ export VIGIL_ONNX_NODE_TESTS
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
+# The API docs build without a broken or private link.
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 cargo test --workspace -- --nocapture 2>&1 | tee target/test-output.log
 # Packaging: unit verification, aarch64 cross-build + glibc check, both .debs, and serve-and-infer
 # smoke tests of the installed packages (arm64 under qemu-user). VIGIL_SKIP_PACKAGING=1 skips it

@@ -344,11 +344,11 @@ pub struct QAddAttrs {
 /// Every operator the IR can represent. Inputs are documented per variant (ONNX order).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
-    /// X, W, [B]
+    /// X, W, \[B\]
     Conv(ConvAttrs),
-    /// X, W, [B]
+    /// X, W, \[B\]
     ConvTranspose(ConvTransposeAttrs),
-    /// A, B, [C]; `activation` is a fused epilogue.
+    /// A, B, \[C\]; `activation` is a fused epilogue.
     Gemm {
         /// Scale of the product in `Y = alpha * A' * B' + beta * C` (ONNX default 1).
         alpha: f32,
@@ -374,7 +374,7 @@ pub enum Op {
     Binary(BinaryOp),
     /// Fused elementwise chain over inputs; the result has the broadcast shape of all inputs.
     Elementwise(Vec<ChainStep>),
-    /// X, [min], [max] (opset >= 11 passes bounds as inputs; older ones are rewritten to Act).
+    /// X, \[min\], \[max\] (opset >= 11 passes bounds as inputs; older ones are rewritten to Act).
     Clip,
     /// X; maximum over each window (ONNX MaxPool).
     MaxPool(PoolAttrs),
@@ -395,14 +395,14 @@ pub enum Op {
         /// Axis to join on; negative counts from the end (required by ONNX).
         axis: i64,
     },
-    /// X, [split]; `num_outputs` is the node's output count.
+    /// X, \[split\]; `num_outputs` is the node's output count.
     Split {
         /// Axis to split; negative counts from the end (ONNX default 0).
         axis: i64,
         /// Output sizes along `axis` (attribute or constant input); `None`: equal parts.
         split: Option<Vec<usize>>,
     },
-    /// data, starts, ends, [axes], [steps]
+    /// data, starts, ends, \[axes\], \[steps\]
     Slice,
     /// data, shape
     Reshape {
@@ -419,12 +419,12 @@ pub enum Op {
         /// Where the second output dim starts; negative counts from the end (ONNX default 1).
         axis: i64,
     },
-    /// data, [axes] (attribute axes of older opsets are stored here)
+    /// data, \[axes\] (attribute axes of older opsets are stored here)
     Squeeze {
         /// Axes to remove (negative count from the end); `None`: input 1, else every size-1 axis.
         axes: Option<Vec<i64>>,
     },
-    /// data, [axes]
+    /// data, \[axes\]
     Unsqueeze {
         /// Output positions of the new size-1 axes (negative count from the end); `None`: input 1.
         axes: Option<Vec<i64>>,
@@ -438,7 +438,7 @@ pub enum Op {
     Expand,
     /// data, indices, updates
     ScatterND,
-    /// data, pads, [constant_value], [axes]
+    /// data, pads, \[constant_value\], \[axes\]
     Pad {
         /// How padded cells are filled (ONNX `mode`, default constant).
         mode: PadMode,
@@ -448,7 +448,7 @@ pub enum Op {
         /// Target element type (ONNX `to`).
         to: super::DataType,
     },
-    /// X, [roi], [scales], [sizes]
+    /// X, \[roi\], \[scales\], \[sizes\]
     Resize(ResizeAttrs),
     /// input; `exp(x) / sum(exp(x))` along `axis`.
     Softmax {
@@ -480,7 +480,7 @@ pub enum Op {
     },
     /// input, unchanged (inference-mode Dropout also becomes this).
     Identity,
-    /// x (f32), y_scale, [y_zero_point]: `saturate(round(x / scale) + zero_point)`; `axis` is the
+    /// x (f32), y_scale, \[y_zero_point\]: `saturate(round(x / scale) + zero_point)`; `axis` is the
     /// per-axis dimension; `dtype` is the `output_dtype` attribute when given.
     QuantizeLinear {
         /// Axis a 1-D scale/zero point runs along (ONNX default 1); negative counts from the end.
@@ -488,7 +488,7 @@ pub enum Op {
         /// Output type (ONNX `output_dtype`) used when no zero point gives one; U8 if neither.
         dtype: Option<super::DataType>,
     },
-    /// x (int), x_scale, [x_zero_point]: `(x - zero_point) * scale` as f32.
+    /// x (int), x_scale, \[x_zero_point\]: `(x - zero_point) * scale` as f32.
     DequantizeLinear {
         /// Axis a 1-D scale/zero point runs along (ONNX default 1); negative counts from the end.
         axis: i64,

@@ -1,4 +1,4 @@
-//! ONNX import: decodes a `ModelProto` and builds the IR [`Graph`](crate::ir::Graph).
+//! ONNX import: decodes a `ModelProto` and builds the IR [`Graph`].
 //!
 //! Initializers and `Constant` nodes become constant values, every supported op is mapped onto
 //! [`Op`](crate::ir::Op) with its attributes parsed and defaulted per the ONNX spec (opsets

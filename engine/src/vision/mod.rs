@@ -57,7 +57,7 @@ pub enum ResizeMode {
     },
 }
 
-/// Preprocessing recipe: value = ((pixel * scale) - mean[c]) / std[c], laid out NCHW.
+/// Preprocessing recipe: `value = ((pixel * scale) - mean[c]) / std[c]`, laid out NCHW.
 #[derive(Clone, Debug, PartialEq, serde::Deserialize, Serialize)]
 pub struct Preprocess {
     /// Model input width in pixels.

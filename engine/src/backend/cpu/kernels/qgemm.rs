@@ -103,7 +103,7 @@ const AMX_MIN_K: usize = 64;
 /// classifier's single one, stay on the VNNI registers).
 const AMX_MIN_ROWS: usize = 16;
 
-/// Whether AMX int8 tiles can run here ([`super::amx::available`]; never off x86-64).
+/// Whether AMX int8 tiles can run here (`amx::available`; never off x86-64).
 pub fn amx_available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -140,7 +140,7 @@ pub struct PackedQB {
 
 impl PackedQB {
     /// Packs `B` given as `b(k, n)` for a `k x n` product: for AMX too where `isa` is AVX-512
-    /// VNNI, the CPU and OS allow AMX ([`amx_available`]) and K is at least [`AMX_MIN_K`].
+    /// VNNI, the CPU and OS allow AMX ([`amx_available`]) and K is at least `AMX_MIN_K`.
     pub fn pack(k: usize, n: usize, b: impl Fn(usize, usize) -> i8, isa: QIsa) -> Self {
         let amx = isa == QIsa::Avx512Vnni && k >= AMX_MIN_K && amx_available();
         Self::pack_with(k, n, b, isa, amx)
