@@ -129,18 +129,12 @@ pub(super) struct CudaRun {
 /// chosen time, so the candidates it was measured against do not count. An A/B knob: it tests
 /// whether blocks launched early beside their predecessor's are placed worse (docs/cuda.md).
 pub(super) fn plain_launches(descs: &[String], own: &str, after: &str) -> Vec<bool> {
-    let words = |list: &str| -> Vec<String> {
-        list.split(',')
-            .map(str::trim)
-            .filter(|w| !w.is_empty())
-            .map(|w| format!(" {w}"))
-            .collect()
-    };
+    let words =
+        |list: &str| -> Vec<String> { list.split(',').map(|w| w.trim().to_string()).collect() };
     let (own, after) = (words(own), words(after));
     let names = |d: &String, ws: &[String]| {
         let tiling = d.split(" ms (").next().unwrap_or("");
-        ws.iter()
-            .any(|w| tiling.contains(&format!("{w} ")) || tiling.ends_with(w.as_str()))
+        tiling.split_whitespace().any(|t| ws.iter().any(|w| w == t))
     };
     (0..descs.len())
         .map(|k| names(&descs[k], &own) || (k > 0 && names(&descs[k - 1], &after)))
