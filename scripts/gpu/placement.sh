@@ -3,9 +3,9 @@
 # tilings win in isolation but lose 2% in the programmatic-launch graph; the suspect is the
 # persistent halo 3x3 blocks after each conv1, launched early beside its blocks. ResNet-50 s8
 # at batch 32, INT8, three rounds interleaved (the third if time allows): the default tilings
-# and the TMA ones measured (`VIGIL_CUDA_TMA=1`), each with programmatic launch as shipped, with persistent blocks
-# launched plainly (`VIGIL_CUDA_PDL_PLAIN=persistent`), and (TMA) with the launch after a TMA
-# kernel plain (`VIGIL_CUDA_PDL_PLAIN_AFTER=tma`); FP16 in the same run. The plain arms share
+# and the TMA ones measured (`VIGIL_CUDA_TMA=1`), each with programmatic launch as shipped and
+# with persistent blocks launched plainly (`VIGIL_CUDA_PDL_PLAIN=persistent`), and (TMA) with
+# the launch after a TMA kernel plain (`VIGIL_CUDA_PDL_PLAIN_AFTER=tma`); FP16 in the same run. The plain arms share
 # their tilings' timing cache, so they differ from the shipped arm only in how they launch.
 # run(command="D=.gpu/s52 bash scripts/gpu/placement.sh", carry=[".gpu/s52", ".gpu/cuda3/eval"])
 set -o pipefail
