@@ -5,8 +5,9 @@
 # at batch 32, INT8, three rounds interleaved (the third if time allows): the default tilings
 # and the TMA ones measured (`VIGIL_CUDA_TMA=1`), each with programmatic launch as shipped and
 # with persistent blocks launched plainly (`VIGIL_CUDA_PDL_PLAIN=persistent`), and (TMA) with
-# the launch after a TMA kernel plain (`VIGIL_CUDA_PDL_PLAIN_AFTER=tma`); FP16 in the same run. The plain arms share
-# their tilings' timing cache, so they differ from the shipped arm only in how they launch.
+# the launch after a TMA kernel plain (`VIGIL_CUDA_PDL_PLAIN_AFTER=tma`); FP16 in the same
+# run. The plain arms share their tilings' timing cache, so they differ from the shipped arm
+# only in how they launch.
 # run(command="D=.gpu/s52 bash scripts/gpu/placement.sh", carry=[".gpu/s52", ".gpu/cuda3/eval"])
 set -o pipefail
 D=${D:-.gpu/s52}
