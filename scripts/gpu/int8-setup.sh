@@ -29,13 +29,15 @@ bench() {
     | tee -a "$OUT/bench.txt" | grep -E "BENCH|panicked|error" | sed "s/^/$label /"
 }
 # `profile CACHE [ENV...]`: ResNet-50 s8 at batch $PROFILE_BATCH (32) profiled step by step (an event per
-# step) with timing cache CACHE, into $OUT/prof.txt; prints the totals per kind.
+# step) with timing cache CACHE, into $OUT/prof.txt; prints the totals per kind. PROFILE_PRECISION
+# (int8), PROFILE_MODEL ($S8) and PROFILE_OUT (prof.txt) profile another precision or model.
 profile() {
-  local cache=$1; shift
-  echo "=== profile ($SECONDS s)"
-  env "$@" VIGIL_CUDA_TIMING_CACHE=$cache VIGIL_CUDA_PROFILE=1 VIGIL_CUDA_BENCH_ITERS=20 VIGIL_CUDA_PRECISIONS=int8 VIGIL_CUDA_BENCH="$S8:${PROFILE_BATCH:-32}" \
-    timeout 60 $T bench_listed_models --nocapture > $OUT/prof.txt 2>&1
-  grep -E "^PROFILE|^PKIND" $OUT/prof.txt | head -12
+  local cache=$1 out=$OUT/${PROFILE_OUT:-prof.txt}; shift
+  echo "=== profile ${PROFILE_PRECISION:-int8} ($SECONDS s)"
+  env "$@" VIGIL_CUDA_TIMING_CACHE=$cache VIGIL_CUDA_PROFILE=1 VIGIL_CUDA_BENCH_ITERS=20 \
+    VIGIL_CUDA_PRECISIONS=${PROFILE_PRECISION:-int8} VIGIL_CUDA_BENCH="${PROFILE_MODEL:-$S8}:${PROFILE_BATCH:-32}" \
+    timeout 60 $T bench_listed_models --nocapture > $out 2>&1
+  grep -E "^PROFILE|^PKIND" $out | head -12
 }
 # `ab NAME ON OFF`: a session's kernels measured (ON, an environment assignment) against the
 # same binary without them (OFF) — or against the binary OFF_T, when set — ResNet-50 at batch
