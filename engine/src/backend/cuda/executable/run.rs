@@ -118,16 +118,25 @@ pub(super) struct CudaRun {
     /// `VIGIL_CUDA_PDL=0` turns it off).
     pub(super) overlap: bool,
     /// Per step, whether its launch is plain even where `overlap` holds
-    /// ([`plain_launches`]: the placement experiment's `VIGIL_CUDA_PDL_PLAIN*`).
+    /// ([`plain_launches`]: after a TMA-fed kernel by default, and the placement experiment's
+    /// `VIGIL_CUDA_PDL_PLAIN*`).
     pub(super) plain: Vec<bool>,
 }
+
+/// The tilings whose next kernel launches plainly when `VIGIL_CUDA_PDL_PLAIN_AFTER` is unset
+/// (set it empty to launch every kernel as a programmatic dependent). With the TMA tilings,
+/// ResNet-50 s8 at batch 32 ran 1.8% faster on the H200 this way than with the kernel after
+/// each TMA kernel launched early beside it, and within 0.3% on the H100 (docs/benchmarks.md,
+/// thirty-sixth and thirty-seventh sessions).
+pub(super) const PLAIN_AFTER_DEFAULT: &str = "tma";
 
 /// Per step, whether a generated kernel launches plainly (not as a programmatic dependent)
 /// although programmatic launch is on: its step's tiling names one of the words in `own`
 /// (`VIGIL_CUDA_PDL_PLAIN`, e.g. `persistent`), or the step before's names one in `after`
 /// (`VIGIL_CUDA_PDL_PLAIN_AFTER`, e.g. `tma`). A step's tiling is its description up to the
-/// chosen time, so the candidates it was measured against do not count. An A/B knob: it tests
-/// whether blocks launched early beside their predecessor's are placed worse (docs/cuda.md).
+/// chosen time, so the candidates it was measured against do not count. Both are A/B knobs for
+/// whether blocks launched early beside their predecessor's are placed worse (docs/cuda.md);
+/// `after` defaults to [`PLAIN_AFTER_DEFAULT`].
 pub(super) fn plain_launches(descs: &[String], own: &str, after: &str) -> Vec<bool> {
     let words =
         |list: &str| -> Vec<String> { list.split(',').map(|w| w.trim().to_string()).collect() };
@@ -298,7 +307,8 @@ impl CudaRun {
         let plain = plain_launches(
             &exe.descs,
             &std::env::var("VIGIL_CUDA_PDL_PLAIN").unwrap_or_default(),
-            &std::env::var("VIGIL_CUDA_PDL_PLAIN_AFTER").unwrap_or_default(),
+            &std::env::var("VIGIL_CUDA_PDL_PLAIN_AFTER")
+                .unwrap_or_else(|_| PLAIN_AFTER_DEFAULT.to_string()),
         );
         Ok(CudaRun {
             exe,
