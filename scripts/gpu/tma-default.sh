@@ -5,21 +5,24 @@
 # and last, each arm on the timing cache of its tilings from the last call ($D/cache-tma.txt and
 # $D/cache-def.txt, copied to $OUT), and a third arm with the persistent kernels launched plainly
 # too (`VIGIL_CUDA_PDL_PLAIN=persistent`); then ResNet-50 s8 at batch 2 against the CPU with only TMA
-# tilings where they fit, and the new default's per-step profile.
+# tilings where they fit, and the new default's per-step profile. ROUNDS sets the rounds (4);
+# SUITE=1 runs the whole cuda_backend suite (needs .gpu/cuda carried) instead of the profile.
 # run(command="D=.gpu/s54 bash scripts/gpu/tma-default.sh", carry=[".gpu/s54", ".gpu/cuda3/eval"])
 set -o pipefail
 D=${D:-.gpu/s54}
-SETUP_S8_ONLY=1 . "$(dirname "$0")/int8-setup.sh"
+[ -n "${SUITE:-}" ] || export SETUP_S8_ONLY=1  # the suite compares the u8 model too
+. "$(dirname "$0")/int8-setup.sh"
 cp $D/cache-tma.txt $OUT/cache-new.txt; cp $D/cache-def.txt $OUT/cache-old.txt; chmod u+w $OUT/cache-*.txt
-for r in 1 2 3 4; do
+R=${ROUNDS:-4}
+for r in $(seq 1 "$R"); do
   echo "=== round $r ($SECONDS s)"
   bench new int8 "$S8:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-new.txt
   bench old int8 "$S8:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-old.txt VIGIL_CUDA_TMA=0
   bench new-plain-persistent int8 "$S8:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-new.txt VIGIL_CUDA_PDL_PLAIN=persistent
-  if [ $r = 1 ] || [ $r = 4 ]; then
+  if [ "$r" = 1 ] || [ "$r" = "$R" ]; then
     bench fp16 fp16 "/tmp/onnx/resnet50.onnx:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-old.txt
   fi
 done
 forced_exact VIGIL_CUDA_TMA=force
-PROFILE_OUT=prof-new.txt profile $OUT/cache-new.txt
+if [ -n "${SUITE:-}" ]; then suite; else PROFILE_OUT=prof-new.txt profile $OUT/cache-new.txt; fi
 echo "done ($SECONDS s)"
