@@ -6,11 +6,12 @@
 # $D/cache-def.txt, copied to $OUT), and a third arm with the persistent kernels launched plainly
 # too (`VIGIL_CUDA_PDL_PLAIN=persistent`); then ResNet-50 s8 at batch 2 against the CPU with only TMA
 # tilings where they fit, and the new default's per-step profile. ROUNDS sets the rounds (4);
-# SUITE=1 runs the whole cuda_backend suite (needs .gpu/cuda carried) instead of the profile.
+# SUITE=1 runs the whole cuda_backend suite (needs .gpu/cuda carried) instead of the profile;
+# TESTS="name ..." runs only the tests those filters name, on the new default's timing cache.
 # run(command="D=.gpu/s54 bash scripts/gpu/tma-default.sh", carry=[".gpu/s54", ".gpu/cuda3/eval"])
 set -o pipefail
 D=${D:-.gpu/s54}
-[ -n "${SUITE:-}" ] || export SETUP_S8_ONLY=1  # the suite compares the u8 model too
+[ -n "${SUITE:-}${TESTS:-}" ] || export SETUP_S8_ONLY=1  # the tests compare the u8 model too
 . "$(dirname "$0")/int8-setup.sh"
 cp $D/cache-tma.txt $OUT/cache-new.txt; cp $D/cache-def.txt $OUT/cache-old.txt; chmod u+w $OUT/cache-*.txt
 R=${ROUNDS:-4}
@@ -24,5 +25,15 @@ for r in $(seq 1 "$R"); do
   fi
 done
 forced_exact VIGIL_CUDA_TMA=force
-if [ -n "${SUITE:-}" ]; then suite; else PROFILE_OUT=prof-new.txt profile $OUT/cache-new.txt; fi
+if [ -n "${SUITE:-}" ]; then
+  suite
+elif [ -n "${TESTS:-}" ]; then
+  echo "=== tests $TESTS ($SECONDS s)"
+  # shellcheck disable=SC2086 # TESTS is a list of test-name filters
+  VIGIL_CUDA_TIMING_CACHE=$OUT/cache-new.txt VIGIL_CUDA_COMPARE="$CMP" timeout $((590 - SECONDS)) \
+    $T $TESTS --test-threads=1 --nocapture > "$OUT/tests.txt" 2>&1; echo "rc $?"
+  grep -E "^test |test result|rel diff|panicked" "$OUT/tests.txt" | cut -c1-200 | tail -20
+else
+  PROFILE_OUT=prof-new.txt profile $OUT/cache-new.txt
+fi
 echo "done ($SECONDS s)"
