@@ -838,6 +838,24 @@ mod tests {
         );
     }
 
+    #[test]
+    fn by_default_the_kernel_after_a_tma_tiling_launches_plainly() {
+        // Descriptions as the builder writes them, from the tilings' own names.
+        let desc =
+            |t: Tiling| format!("QConv 'x' igemm {t} 0.0100 ms (cublasLt 0.0110 ms) m1 n2 k3");
+        let descs = vec![
+            desc(WG_TILINGS[1].with_tma()),
+            desc(WG_TILINGS[1]),
+            desc(WG_TILINGS[2]),
+        ];
+        assert_eq!(
+            plain_launches(&descs, "", PLAIN_AFTER_DEFAULT),
+            [false, true, false]
+        );
+        // Set empty, the knob launches every kernel as a programmatic dependent.
+        assert_eq!(plain_launches(&descs, "", ""), [false; 3]);
+    }
+
     fn names(g: &Graph) -> Vec<&str> {
         g.nodes.iter().map(|n| n.name.as_str()).collect()
     }
