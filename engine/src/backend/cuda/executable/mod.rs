@@ -502,7 +502,7 @@ impl CudaExecutable {
             halo: PathMode::from_var("VIGIL_CUDA_HALO"),
             resident: PathMode::opt_in("VIGIL_CUDA_RESIDENT"),
             deep: PathMode::from_var("VIGIL_CUDA_DEEP"),
-            tma: PathMode::opt_in("VIGIL_CUDA_TMA"),
+            tma: PathMode::from_var("VIGIL_CUDA_TMA"),
             library_step_ms: library_step_ms(cc),
             b2b: PathMode::opt_in("VIGIL_CUDA_B2B"),
             stem_pool: PathMode::opt_in("VIGIL_CUDA_STEM_POOL"),
