@@ -22,7 +22,9 @@ mod space_to_depth;
 mod stem_pool;
 pub use b2b::{b2b_fits, b2b_smem, B2bShape, B2B_SHAPES};
 pub use halo::{halo_fits, DEEP_HALO_TILINGS, HALO_TILINGS};
-pub use igemm::{igemm_fits, igemm_smem, tma_fits, Tiling, DEEP_WG_TILINGS, TILINGS, WG_TILINGS};
+pub use igemm::{
+    igemm_fits, igemm_smem, serial_parts, tma_fits, Tiling, DEEP_WG_TILINGS, TILINGS, WG_TILINGS,
+};
 pub use narrow_gemm::{narrow_dequantize_fits, narrow_gemm_fits};
 pub use probe::{probe_variant, Probe};
 pub use quant::QConvParts;
@@ -48,6 +50,9 @@ pub enum Arg {
     /// A TMA tensor map made by code generation (index into [`Gen::maps`]), encoded per
     /// context over its buffers and passed as a pointer to its 128 bytes in device memory.
     Map(usize),
+    /// A byte offset into the context's tile counters ([`Gen::counter_bytes`]): zeroed once
+    /// when the context is made, and left zero again by every kernel that counts in them.
+    Counters(usize),
 }
 
 /// A 2-D tensor of bytes that TMA (`cp.async.bulk.tensor`, sm_90) copies tiles of: `rows`
@@ -116,6 +121,8 @@ pub struct Gen {
     pub extras: Vec<Vec<u8>>,
     /// The TMA tensor maps the kernels read ([`Arg::Map`]).
     pub maps: Vec<TensorMap2d>,
+    /// Bytes of tile counters the kernels claimed ([`Arg::Counters`]), each kernel its own.
+    pub counter_bytes: usize,
     count: usize,
     /// Activations stored as half.
     fp16: bool,
@@ -533,6 +540,7 @@ impl Gen {
             src: format!("{PRELUDE}typedef {storage} F;\n"),
             extras: Vec::new(),
             maps: Vec::new(),
+            counter_bytes: 0,
             count: 0,
             fp16,
         }

@@ -34,10 +34,10 @@ pub struct TimingCache {
     current: bool,
 }
 
-/// The tiling as the cache stores it: thirteen space-separated integers.
+/// The tiling as the cache stores it: fourteen space-separated integers.
 fn tiling_fields(t: &Tiling) -> String {
     format!(
-        "{} {} {} {} {} {} {} {} {} {} {} {} {}",
+        "{} {} {} {} {} {} {} {} {} {} {} {} {} {}",
         t.warps_m,
         t.warps_n,
         t.wm,
@@ -50,11 +50,13 @@ fn tiling_fields(t: &Tiling) -> String {
         t.loaders,
         u8::from(t.halo),
         t.min_blocks,
-        u8::from(t.tma)
+        u8::from(t.tma),
+        u8::from(t.serial)
     )
 }
 
-/// Parses [`tiling_fields`]' form, the twelve fields written before [`Tiling::tma`] (not TMA),
+/// Parses [`tiling_fields`]' form, the thirteen fields written before [`Tiling::serial`] (not
+/// serial), the twelve written before [`Tiling::tma`] (not TMA),
 /// the eleven written before [`Tiling::min_blocks`] (none), or the nine written before
 /// warp-specialized and halo tilings (neither); None for anything else.
 fn parse_tiling(s: &str) -> Option<Tiling> {
@@ -63,11 +65,12 @@ fn parse_tiling(s: &str) -> Option<Tiling> {
         .map(str::parse)
         .collect::<Result<_, _>>()
         .ok()?;
-    let (nine, loaders, halo, min_blocks, tma) = match v.len() {
-        9 => (&v[..], 0, 0, 0, 0),
-        11 => (&v[..9], v[9], v[10], 0, 0),
-        12 => (&v[..9], v[9], v[10], v[11], 0),
-        13 => (&v[..9], v[9], v[10], v[11], v[12]),
+    let (nine, loaders, halo, min_blocks, tma, serial) = match v.len() {
+        9 => (&v[..], 0, 0, 0, 0, 0),
+        11 => (&v[..9], v[9], v[10], 0, 0, 0),
+        12 => (&v[..9], v[9], v[10], v[11], 0, 0),
+        13 => (&v[..9], v[9], v[10], v[11], v[12], 0),
+        14 => (&v[..9], v[9], v[10], v[11], v[12], v[13]),
         _ => return None,
     };
     let [warps_m, warps_n, wm, wn, stages, wgmma, splits, ctas, cluster] = nine[..] else {
@@ -88,6 +91,7 @@ fn parse_tiling(s: &str) -> Option<Tiling> {
         splits,
         ctas,
         cluster: flag(cluster)?,
+        serial: flag(serial)?,
         loaders,
         halo: flag(halo)?,
         min_blocks,
@@ -202,6 +206,9 @@ mod tests {
         let tma = WG_TILINGS[1].with_tma();
         c.record("H200 cc9.0", "conv g", (tma, 0.06))
             .expect("write");
+        let serial = WG_TILINGS[2].with_tma().split_serial(3);
+        c.record("H200 cc9.0", "conv h", (serial, 0.07))
+            .expect("write");
         let again = TimingCache::open(&path);
         assert_eq!(again.get("H200 cc9.0", "conv a"), Some((split, 0.0102)));
         assert_eq!(again.get("H200 cc9.0", "conv\tb"), Some((TILINGS[2], 0.5)));
@@ -222,6 +229,8 @@ mod tests {
         assert_ne!(resident, TILINGS[1]);
         assert_eq!(again.get("H200 cc9.0", "conv g"), Some((tma, 0.06)));
         assert_ne!(tma, WG_TILINGS[1].warp_specialized(1));
+        assert_eq!(again.get("H200 cc9.0", "conv h"), Some((serial, 0.07)));
+        assert_ne!(serial, WG_TILINGS[2].with_tma().split(3));
         let _ = std::fs::remove_file(&path);
     }
 
@@ -238,9 +247,13 @@ mod tests {
         // And from before TMA tilings (twelve fields, read as not one).
         let resident = tiling_fields(&TILINGS[2].resident(3));
         let twelve = resident.split(' ').take(12).collect::<Vec<_>>().join(" ");
+        // And from before serial K splits (thirteen fields, read as not one).
+        let tma = tiling_fields(&WG_TILINGS[1].with_tma());
+        let thirteen = tma.split(' ').take(13).collect::<Vec<_>>().join(" ");
         let body = format!(
             "dev\tshort\t1 2 3\t0.1\ndev\tbad\t{}\tfast\ndev\tnine\t{nine}\t0.5\n\
-             dev\televen\t{eleven}\t0.6\ndev\ttwelve\t{twelve}\t0.7\n{good}\n",
+             dev\televen\t{eleven}\t0.6\ndev\ttwelve\t{twelve}\t0.7\n\
+             dev\tthirteen\t{thirteen}\t0.8\n{good}\n",
             tiling_fields(&TILINGS[1])
         );
         std::fs::write(&path, format!("{}\n{body}", header())).expect("write");
@@ -251,6 +264,10 @@ mod tests {
         assert_eq!(c.get("dev", "nine"), Some((WG_TILINGS[2], 0.5)));
         assert_eq!(c.get("dev", "eleven"), Some((HALO_TILINGS[1], 0.6)));
         assert_eq!(c.get("dev", "twelve"), Some((TILINGS[2].resident(3), 0.7)));
+        assert_eq!(
+            c.get("dev", "thirteen"),
+            Some((WG_TILINGS[1].with_tma(), 0.8))
+        );
         // Another version's file: nothing is read, and the first record starts it afresh.
         std::fs::write(&path, format!("vigil-cuda-timing-cache 0 old\n{good}\n")).expect("write");
         let mut c = TimingCache::open(&path);

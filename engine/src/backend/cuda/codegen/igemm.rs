@@ -39,6 +39,10 @@ pub struct Tiling {
     /// The K split's blocks form one thread-block cluster (sm_90) per output tile instead:
     /// block 0 adds the others' sums from their shared memory and requantizes itself.
     pub cluster: bool,
+    /// The K split's blocks leave their int32 sums in a workspace and count themselves in on
+    /// a per-tile counter; the last one adds the others' sums and requantizes (no
+    /// requantization pass, no cluster; any loop).
+    pub serial: bool,
     /// Persistent blocks: `ctas` blocks loop over the output tiles, loading the next tile (and
     /// its residual) while the current one is requantized and stored (0: a block per tile).
     pub ctas: usize,
@@ -138,6 +142,7 @@ impl Tiling {
             wgmma: false,
             splits: 1,
             cluster: false,
+            serial: false,
             ctas: 0,
             loaders: 0,
             halo: false,
@@ -156,6 +161,7 @@ impl Tiling {
             wgmma: true,
             splits: 1,
             cluster: false,
+            serial: false,
             ctas: 0,
             loaders: 0,
             halo: false,
@@ -183,9 +189,27 @@ impl Tiling {
             ..self
         }
     }
+    /// This tiling with K split `s` ways, the last block of each tile adding up (see
+    /// [`Tiling::serial`]).
+    pub fn split_serial(self, s: usize) -> Tiling {
+        Tiling {
+            splits: s,
+            serial: true,
+            ..self
+        }
+    }
     /// Whether the blocks write int32 partial sums for a separate requantization.
     pub fn partials(&self) -> bool {
-        self.splits > 1 && !self.cluster
+        self.splits > 1 && !self.cluster && !self.serial
+    }
+    /// Bytes of a serial K split's workspace for `m` pixels and `n` channels: every block's
+    /// sums, whole tiles (0 for other tilings).
+    pub fn serial_bytes(&self, m: usize, n: usize) -> usize {
+        if !self.serial {
+            return 0;
+        }
+        let (gx, gy) = self.grid(m, n);
+        gx * gy * self.splits * self.bm() * self.bn() * 4
     }
     /// This wgmma tiling warp-specialized with `warps` loader warps (see [`Tiling::loaders`]).
     pub fn warp_specialized(self, warps: usize) -> Tiling {
@@ -240,6 +264,9 @@ impl std::fmt::Display for Tiling {
         if self.cluster {
             write!(f, " cluster")?;
         }
+        if self.serial {
+            write!(f, " serial")?;
+        }
         if self.ctas > 0 {
             write!(f, " persistent {}", self.ctas)?;
         }
@@ -283,6 +310,25 @@ pub const DEEP_WG_TILINGS: [Tiling; 3] = [
     Tiling::wg(2, 64, 8),
     Tiling::wg(1, 128, 8),
 ];
+
+/// The part counts worth timing for a serial K split ([`Tiling::split_serial`]) of `tiles`
+/// output tiles over `kt` K tiles on `slots` resident blocks: the two from 2 to 8 (every part
+/// 2 K tiles or more, none empty) whose blocks come closest to whole waves, if they beat the
+/// unsplit grid's fill by 5 points; none at more than two waves unsplit.
+pub fn serial_parts(tiles: usize, slots: usize, kt: usize) -> Vec<usize> {
+    let slots = slots.max(1);
+    let fill = |blocks: usize| blocks as f64 / (blocks.div_ceil(slots) * slots) as f64;
+    if tiles == 0 || tiles >= 2 * slots {
+        return Vec::new();
+    }
+    let mut parts: Vec<usize> = (2..=8)
+        .filter(|&s| kt / s >= 2 && (s - 1) * kt.div_ceil(s) < kt)
+        .filter(|&s| fill(tiles * s) > fill(tiles) + 0.05)
+        .collect();
+    parts.sort_by(|&a, &b| fill(tiles * b).total_cmp(&fill(tiles * a)).then(a.cmp(&b)));
+    parts.truncate(2);
+    parts
+}
 
 /// Convolutions with at most this many K tiles fetch their residual with the first one.
 const PREFETCH_K_TILES: usize = 4;
@@ -661,6 +707,53 @@ fn cluster_sum(t: Tiling) -> String {
     )
 }
 
+/// A serial K split's reduction, after the K loop (`gy` tiles along N; the workspace and the
+/// counters are parameters `pw` and `pc`): every block stores its sums, 16 bytes per thread
+/// and fragment so the stores coalesce, and counts itself in on its tile's counter; the last
+/// to arrive resets the counter for the next run, adds the others' sums (integer sums in any
+/// order, so exact) and goes on to the epilogue, the others exit. The fences order each
+/// block's stores before its count and the count before the last block's reads.
+fn serial_sum(t: Tiling, gy: usize, (pw, pc): (usize, usize)) -> String {
+    format!(
+        r#"  {{
+    const int tile = blockIdx.x * {gy} + blockIdx.y;
+    int4* sums = (int4*)p{pw} + (i64)tile * {splits} * {frags} * {mth};
+    if (tid < {mth}) {{
+#pragma unroll
+      for (int i = 0; i < {wm}; ++i)
+#pragma unroll
+        for (int j = 0; j < {wn}; ++j)
+          sums[((i64)blockIdx.z * {frags} + i * {wn} + j) * {mth} + tid] = make_int4(acc[i][j][0], acc[i][j][1], acc[i][j][2], acc[i][j][3]);
+    }}
+    __threadfence();
+    __syncthreads();
+    unsigned int done = 0u;
+    if (tid == 0) done = atomicAdd(p{pc} + tile, 1u);
+    if (!__syncthreads_or(tid == 0 && done == {splits}u - 1u)) return;
+    if (tid == 0) p{pc}[tile] = 0u;
+    __threadfence();
+    if (tid < {mth}) {{
+      for (int z = 0; z < {splits}; ++z) {{
+        if (z == (int)blockIdx.z) continue;
+#pragma unroll
+        for (int i = 0; i < {wm}; ++i)
+#pragma unroll
+          for (int j = 0; j < {wn}; ++j) {{
+            const int4 v = __ldcg(sums + ((i64)z * {frags} + i * {wn} + j) * {mth} + tid);
+            acc[i][j][0] += v.x; acc[i][j][1] += v.y; acc[i][j][2] += v.z; acc[i][j][3] += v.w;
+          }}
+      }}
+    }}
+  }}
+"#,
+        splits = t.splits,
+        frags = t.wm * t.wn,
+        mth = t.math_threads(),
+        wm = t.wm,
+        wn = t.wn,
+    )
+}
+
 /// The loops over a thread's accumulator fragments (the mma and wgmma layouts agree): `body`
 /// sees the fragment pair's tile column `cl` (columns past `n` skipped) and tile row `rl`, and
 /// reads `acc[i][j][hh * 2 + e]` for `e` in 0..2. A warp-specialized block's loaders hold no
@@ -901,6 +994,20 @@ impl Gen {
         if let Some(r) = p.residual.as_ref().filter(|_| !partials) {
             params.push((Arg::Val(r.z), "const u8"));
         }
+        // A serial K split's workspace (the node's scratch) and its own tile counters.
+        let serial = if t.serial {
+            let (gx, gy) = t.grid(m, n);
+            let at = self.counter_bytes;
+            self.counter_bytes += (gx * gy * 4).next_multiple_of(256);
+            let ip = params.len();
+            params.extend([
+                (Arg::ScratchAt(0), "int"),
+                (Arg::Counters(at), "unsigned int"),
+            ]);
+            serial_sum(t, gy, (ip, ip + 1))
+        } else {
+            String::new()
+        };
         // TMA tilings read x and the weight rows through two tensor maps, the last parameters.
         let tma = if t.tma {
             let ia = params.len();
@@ -1184,11 +1291,7 @@ impl Gen {
                 } else {
                     String::new()
                 },
-                reduce = if t.cluster {
-                    cluster_sum(t)
-                } else {
-                    String::new()
-                },
+                reduce = if t.cluster { cluster_sum(t) } else { serial },
                 krange = if t.splits > 1 {
                     let kts = kt.div_ceil(t.splits);
                     format!("const int kbeg = blockIdx.z * {kts}, kcnt = min({kt} - kbeg, {kts});")
@@ -1457,6 +1560,76 @@ pub(super) mod tests {
         assert_eq!(smem, 128 * 128 * 4 + 1024);
         assert!(smem > small.smem());
         assert_eq!(t.to_string(), "wg128x128/6 split-k 2 cluster");
+    }
+
+    #[test]
+    fn serial_split_k_counts_in_and_the_last_block_adds_up_and_requantizes() {
+        let mut p = parts(64, 64, 128, false);
+        p.residual = residual();
+        let t = WG_TILINGS[2].split_serial(3);
+        let mut g = Gen::new(false);
+        let k = g.qigemm(Arg::Val(0), 1, &p, t);
+        // Like an unsplit kernel it writes y and reads the residual itself; after those come
+        // the workspace (the node's scratch) and its own tile counters.
+        assert!(!t.partials());
+        assert_eq!(k.args[1], Arg::Val(1));
+        assert_eq!(k.args[5], Arg::Val(7));
+        assert_eq!(k.args[6..8], [Arg::ScratchAt(0), Arg::Counters(0)]);
+        // m = 126 pixels, n = 128 channels: 1 x 2 tiles of 128 x 64, 3 parts of K's 9 tiles.
+        assert_eq!(k.launch.expect("tiled launch").grid, (1, 2, 3));
+        assert!(g
+            .src
+            .contains("kbeg = blockIdx.z * 3, kcnt = min(9 - kbeg, 3)"));
+        assert!(g.src.contains("done = atomicAdd(p7 + tile, 1u)"));
+        assert!(g.src.contains("if (tid == 0) p7[tile] = 0u;"));
+        assert!(g.src.contains("__ldcg(sums"));
+        assert_eq!(t.serial_bytes(126, 128), 2 * 3 * 128 * 64 * 4);
+        // Two tiles' counters, padded to 256 bytes; the next serial kernel counts in its own.
+        assert_eq!(g.counter_bytes, 256);
+        let k2 = g.qigemm(Arg::Val(0), 1, &p, t);
+        assert_eq!(k2.args[7], Arg::Counters(256));
+        assert_eq!(g.counter_bytes, 512);
+        // A split through the requantization pass claims no counters.
+        let mut plain = Gen::new(false);
+        let k3 = plain.qigemm(Arg::Val(0), 1, &p, WG_TILINGS[2].split(3));
+        assert_eq!(plain.counter_bytes, 0);
+        assert!(!k3.args.iter().any(|a| matches!(a, Arg::Counters(_))));
+        assert!(!plain.src.contains("atomicAdd"));
+        assert_eq!(t.to_string(), "wg128x64/6 split-k 3 serial");
+        // Warp-specialized and TMA-fed loops take the same reduction.
+        for t in [
+            WG_TILINGS[1].warp_specialized(2).split_serial(2),
+            WG_TILINGS[1].with_tma().split_serial(2),
+        ] {
+            let mut g = Gen::new(false);
+            let mut p1 = parts(64, 64, 128, false);
+            p1.geom.kh = 1;
+            p1.geom.kw = 1;
+            p1.geom.pt = 0;
+            p1.geom.pl = 0;
+            g.qigemm(Arg::Val(0), 1, &p1, t);
+            assert!(
+                g.src
+                    .contains("__syncthreads_or(tid == 0 && done == 2u - 1u)"),
+                "{t}"
+            );
+        }
+    }
+
+    #[test]
+    fn serial_parts_come_closest_to_whole_waves() {
+        // Layer 4's strided 3x3 at batch 32 (m1568 n512 k4608): 52 tiles of 128 x 128, two
+        // blocks per SM on 132 SMs: 5 parts fill 260 of 264 slots, 4 fill 208.
+        assert_eq!(serial_parts(52, 264, 72), [5, 4]);
+        // Layer 3's (m6272 n256, 98 tiles) on one block per SM: 4 and 8 parts both fill 99%.
+        assert_eq!(serial_parts(98, 132, 36), [4, 8]);
+        // Short K leaves fewer choices: every part at least 2 K tiles, none empty (9 tiles
+        // in 4 parts of 3 would leave the last one none).
+        assert_eq!(serial_parts(52, 264, 8), [4, 3]);
+        assert_eq!(serial_parts(52, 264, 9), [3, 2]);
+        // A grid of two waves or more is not split.
+        assert!(serial_parts(264, 132, 64).is_empty());
+        assert!(serial_parts(0, 132, 64).is_empty());
     }
 
     #[test]

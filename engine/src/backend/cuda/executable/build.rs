@@ -91,6 +91,11 @@ pub(super) struct Builder<'a> {
     /// only those). With the launch after each one plain ([`super::run::PLAIN_AFTER_DEFAULT`])
     /// they took ResNet-50 s8 from 0.802 to 0.784 ms on the H200; the GPU suite passes with them.
     pub(super) tma: PathMode,
+    /// Whether long-K implicit GEMMs with too few tiles to fill the SMs also time serial K
+    /// splits (the last block of each tile adds up: [`Tiling::serial`]) with as many parts as
+    /// fill whole waves (`VIGIL_CUDA_SERIAL`: off unless `1` measures them or `force` takes
+    /// only those where they apply).
+    pub(super) serial: PathMode,
     /// What a library (cuBLASLt) step is charged against an implicit GEMM beyond their own
     /// timings, in ms, where programmatic launch is on (`VIGIL_CUDA_LIB_STEP_US`, negative
     /// favours cuBLASLt; 0 without programmatic launch).
@@ -1558,6 +1563,35 @@ impl Builder<'_> {
             .collect()
     }
 
+    /// Serial K splits worth timing for `parts`: K of 8 tiles of 64 or more over the 128×128
+    /// and 128×64 wgmma tiles (TMA-fed too where `tilings` has those), each split into the
+    /// part counts [`serial_parts`] picks for its grid.
+    pub(super) fn serial_tilings(&self, parts: &QConvParts, tilings: &[Tiling]) -> Vec<Tiling> {
+        let c = parts.geom;
+        let (m, n) = (c.n * c.oh * c.ow, c.cout);
+        let kt = (c.kh * c.kw * parts.c4).div_ceil(64);
+        if self.serial == PathMode::Off || self.wgmma == PathMode::Off || kt < 8 {
+            return Vec::new();
+        }
+        let mut base = vec![WG_TILINGS[1], WG_TILINGS[2]];
+        if tilings.iter().any(|t| t.tma) {
+            base.extend([WG_TILINGS[1].with_tma(), WG_TILINGS[2].with_tma()]);
+        }
+        let mut out = Vec::new();
+        for t in base {
+            let (gx, gy) = t.grid(m, n);
+            // Blocks of this tiling an SM holds at once, by shared memory (at most two).
+            let per_sm = self.smem_blocks(igemm_smem(parts, t)).unwrap_or(1);
+            let slots = self.sms * per_sm.clamp(1, 2);
+            out.extend(
+                serial_parts(gx * gy, slots, kt)
+                    .into_iter()
+                    .map(|s| t.split_serial(s)),
+            );
+        }
+        out
+    }
+
     /// Resident-block versions worth timing for `parts`: the 64×128 and 128×64 `mma.sync`
     /// tilings over 3-stage rings and the 128×64 wgmma one over 4 stages, each for 4 blocks
     /// per SM (at most 64 registers a thread: ptxas spills a few `mma.sync` ones, and rejects
@@ -1616,6 +1650,9 @@ impl Builder<'_> {
             .add_candidates(&mut tilings, self.resident_tilings(parts));
         self.tma
             .add_candidates(&mut tilings, self.tma_tilings(parts));
+        let serial = self.serial_tilings(parts, &tilings);
+        let serial_timed = !serial.is_empty();
+        self.serial.add_candidates(&mut tilings, serial);
         tilings.retain(|&t| igemm_smem(parts, t) <= self.smem_per_block);
         let mut key = format!(
             "{c:?} {} {:?} {:?} {:?} {:?} {:?} {:?} {:?}",
@@ -1634,6 +1671,10 @@ impl Builder<'_> {
         }
         if self.tma != PathMode::Off && tma_fits(parts) {
             key.push_str(&format!(" tma {:?}", self.tma));
+        }
+        if serial_timed {
+            // Only where it adds candidates: other convolutions keep their cached choices.
+            key.push_str(&format!(" serial {:?}", self.serial));
         }
         memoised(&CACHE, key.clone(), || {
             // The disk cache's choice, where it is one of this convolution's candidates.
@@ -1663,6 +1704,11 @@ impl Builder<'_> {
             let pb = tilings.iter().map(|t| partial_bytes(parts, t)).max();
             let pb = pb.unwrap_or(0).max(yb);
             let buf = self.tmp(xb + pb + yb + 3 * ALIGNMENT)?.div_ceil(256) * 256;
+            // A serial split's workspace after the output, and its tile counters (zeroed; each
+            // run leaves them zero).
+            let ws = buf + (xb + yb) as u64;
+            let (gx, gy) = TILINGS[2].grid(c.n * c.oh * c.ow, c.cout);
+            let counters = DeviceBuffer::upload(ctx, &vec![0u8; 4 * gx * gy])?;
             let mut best: Option<(Tiling, f32)> = None;
             for ((t, g, k), ptx) in gens.into_iter().zip(ptx) {
                 // A candidate this device's compiler rejects (say, registers capped below
@@ -1677,7 +1723,13 @@ impl Builder<'_> {
                 let f = module.function(&k.name)?;
                 // The kernel's tables are its three extras (weights, bias, multiplier).
                 let tables = upload_tables(ctx, &g.extras)?;
-                let (args, _maps) = igemm_args(ctx, (&g, parts, &t), (buf, xb), &tables)?;
+                let (args, _maps) = igemm_args(
+                    ctx,
+                    (&g, parts, &t),
+                    (buf, xb),
+                    &tables,
+                    (ws, counters.ptr()),
+                )?;
                 // SAFETY: the kernel takes (x, y or partial sums, weights, bias,
                 // multiplier[, residual][, tensor maps of x and the weights]): the search
                 // buffer holds x's bytes and the largest output, the tables and maps were
@@ -1720,13 +1772,13 @@ impl Builder<'_> {
         buf: u64,
         xb: usize,
     ) -> Result<()> {
-        if t.partials() || !t.wgmma {
+        if t.partials() || t.serial || !t.wgmma {
             return Ok(());
         }
         let mut g = Gen::new(false);
         let k = g.qigemm(Arg::Val(x), y, parts, t);
         let tables = upload_tables(self.ctx, &g.extras)?;
-        let (args, _maps) = igemm_args(self.ctx, (&g, parts, &t), (buf, xb), &tables)?;
+        let (args, _maps) = igemm_args(self.ctx, (&g, parts, &t), (buf, xb), &tables, (0, 0))?;
         // SAFETY (both timings, each variant): it takes the real kernel's parameters, and
         // `args` are those (x and output in the search buffer, the uploaded tables, the
         // residual, the tensor maps).

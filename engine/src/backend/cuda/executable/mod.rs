@@ -12,7 +12,7 @@ use cudarc::driver::{result as drv, sys, CudaContext, CudaEvent, CudaGraph, Cuda
 
 use super::codegen::{
     b2b_fits, b2b_smem, dequantize_pool_quantize_fits, halo_fits, igemm_fits, igemm_smem,
-    narrow_dequantize_fits, narrow_gemm_fits, probe_variant, quantize_transpose_fits,
+    narrow_dequantize_fits, narrow_gemm_fits, probe_variant, quantize_transpose_fits, serial_parts,
     space_to_depth_bytes, stem_pool_fits, stem_pool_smem, tma_fits, Arg, B2bShape, Gen, GenKernel,
     Im2col, LaunchDims, Probe, QConvParts, StemPool, TensorMap2d, Tiling, B2B_SHAPES,
     DEEP_HALO_TILINGS, DEEP_WG_TILINGS, HALO_TILINGS, TILINGS, WG_TILINGS,
@@ -157,6 +157,8 @@ pub struct CudaExecutable {
     extras: Vec<DeviceBuffer>,
     /// The TMA tensor maps the kernels read, encoded per context over its arena.
     maps: Vec<TensorMap2d>,
+    /// Bytes of tile counters each context keeps after its arena, zeroed ([`Arg::Counters`]).
+    counter_bytes: usize,
     steps: Vec<Step>,
     /// What each step is (node, op, conv algorithm), for `VIGIL_CUDA_PROFILE`.
     descs: Vec<String>,
@@ -255,14 +257,15 @@ fn memoised<K: Eq + std::hash::Hash, V: Copy>(
     Ok(v)
 }
 
-/// Bytes of the int32 partial sums a split-K tiling `t` of `parts` writes (0 unsplit, or
-/// split within a cluster).
+/// Bytes of the int32 partial sums a split-K tiling `t` of `parts` writes: the requantization
+/// pass's or a serial split's workspace (0 unsplit, or split within a cluster).
 fn partial_bytes(parts: &QConvParts, t: &Tiling) -> usize {
     let c = parts.geom;
+    let m = c.n * c.oh * c.ow;
     if t.partials() {
-        alit(t.splits * c.n * c.oh * c.ow * c.cout * 4)
+        alit(t.splits * m * c.cout * 4)
     } else {
-        0
+        alit(t.serial_bytes(m, c.cout))
     }
 }
 
@@ -305,18 +308,23 @@ fn upload_tables(ctx: &Arc<CudaContext>, tables: &[Vec<u8>]) -> Result<Vec<Devic
 /// The arguments of implicit-GEMM tiling `t` of `parts`, generated alone into `g`, in a
 /// timing: x at the search buffer's start (`xb` bytes), the output (or partial sums) after
 /// it, the uploaded `tables`, a residual (any int8 buffer of the output's size) where the
-/// kernel reads one, and its tensor maps (encoded over those, uploaded, returned to outlive
-/// the timing) where it has any.
+/// kernel reads one, a serial split's workspace (`ws`) and zeroed tile counters
+/// (`counters`), and its tensor maps (encoded over those, uploaded, returned to outlive the
+/// timing) where it has any.
 fn igemm_args(
     ctx: &Arc<CudaContext>,
     (g, parts, t): (&Gen, &QConvParts, &Tiling),
     (buf, xb): (u64, usize),
     tables: &[DeviceBuffer],
+    (ws, counters): (u64, u64),
 ) -> Result<(Vec<u64>, TensorMaps)> {
     let mut args = vec![buf, buf + xb as u64];
     args.extend(tables.iter().map(|b| b.ptr()));
     if parts.residual.is_some() && !t.partials() {
         args.push(buf + xb as u64);
+    }
+    if t.serial {
+        args.extend([ws, counters]);
     }
     let based = g
         .maps
@@ -503,6 +511,7 @@ impl CudaExecutable {
             resident: PathMode::opt_in("VIGIL_CUDA_RESIDENT"),
             deep: PathMode::from_var("VIGIL_CUDA_DEEP"),
             tma: PathMode::from_var("VIGIL_CUDA_TMA"),
+            serial: PathMode::opt_in("VIGIL_CUDA_SERIAL"),
             library_step_ms: library_step_ms(cc),
             b2b: PathMode::opt_in("VIGIL_CUDA_B2B"),
             stem_pool: PathMode::opt_in("VIGIL_CUDA_STEM_POOL"),
@@ -568,6 +577,7 @@ impl CudaExecutable {
             .collect::<Result<Vec<_>>>()?;
         let extras = upload_tables(&ctx, &b.gen.extras)?;
         let maps = b.gen.maps.clone();
+        let counter_bytes = b.gen.counter_bytes;
         let Builder {
             steps,
             consts,
@@ -587,6 +597,7 @@ impl CudaExecutable {
             consts,
             extras,
             maps,
+            counter_bytes,
             steps,
             descs,
             programmatic: cc.is_some_and(programmatic_launch_capable),

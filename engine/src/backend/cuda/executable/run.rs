@@ -169,9 +169,25 @@ impl CudaRun {
         let io_base = alit(exe.plan.arena_bytes);
         // The cuBLAS(Lt) workspace starts 256-byte aligned (cuBLAS's requirement).
         let ws_off = (io_base + exe.io_bytes).div_ceil(256) * 256;
-        let arena_bytes = ws_off + BLAS_WS;
+        // The tile counters after the workspace, zeroed before any kernel counts in them.
+        let counters_off = ws_off + BLAS_WS;
+        let arena_bytes = counters_off + exe.counter_bytes;
         let arena = alloc_arena(ctx, &stream, arena_bytes)?;
         let base = arena.ptr();
+        if exe.counter_bytes > 0 {
+            // SAFETY: the counters lie inside the arena just taken, on its stream; the stream
+            // is synchronized so that lanes' other streams see them zeroed too.
+            unsafe {
+                drv::memset_d8_async(
+                    base + counters_off as u64,
+                    0,
+                    exe.counter_bytes,
+                    stream.cu_stream(),
+                )
+            }
+            .map_err(drv_err("counter reset"))?;
+            stream.synchronize().map_err(drv_err("counter reset"))?;
+        }
         let blas_ws = base + ws_off as u64;
         let blas = BlasHandle::new(stream.cu_stream(), blas_ws, BLAS_WS)?;
         let dnn = DnnHandle::new(stream.cu_stream())?;
@@ -202,6 +218,7 @@ impl CudaRun {
                     .map(|s| base + (s.offset + off) as u64)
                     .ok_or_else(|| Error::InvalidModel("missing scratch slot".into())),
                 Arg::Io(off) => Ok(base + (io_base + off) as u64),
+                Arg::Counters(off) => Ok(base + (counters_off + off) as u64),
                 Arg::Map(_) => Err(Error::InvalidModel("a tensor map over a tensor map".into())),
             }
         };
