@@ -24,14 +24,14 @@ for r in $(seq 1 "$R"); do
   bench default int8 "$S8:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-def.txt
   [ "$r" = 1 ] && bench fp16 fp16 "/tmp/onnx/resnet50.onnx:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-def.txt
 done
-[ $SECONDS -lt 500 ] && PROFILE_OUT=prof-serial.txt profile $OUT/cache-serial.txt VIGIL_CUDA_SERIAL=1 \
+[ $SECONDS -lt 330 ] && PROFILE_OUT=prof-serial.txt profile $OUT/cache-serial.txt VIGIL_CUDA_SERIAL=1 \
   && grep -c " serial " $OUT/prof-serial.txt && grep " serial " $OUT/prof-serial.txt | cut -c1-200 | head -20
 for arm in "serial VIGIL_CUDA_SERIAL=force" "off VIGIL_CUDA_SERIAL=0"; do
-  [ $SECONDS -gt 450 ] && break
+  [ $SECONDS -gt 330 ] && break
   set -- $arm
   echo "=== ResNet-50 s8 batch 2 against the CPU, fusions on, $2 ($SECONDS s)"
   env "$2" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-fused-$1.txt VIGIL_CUDA_COMPARE="$S8:2" \
-    timeout 120 $T listed_models_match_cpu --nocapture > $OUT/fused-$1.txt 2>&1; echo "rc $?"
+    timeout $((430 - SECONDS)) $T listed_models_match_cpu --nocapture > $OUT/fused-$1.txt 2>&1; echo "rc $?"
   grep -E "rel diff|panicked" $OUT/fused-$1.txt | cut -c1-160 | head -4
 done
 echo "done ($SECONDS s)"
