@@ -7,14 +7,25 @@
 # sums in any order are the same), after ResNet-50 s8 at batch 32 with them measured against the
 # default, interleaved ROUNDS (2) times, FP16 once, and the serial arm's per-step profile.
 # $D/cache-start.txt (optional) seeds the arms' timing caches (lines of other devices are kept
-# but not used).
+# but not used). FAST=1: a short call (see below).
 # run(command="D=.gpu/s55 bash scripts/gpu/serial-k.sh", carry=[".gpu/s55", ".gpu/cuda3/eval"])
 set -o pipefail
 D=${D:-.gpu/s55}
 export SETUP_S8_ONLY=1
 . "$(dirname "$0")/int8-setup.sh"
-for a in serial def fused-serial fused-off; do cp $D/cache-start.txt $OUT/cache-$a.txt 2>/dev/null; done
+for a in serial def fused-serial fused-off forced; do cp $D/cache-start.txt $OUT/cache-$a.txt 2>/dev/null; done
 chmod u+w $OUT/cache-*.txt 2>/dev/null
+if [ -n "${FAST:-}" ]; then
+  # A short call: the exactness check at batch 32 (the shapes the split is for), then one
+  # round (serial, default, serial again), FP16 if time allows.
+  FORCED_BATCH=32 forced_exact VIGIL_CUDA_SERIAL=force
+  bench serial int8 "$S8:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-serial.txt VIGIL_CUDA_SERIAL=1
+  bench default int8 "$S8:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-def.txt
+  bench serial2 int8 "$S8:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-serial.txt VIGIL_CUDA_SERIAL=1
+  [ $SECONDS -lt 200 ] && bench fp16 fp16 "/tmp/onnx/resnet50.onnx:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-def.txt
+  echo "done ($SECONDS s)"
+  exit 0
+fi
 forced_exact VIGIL_CUDA_SERIAL=force
 mv $OUT/forced.txt $OUT/forced-serial.txt
 R=${ROUNDS:-2}
