@@ -13,6 +13,8 @@ use crate::ir::{
 use crate::backend::resize_taps::{taps, Tap};
 
 mod b2b;
+#[cfg(test)]
+mod compile_check;
 mod halo;
 mod igemm;
 mod narrow_gemm;
