@@ -649,6 +649,44 @@ fn int8_back_to_back_kernels_match_the_separate_ones() {
     }
 }
 
+/// Serial K splits (`VIGIL_CUDA_SERIAL`: the last block of each output tile adds the other
+/// blocks' int32 sums and requantizes) against the unsplit kernels: each QDQ model of
+/// `VIGIL_CUDA_COMPARE`, built with the implicit GEMM forced, once with them off and once
+/// forced where they apply, must give the same bytes through eager, captured and replayed runs
+/// (the tile counters must be left zero by every run), and the forced build must take them.
+#[test]
+fn int8_serial_k_splits_match_the_unsplit_kernels() {
+    let Some(list) = compare_list() else { return };
+    // Process-wide switches, restored at the end (the device scripts run the suite on one
+    // thread).
+    let saved: Vec<_> = ["VIGIL_CUDA_SERIAL", "VIGIL_CUDA_IGEMM"]
+        .iter()
+        .map(|k| (*k, std::env::var(k).ok()))
+        .collect();
+    std::env::set_var("VIGIL_CUDA_IGEMM", "force");
+    for (path, batch) in list.iter().filter(|(p, _)| p.contains(".qdq")) {
+        let (path, batch) = (path.as_str(), *batch);
+        let (off, on, taken) = off_and_forced(
+            path,
+            batch,
+            "VIGIL_CUDA_SERIAL",
+            vigil_engine::backend::cuda::serial_split_kernels,
+        );
+        println!("{path} batch {batch}: {taken} serial K-split kernels");
+        assert!(
+            taken > 0,
+            "{path}: no serial K split with VIGIL_CUDA_SERIAL=force"
+        );
+        same_outputs(path, &off, &on, 31);
+    }
+    for (k, v) in saved {
+        match v {
+            Some(v) => std::env::set_var(k, v),
+            None => std::env::remove_var(k),
+        }
+    }
+}
+
 /// The fused stem kernel (`VIGIL_CUDA_STEM_POOL`: a stride-2 stem QConv and the max pool
 /// after it in one kernel, after the stem's space-to-depth copy) against the separate kernels
 /// it replaces: each QDQ model of `VIGIL_CUDA_COMPARE` and the shared NanoDet-m QDQ models,

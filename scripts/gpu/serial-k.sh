@@ -19,6 +19,10 @@ if [ -n "${FAST:-}" ]; then
   # A short call: the exactness check at batch 32 (the shapes the split is for), then one
   # round (serial, default, serial again), FP16 if time allows.
   FORCED_BATCH=32 forced_exact VIGIL_CUDA_SERIAL=force
+  echo "=== serial splits against the unsplit kernels ($SECONDS s)"
+  VIGIL_CUDA_TIMING_CACHE=$OUT/cache-forced.txt VIGIL_CUDA_COMPARE="$S8:2" timeout 120 \
+    $T int8_serial_k_splits_match_the_unsplit_kernels --nocapture > $OUT/serial-test.txt 2>&1
+  echo "rc $?"; grep -E "serial K-split kernels|test result|panicked" $OUT/serial-test.txt | head -4
   bench serial int8 "$S8:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-serial.txt VIGIL_CUDA_SERIAL=1
   bench default int8 "$S8:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-def.txt
   bench serial2 int8 "$S8:32" VIGIL_CUDA_TIMING_CACHE=$OUT/cache-serial.txt VIGIL_CUDA_SERIAL=1

@@ -125,6 +125,16 @@ pub fn back_to_back_kernels() -> usize {
     BACK_TO_BACK.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// Serial K-split kernels built so far in this process ([`Builder::push_igemm`]).
+pub(super) static SERIAL_SPLITS: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
+
+/// How many implicit-GEMM kernels with a serial K split ([`Tiling::serial`]) executables of
+/// this process have taken, for tests and reports.
+pub fn serial_split_kernels() -> usize {
+    SERIAL_SPLITS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Fused stem-and-pool kernels built so far in this process ([`Builder::stem_pool`]).
 pub(super) static STEM_POOLS: std::sync::atomic::AtomicUsize =
     std::sync::atomic::AtomicUsize::new(0);
@@ -1402,6 +1412,9 @@ impl Builder<'_> {
             m.node = idx;
         }
         self.launch(idx, k);
+        if t.serial {
+            SERIAL_SPLITS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         self.scratch[idx] = partials + s2d.map_or(0, |sp| alit(space_to_depth_bytes(sp)));
         if t.partials() {
             let kr = self.gen.qrequant(y, 0, kp, t.splits);

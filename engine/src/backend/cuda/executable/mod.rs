@@ -39,7 +39,7 @@ mod rewrite;
 mod run;
 
 use build::*;
-pub use build::{back_to_back_kernels, stem_pool_kernels};
+pub use build::{back_to_back_kernels, serial_split_kernels, stem_pool_kernels};
 pub use lanes::LanedExecutable;
 use rewrite::*;
 pub use run::last_device_ms;
