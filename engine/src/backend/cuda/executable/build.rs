@@ -1718,10 +1718,15 @@ impl Builder<'_> {
             let pb = pb.unwrap_or(0).max(yb);
             let buf = self.tmp(xb + pb + yb + 3 * ALIGNMENT)?.div_ceil(256) * 256;
             // A serial split's workspace after the output, and its tile counters (zeroed; each
-            // run leaves them zero).
+            // run leaves them zero), only where one is timed.
             let ws = buf + (xb + yb) as u64;
             let (gx, gy) = TILINGS[2].grid(c.n * c.oh * c.ow, c.cout);
-            let counters = DeviceBuffer::upload(ctx, &vec![0u8; 4 * gx * gy])?;
+            let counters = if serial_timed {
+                Some(DeviceBuffer::upload(ctx, &vec![0u8; 4 * gx * gy])?)
+            } else {
+                None
+            };
+            let counters = counters.as_ref().map_or(0, DeviceBuffer::ptr);
             let mut best: Option<(Tiling, f32)> = None;
             for ((t, g, k), ptx) in gens.into_iter().zip(ptx) {
                 // A candidate this device's compiler rejects (say, registers capped below
@@ -1741,7 +1746,7 @@ impl Builder<'_> {
                     (&g, parts, &t),
                     (buf, xb),
                     &tables,
-                    (ws, counters.ptr()),
+                    (ws, counters),
                 )?;
                 // SAFETY: the kernel takes (x, y or partial sums, weights, bias,
                 // multiplier[, residual][, tensor maps of x and the weights]): the search
