@@ -618,28 +618,32 @@ fn same_outputs(path: &str, off: &Model, on: &Model, seed: u64) {
 /// bytes through eager, captured and replayed runs, and the forced build must take it.
 #[test]
 fn int8_back_to_back_kernels_match_the_separate_ones() {
+    forced_igemm_path_matches(
+        "VIGIL_CUDA_B2B",
+        vigil_engine::backend::cuda::back_to_back_kernels,
+        "back-to-back kernels",
+        11,
+    );
+}
+
+/// Builds each QDQ model of `VIGIL_CUDA_COMPARE` with the implicit GEMM forced, once with path
+/// `var` off and once forced, asserts that the forced build took `counter`'s kernels (`what`)
+/// and that both give the same bytes ([`same_outputs`] from `seed`). The switches are
+/// process-wide and restored at the end; a test building an executable meanwhile gets exact
+/// paths either way (the device scripts run the suite on one thread).
+fn forced_igemm_path_matches(var: &str, counter: fn() -> usize, what: &str, seed: u64) {
     let Some(list) = compare_list() else { return };
-    // Process-wide switches, restored at the end; a test building an executable meanwhile
-    // gets exact paths either way (the device scripts run the suite on one thread).
-    let saved: Vec<_> = ["VIGIL_CUDA_B2B", "VIGIL_CUDA_IGEMM"]
+    let saved: Vec<_> = [var, "VIGIL_CUDA_IGEMM"]
         .iter()
         .map(|k| (*k, std::env::var(k).ok()))
         .collect();
     std::env::set_var("VIGIL_CUDA_IGEMM", "force");
     for (path, batch) in list.iter().filter(|(p, _)| p.contains(".qdq")) {
         let (path, batch) = (path.as_str(), *batch);
-        let (off, on, fused) = off_and_forced(
-            path,
-            batch,
-            "VIGIL_CUDA_B2B",
-            vigil_engine::backend::cuda::back_to_back_kernels,
-        );
-        println!("{path} batch {batch}: {fused} back-to-back kernels");
-        assert!(
-            fused > 0,
-            "{path}: no back-to-back kernel with VIGIL_CUDA_B2B=force"
-        );
-        same_outputs(path, &off, &on, 11);
+        let (off, on, taken) = off_and_forced(path, batch, var, counter);
+        println!("{path} batch {batch}: {taken} {what}");
+        assert!(taken > 0, "{path}: no {what} with {var}=force");
+        same_outputs(path, &off, &on, seed);
     }
     for (k, v) in saved {
         match v {
@@ -656,35 +660,12 @@ fn int8_back_to_back_kernels_match_the_separate_ones() {
 /// (the tile counters must be left zero by every run), and the forced build must take them.
 #[test]
 fn int8_serial_k_splits_match_the_unsplit_kernels() {
-    let Some(list) = compare_list() else { return };
-    // Process-wide switches, restored at the end (the device scripts run the suite on one
-    // thread).
-    let saved: Vec<_> = ["VIGIL_CUDA_SERIAL", "VIGIL_CUDA_IGEMM"]
-        .iter()
-        .map(|k| (*k, std::env::var(k).ok()))
-        .collect();
-    std::env::set_var("VIGIL_CUDA_IGEMM", "force");
-    for (path, batch) in list.iter().filter(|(p, _)| p.contains(".qdq")) {
-        let (path, batch) = (path.as_str(), *batch);
-        let (off, on, taken) = off_and_forced(
-            path,
-            batch,
-            "VIGIL_CUDA_SERIAL",
-            vigil_engine::backend::cuda::serial_split_kernels,
-        );
-        println!("{path} batch {batch}: {taken} serial K-split kernels");
-        assert!(
-            taken > 0,
-            "{path}: no serial K split with VIGIL_CUDA_SERIAL=force"
-        );
-        same_outputs(path, &off, &on, 31);
-    }
-    for (k, v) in saved {
-        match v {
-            Some(v) => std::env::set_var(k, v),
-            None => std::env::remove_var(k),
-        }
-    }
+    forced_igemm_path_matches(
+        "VIGIL_CUDA_SERIAL",
+        vigil_engine::backend::cuda::serial_split_kernels,
+        "serial K-split kernels",
+        31,
+    );
 }
 
 /// The fused stem kernel (`VIGIL_CUDA_STEM_POOL`: a stride-2 stem QConv and the max pool

@@ -1741,13 +1741,8 @@ impl Builder<'_> {
                 let f = module.function(&k.name)?;
                 // The kernel's tables are its three extras (weights, bias, multiplier).
                 let tables = upload_tables(ctx, &g.extras)?;
-                let (args, _maps) = igemm_args(
-                    ctx,
-                    (&g, parts, &t),
-                    (buf, xb),
-                    &tables,
-                    (ws, counters),
-                )?;
+                let (args, _maps) =
+                    igemm_args(ctx, (&g, parts, &t), (buf, xb), &tables, (ws, counters))?;
                 // SAFETY: the kernel takes (x, y or partial sums, weights, bias,
                 // multiplier[, residual][, tensor maps of x and the weights]): the search
                 // buffer holds x's bytes and the largest output, the tables and maps were
