@@ -129,8 +129,8 @@ pub fn back_to_back_kernels() -> usize {
 pub(super) static SERIAL_SPLITS: std::sync::atomic::AtomicUsize =
     std::sync::atomic::AtomicUsize::new(0);
 
-/// How many implicit-GEMM kernels with a serial K split ([`Tiling::serial`]) executables of
-/// this process have taken, for tests and reports.
+/// How many implicit-GEMM kernels with a serial K split (the last block of each output tile
+/// adds the others' sums) executables of this process have taken, for tests and reports.
 pub fn serial_split_kernels() -> usize {
     SERIAL_SPLITS.load(std::sync::atomic::Ordering::Relaxed)
 }
