@@ -6,7 +6,7 @@
 //! unpacked; the NVRTC lib folder on `LD_LIBRARY_PATH`); `scripts/kernel-compile-check.sh`
 //! fetches both and runs this. Without NVRTC it prints SKIP.
 
-use super::{halo_fits, serial_parts, tma_fits, Arg, Gen, QConvParts, Tiling};
+use super::{halo_fits, serial_tilings, tma_fits, Arg, Gen, QConvParts, Tiling};
 use super::{igemm_smem, DEEP_HALO_TILINGS, DEEP_WG_TILINGS, HALO_TILINGS, TILINGS, WG_TILINGS};
 use crate::backend::cpu::kernels::ConvGeometry;
 
@@ -85,7 +85,7 @@ fn resnet_parts(
 /// serial K splits, persistent blocks), those that fit an sm_90 block's shared memory.
 fn candidates(p: &QConvParts) -> Vec<Tiling> {
     let c = p.geom;
-    let (m, n) = (c.n * c.oh * c.ow, c.cout);
+    let n = c.cout;
     let kt = (c.kh * c.kw * p.c4).div_ceil(64);
     let mut out: Vec<Tiling> = TILINGS
         .iter()
@@ -107,20 +107,10 @@ fn candidates(p: &QConvParts) -> Vec<Tiling> {
         for t in [WG_TILINGS[1], WG_TILINGS[2]] {
             out.extend([2, 4].map(|s| t.split(s)));
             out.push(t.split_in_cluster(2));
-            let mut serial = vec![t];
-            if tma_fits(p) {
-                serial.push(t.with_tma());
-            }
-            for t in serial {
-                let (gx, gy) = t.grid(m, n);
-                for slots in [132, 264] {
-                    out.extend(
-                        serial_parts(gx * gy, slots, kt)
-                            .iter()
-                            .map(|&s| t.split_serial(s)),
-                    );
-                }
-            }
+        }
+        // One and two blocks an SM, on 132 SMs.
+        for slots in [132, 264] {
+            out.extend(serial_tilings(p, tma_fits(p), |_| slots));
         }
     }
     if kt <= 8 {
@@ -137,8 +127,8 @@ fn candidates(p: &QConvParts) -> Vec<Tiling> {
         );
         out.extend(HALO_TILINGS.iter().filter(fits).map(|t| t.persistent(132)));
     }
-    out.retain(|&t| igemm_smem(p, t) <= SMEM_PER_BLOCK);
-    out.dedup();
+    let mut seen = std::collections::HashSet::new();
+    out.retain(|&t| igemm_smem(p, t) <= SMEM_PER_BLOCK && seen.insert(t));
     out
 }
 

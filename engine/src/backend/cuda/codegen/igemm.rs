@@ -313,8 +313,9 @@ pub const DEEP_WG_TILINGS: [Tiling; 3] = [
 
 /// The part counts worth timing for a serial K split ([`Tiling::split_serial`]) of `tiles`
 /// output tiles over `kt` K tiles on `slots` resident blocks: the two from 2 to 8 (every part
-/// 2 K tiles or more, none empty) whose blocks come closest to whole waves, if they beat the
-/// unsplit grid's fill by 5 points; none at more than two waves unsplit.
+/// 2 K tiles or more, none empty) whose blocks come closest to whole waves, if they fill the
+/// slots 5% better than the unsplit grid (a grid of a few tiles, at batch 1, takes the most
+/// parts); none at more than two waves unsplit.
 pub fn serial_parts(tiles: usize, slots: usize, kt: usize) -> Vec<usize> {
     let slots = slots.max(1);
     let fill = |blocks: usize| blocks as f64 / (blocks.div_ceil(slots) * slots) as f64;
@@ -323,11 +324,35 @@ pub fn serial_parts(tiles: usize, slots: usize, kt: usize) -> Vec<usize> {
     }
     let mut parts: Vec<usize> = (2..=8)
         .filter(|&s| kt / s >= 2 && (s - 1) * kt.div_ceil(s) < kt)
-        .filter(|&s| fill(tiles * s) > fill(tiles) + 0.05)
+        .filter(|&s| fill(tiles * s) > fill(tiles) * 1.05)
         .collect();
     parts.sort_by(|&a, &b| fill(tiles * b).total_cmp(&fill(tiles * a)).then(a.cmp(&b)));
     parts.truncate(2);
     parts
+}
+
+/// Serial K splits worth timing for `p`: K of 8 tiles of 64 or more over the 128×128 and
+/// 128×64 wgmma tiles (TMA-fed too when `tma`), each split into the part counts
+/// [`serial_parts`] picks for its grid on `slots(t)` resident blocks of tiling `t`.
+pub fn serial_tilings(p: &QConvParts, tma: bool, slots: impl Fn(Tiling) -> usize) -> Vec<Tiling> {
+    let c = &p.geom;
+    let (m, n) = (c.n * c.oh * c.ow, c.cout);
+    let kt = (c.kh * c.kw * p.c4).div_ceil(64);
+    if kt < 8 {
+        return Vec::new();
+    }
+    let mut base = vec![WG_TILINGS[1], WG_TILINGS[2]];
+    if tma {
+        base.extend([WG_TILINGS[1].with_tma(), WG_TILINGS[2].with_tma()]);
+    }
+    base.into_iter()
+        .flat_map(|t| {
+            let (gx, gy) = t.grid(m, n);
+            serial_parts(gx * gy, slots(t), kt)
+                .into_iter()
+                .map(move |s| t.split_serial(s))
+        })
+        .collect()
 }
 
 /// Convolutions with at most this many K tiles fetch their residual with the first one.
@@ -1623,6 +1648,8 @@ pub(super) mod tests {
         assert_eq!(serial_parts(52, 264, 72), [5, 4]);
         // Layer 3's (m6272 n256, 98 tiles) on one block per SM: 4 and 8 parts both fill 99%.
         assert_eq!(serial_parts(98, 132, 36), [4, 8]);
+        // A grid of one tile takes the most parts its K allows.
+        assert_eq!(serial_parts(1, 132, 72), [8, 7]);
         // Short K leaves fewer choices: every part at least 2 K tiles, none empty (9 tiles
         // in 4 parts of 3 would leave the last one none).
         assert_eq!(serial_parts(52, 264, 8), [4, 3]);
@@ -1630,6 +1657,16 @@ pub(super) mod tests {
         // A grid of two waves or more is not split.
         assert!(serial_parts(264, 132, 64).is_empty());
         assert!(serial_parts(0, 132, 64).is_empty());
+        // The tilings: the 128x128 and 128x64 wgmma ones (TMA-fed too when asked), each with
+        // its grid's part counts; none for K under 8 tiles. m = 126, n = 128: 1 and 2 tiles.
+        let p = parts(64, 64, 128, false);
+        let t = serial_tilings(&p, true, |_| 132);
+        assert_eq!(t.len(), 8);
+        assert!(t.iter().all(|t| t.serial && t.wgmma && t.splits > 1));
+        assert_eq!(t.iter().filter(|t| t.tma).count(), 4);
+        assert_eq!(t[0], WG_TILINGS[1].split_serial(serial_parts(1, 132, 9)[0]));
+        assert_eq!(serial_tilings(&p, false, |_| 132).len(), 4);
+        assert!(serial_tilings(&parts(16, 16, 128, false), true, |_| 132).is_empty());
     }
 
     #[test]

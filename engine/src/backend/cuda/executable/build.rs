@@ -1576,33 +1576,18 @@ impl Builder<'_> {
             .collect()
     }
 
-    /// Serial K splits worth timing for `parts`: K of 8 tiles of 64 or more over the 128×128
-    /// and 128×64 wgmma tiles (TMA-fed too where `tilings` has those), each split into the
-    /// part counts [`serial_parts`] picks for its grid.
+    /// Serial K splits worth timing for `parts` ([`serial_tilings`]; TMA-fed too where
+    /// `tilings` has those), on as many blocks of each as the SMs hold by shared memory (at
+    /// most two an SM).
     pub(super) fn serial_tilings(&self, parts: &QConvParts, tilings: &[Tiling]) -> Vec<Tiling> {
-        let c = parts.geom;
-        let (m, n) = (c.n * c.oh * c.ow, c.cout);
-        let kt = (c.kh * c.kw * parts.c4).div_ceil(64);
-        if self.serial == PathMode::Off || self.wgmma == PathMode::Off || kt < 8 {
+        if self.serial == PathMode::Off || self.wgmma == PathMode::Off {
             return Vec::new();
         }
-        let mut base = vec![WG_TILINGS[1], WG_TILINGS[2]];
-        if tilings.iter().any(|t| t.tma) {
-            base.extend([WG_TILINGS[1].with_tma(), WG_TILINGS[2].with_tma()]);
-        }
-        let mut out = Vec::new();
-        for t in base {
-            let (gx, gy) = t.grid(m, n);
-            // Blocks of this tiling an SM holds at once, by shared memory (at most two).
+        let tma = tilings.iter().any(|t| t.tma);
+        serial_tilings(parts, tma, |t| {
             let per_sm = self.smem_blocks(igemm_smem(parts, t)).unwrap_or(1);
-            let slots = self.sms * per_sm.clamp(1, 2);
-            out.extend(
-                serial_parts(gx * gy, slots, kt)
-                    .into_iter()
-                    .map(|s| t.split_serial(s)),
-            );
-        }
-        out
+            self.sms * per_sm.clamp(1, 2)
+        })
     }
 
     /// Resident-block versions worth timing for `parts`: the 64×128 and 128×64 `mma.sync`
