@@ -52,6 +52,40 @@ pub(crate) struct Geom {
     pub(crate) cout_g: usize,
 }
 
+#[cfg(all(test, feature = "cuda"))]
+impl Geom {
+    /// An ungrouped `k`×`k` convolution with equal stride and padding on every side and no
+    /// dilation, over `n` images of `cin` channels and `h`×`w` pixels (the CUDA kernels' tests).
+    pub(crate) fn plain(
+        n: usize,
+        (cin, cout): (usize, usize),
+        (h, w): (usize, usize),
+        (k, stride, pad): (usize, usize, usize),
+    ) -> Geom {
+        let out = |x: usize| (x + 2 * pad - k) / stride + 1;
+        Geom {
+            n,
+            cin,
+            h,
+            w,
+            cout,
+            oh: out(h),
+            ow: out(w),
+            kh: k,
+            kw: k,
+            sh: stride,
+            sw: stride,
+            dh: 1,
+            dw: 1,
+            pt: pad,
+            pl: pad,
+            groups: 1,
+            cin_g: cin,
+            cout_g: cout,
+        }
+    }
+}
+
 /// Splits an activation shape into (N, C, H, W) for the given layout (rank 3 = 1-D, rank 4 = 2-D).
 fn split_shape(s: &[usize], layout: Layout, what: &str) -> Result<(usize, usize, usize, usize)> {
     match (s.len(), layout) {

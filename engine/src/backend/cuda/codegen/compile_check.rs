@@ -46,28 +46,7 @@ fn resnet_parts(
     (cin, side, cout, k, stride, residual): (usize, usize, usize, usize, usize, bool),
     n: usize,
 ) -> QConvParts {
-    let pad = k / 2;
-    let out = (side + 2 * pad - k) / stride + 1;
-    let geom = ConvGeometry {
-        n,
-        cin,
-        h: side,
-        w: side,
-        cout,
-        oh: out,
-        ow: out,
-        kh: k,
-        kw: k,
-        sh: stride,
-        sw: stride,
-        dh: 1,
-        dw: 1,
-        pt: pad,
-        pl: pad,
-        groups: 1,
-        cin_g: cin,
-        cout_g: cout,
-    };
+    let geom = ConvGeometry::plain(n, (cin, cout), (side, side), (k, stride, k / 2));
     let packed = (0..cout * k * k * cin).map(|i| (i % 251) as u8).collect();
     let mut p = QConvParts::for_test(geom, packed, cin, 0, false);
     if residual {

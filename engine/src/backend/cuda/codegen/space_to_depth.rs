@@ -198,27 +198,7 @@ mod tests {
     /// `pad` (top/left), over an `h`×`w` image; weights and zero point from `seed`.
     fn stem(cin: usize, k: usize, pad: usize, (h, w): (usize, usize), seed: u32) -> QConvParts {
         let cout = 8;
-        let (oh, ow) = ((h + 2 * pad - k) / 2 + 1, (w + 2 * pad - k) / 2 + 1);
-        let geom = ConvGeometry {
-            n: 2,
-            cin,
-            h,
-            w,
-            cout,
-            oh,
-            ow,
-            kh: k,
-            kw: k,
-            sh: 2,
-            sw: 2,
-            dh: 1,
-            dw: 1,
-            pt: pad,
-            pl: pad,
-            groups: 1,
-            cin_g: cin,
-            cout_g: cout,
-        };
+        let geom = ConvGeometry::plain(2, (cin, cout), (h, w), (k, 2, pad));
         let mut r = seed;
         let mut next = move || {
             r = r.wrapping_mul(1_103_515_245).wrapping_add(12_345);

@@ -358,27 +358,7 @@ mod tests {
 
     /// ResNet's stem: 3 channels, 7x7 stride 2 padding 3, `cout` channels, over `hw`².
     fn resnet_stem(cout: usize, hw: usize) -> QConvParts {
-        let oh = (hw + 6 - 7) / 2 + 1;
-        let geom = ConvGeometry {
-            n: 2,
-            cin: 3,
-            h: hw,
-            w: hw,
-            cout,
-            oh,
-            ow: oh,
-            kh: 7,
-            kw: 7,
-            sh: 2,
-            sw: 2,
-            dh: 1,
-            dw: 1,
-            pt: 3,
-            pl: 3,
-            groups: 1,
-            cin_g: 3,
-            cout_g: cout,
-        };
+        let geom = ConvGeometry::plain(2, (3, cout), (hw, hw), (7, 2, 3));
         let packed = (0..cout * 49 * 4).map(|i| (i * 7) as u8).collect();
         QConvParts::for_test(geom, packed, 4, -3, true)
     }
