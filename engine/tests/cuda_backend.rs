@@ -668,6 +668,21 @@ fn int8_serial_k_splits_match_the_unsplit_kernels() {
     );
 }
 
+/// Multicast TMA pairs (`VIGIL_CUDA_MULTICAST`: two channel blocks in a cluster, each copying
+/// half of their shared A tile into both blocks' rings) against the unicast kernels: each QDQ
+/// model of `VIGIL_CUDA_COMPARE`, built with the implicit GEMM forced, once with them off and
+/// once forced where they apply, must give the same bytes through eager, captured and replayed
+/// runs, and the forced build must take them.
+#[test]
+fn int8_multicast_pairs_match_the_unicast_kernels() {
+    forced_igemm_path_matches(
+        "VIGIL_CUDA_MULTICAST",
+        vigil_engine::backend::cuda::multicast_kernels,
+        "multicast TMA kernels",
+        41,
+    );
+}
+
 /// The fused stem kernel (`VIGIL_CUDA_STEM_POOL`: a stride-2 stem QConv and the max pool
 /// after it in one kernel, after the stem's space-to-depth copy) against the separate kernels
 /// it replaces: each QDQ model of `VIGIL_CUDA_COMPARE` and the shared NanoDet-m QDQ models,

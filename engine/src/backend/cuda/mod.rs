@@ -15,8 +15,8 @@ pub mod vision;
 pub use device::{alloc_counts, device_pool_stats, set_device_pool_size};
 pub use dnn::algo_cache_len;
 pub use executable::{
-    back_to_back_kernels, last_device_ms, serial_split_kernels, stem_pool_kernels, CudaExecutable,
-    LanedExecutable,
+    back_to_back_kernels, last_device_ms, multicast_kernels, serial_split_kernels,
+    stem_pool_kernels, CudaExecutable, LanedExecutable,
 };
 
 use crate::backend::{Backend, Executable, Precision};

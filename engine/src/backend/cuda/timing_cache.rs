@@ -34,10 +34,10 @@ pub struct TimingCache {
     current: bool,
 }
 
-/// The tiling as the cache stores it: fourteen space-separated integers.
+/// The tiling as the cache stores it: fifteen space-separated integers.
 fn tiling_fields(t: &Tiling) -> String {
     format!(
-        "{} {} {} {} {} {} {} {} {} {} {} {} {} {}",
+        "{} {} {} {} {} {} {} {} {} {} {} {} {} {} {}",
         t.warps_m,
         t.warps_n,
         t.wm,
@@ -51,12 +51,13 @@ fn tiling_fields(t: &Tiling) -> String {
         u8::from(t.halo),
         t.min_blocks,
         u8::from(t.tma),
-        u8::from(t.serial)
+        u8::from(t.serial),
+        u8::from(t.multicast)
     )
 }
 
-/// Parses [`tiling_fields`]' form, the thirteen fields written before [`Tiling::serial`] (not
-/// serial), the twelve written before [`Tiling::tma`] (not TMA),
+/// Parses [`tiling_fields`]' form, the fourteen fields written before [`Tiling::multicast`]
+/// (not multicast), the thirteen written before [`Tiling::serial`] (not serial), the twelve written before [`Tiling::tma`] (not TMA),
 /// the eleven written before [`Tiling::min_blocks`] (none), or the nine written before
 /// warp-specialized and halo tilings (neither); None for anything else.
 fn parse_tiling(s: &str) -> Option<Tiling> {
@@ -65,14 +66,14 @@ fn parse_tiling(s: &str) -> Option<Tiling> {
         .map(str::parse)
         .collect::<Result<_, _>>()
         .ok()?;
-    let (nine, loaders, halo, min_blocks, tma, serial) = match v.len() {
-        9 => (&v[..], 0, 0, 0, 0, 0),
-        11 => (&v[..9], v[9], v[10], 0, 0, 0),
-        12 => (&v[..9], v[9], v[10], v[11], 0, 0),
-        13 => (&v[..9], v[9], v[10], v[11], v[12], 0),
-        14 => (&v[..9], v[9], v[10], v[11], v[12], v[13]),
+    let (nine, loaders, halo, min_blocks) = match v.len() {
+        9 => (&v[..], 0, 0, 0),
+        11 => (&v[..9], v[9], v[10], 0),
+        12..=15 => (&v[..9], v[9], v[10], v[11]),
         _ => return None,
     };
+    // The flags added one at a time since: TMA, serial, multicast (absent: off).
+    let [tma, serial, multicast] = [12, 13, 14].map(|i| v.get(i).copied().unwrap_or(0));
     let [warps_m, warps_n, wm, wn, stages, wgmma, splits, ctas, cluster] = nine[..] else {
         return None;
     };
@@ -96,6 +97,7 @@ fn parse_tiling(s: &str) -> Option<Tiling> {
         halo: flag(halo)?,
         min_blocks,
         tma: flag(tma)?,
+        multicast: flag(multicast)?,
     })
 }
 
@@ -209,6 +211,9 @@ mod tests {
         let serial = WG_TILINGS[2].with_tma().split_serial(3);
         c.record("H200 cc9.0", "conv h", (serial, 0.07))
             .expect("write");
+        let multicast = WG_TILINGS[1].with_tma().with_multicast();
+        c.record("H200 cc9.0", "conv i", (multicast, 0.08))
+            .expect("write");
         let again = TimingCache::open(&path);
         assert_eq!(again.get("H200 cc9.0", "conv a"), Some((split, 0.0102)));
         assert_eq!(again.get("H200 cc9.0", "conv\tb"), Some((TILINGS[2], 0.5)));
@@ -231,6 +236,8 @@ mod tests {
         assert_ne!(tma, WG_TILINGS[1].warp_specialized(1));
         assert_eq!(again.get("H200 cc9.0", "conv h"), Some((serial, 0.07)));
         assert_ne!(serial, WG_TILINGS[2].with_tma().split(3));
+        assert_eq!(again.get("H200 cc9.0", "conv i"), Some((multicast, 0.08)));
+        assert_ne!(multicast, WG_TILINGS[1].with_tma());
         let _ = std::fs::remove_file(&path);
     }
 
@@ -250,10 +257,12 @@ mod tests {
         // And from before serial K splits (thirteen fields, read as not one).
         let tma = tiling_fields(&WG_TILINGS[1].with_tma());
         let thirteen = tma.split(' ').take(13).collect::<Vec<_>>().join(" ");
+        // And from before multicast pairs (fourteen fields, read as unicast).
+        let fourteen = tma.split(' ').take(14).collect::<Vec<_>>().join(" ");
         let body = format!(
             "dev\tshort\t1 2 3\t0.1\ndev\tbad\t{}\tfast\ndev\tnine\t{nine}\t0.5\n\
              dev\televen\t{eleven}\t0.6\ndev\ttwelve\t{twelve}\t0.7\n\
-             dev\tthirteen\t{thirteen}\t0.8\n{good}\n",
+             dev\tthirteen\t{thirteen}\t0.8\ndev\tfourteen\t{fourteen}\t0.9\n{good}\n",
             tiling_fields(&TILINGS[1])
         );
         std::fs::write(&path, format!("{}\n{body}", header())).expect("write");
@@ -267,6 +276,10 @@ mod tests {
         assert_eq!(
             c.get("dev", "thirteen"),
             Some((WG_TILINGS[1].with_tma(), 0.8))
+        );
+        assert_eq!(
+            c.get("dev", "fourteen"),
+            Some((WG_TILINGS[1].with_tma(), 0.9))
         );
         // Another version's file: nothing is read, and the first record starts it afresh.
         std::fs::write(&path, format!("vigil-cuda-timing-cache 0 old\n{good}\n")).expect("write");

@@ -60,8 +60,8 @@ fn resnet_parts(
 }
 
 /// The tilings the builder may time for `p` with every opt-in path on, on a 132-SM device
-/// (the default ones, deeper rings, TMA-fed, warp-specialized, halo, partial-sum, cluster and
-/// serial K splits, persistent blocks), those that fit an sm_90 block's shared memory.
+/// (the default ones, deeper rings, TMA-fed and multicast, warp-specialized, halo, partial-sum,
+/// cluster and serial K splits, persistent blocks), those that fit an sm_90 block's shared memory.
 fn candidates(p: &QConvParts) -> Vec<Tiling> {
     let c = p.geom;
     let n = c.cout;
@@ -73,12 +73,19 @@ fn candidates(p: &QConvParts) -> Vec<Tiling> {
         .copied()
         .collect();
     if tma_fits(p) {
+        let tma: Vec<Tiling> = WG_TILINGS
+            .iter()
+            .chain(&DEEP_WG_TILINGS)
+            .map(|t| t.with_tma())
+            .collect();
+        // Multicast pairs where the channel blocks pair up.
+        let m = c.n * c.oh * c.ow;
         out.extend(
-            WG_TILINGS
-                .iter()
-                .chain(&DEEP_WG_TILINGS)
-                .map(|t| t.with_tma()),
+            tma.iter()
+                .filter(|t| t.grid(m, n).1.is_multiple_of(2))
+                .map(|t| t.with_multicast()),
         );
+        out.extend(tma);
     }
     if kt >= 8 {
         out.extend([WG_TILINGS[1], WG_TILINGS[2], WG_TILINGS[3]].map(|t| t.warp_specialized(2)));
@@ -173,7 +180,7 @@ fn resnet50_int8_kernels_compile_for_sm90a() {
     if ptxas.is_none() {
         println!("ptxas not named (VIGIL_PTXAS): NVRTC only, no registers or spills");
     }
-    let (mut kernels, mut serial) = (0, 0);
+    let (mut kernels, mut serial, mut multicast) = (0, 0, 0);
     for shape in RESNET50 {
         let p = resnet_parts(shape, 32);
         let mut g = Gen::new(false);
@@ -200,6 +207,11 @@ fn resnet50_int8_kernels_compile_for_sm90a() {
                 .find(|(n, ..)| n == name)
                 .unwrap_or_else(|| panic!("{shape:?}: ptxas did not report {name} ({t})"));
             println!("{shape:?} {t}: {regs} registers, {spill} bytes spilled");
+            if t.multicast {
+                // The cluster's bookkeeping adds no spills either.
+                multicast += 1;
+                assert_eq!(spill, 0, "{shape:?} {t} spills");
+            }
             if t.serial {
                 // The reduction adds no spills to the loop it follows.
                 serial += 1;
@@ -207,6 +219,9 @@ fn resnet50_int8_kernels_compile_for_sm90a() {
             }
         }
     }
-    println!("{kernels} kernels compiled for sm_90a ({serial} serial K splits assembled)");
+    println!(
+        "{kernels} kernels compiled for sm_90a ({serial} serial K splits, {multicast} multicast \
+         pairs assembled)"
+    );
     assert!(kernels > 0);
 }

@@ -59,6 +59,11 @@ pub struct Tiling {
     /// lane copies each slot's A and B tiles with two `cp.async.bulk.tensor`s); 1x1 stride-1
     /// convolutions only ([`tma_fits`]).
     pub tma: bool,
+    /// A TMA tiling whose two channel blocks of one pixel tile form a thread-block cluster:
+    /// each block's loader copies half of the shared A tile and multicasts it into both
+    /// blocks' rings, so A crosses L2 once for both; a slot is refilled once both blocks'
+    /// math warps have released it.
+    pub multicast: bool,
 }
 
 impl Tiling {
@@ -148,6 +153,7 @@ impl Tiling {
             halo: false,
             min_blocks: 0,
             tma: false,
+            multicast: false,
         }
     }
     /// A wgmma tiling: `groups` warpgroups along M, each `m64 × bn`, over `stages` stages.
@@ -167,6 +173,7 @@ impl Tiling {
             halo: false,
             min_blocks: 0,
             tma: false,
+            multicast: false,
         }
     }
     /// This wgmma tiling fed by TMA (see [`Tiling::tma`]): one loader warp.
@@ -175,6 +182,22 @@ impl Tiling {
             loaders: 1,
             tma: true,
             ..self
+        }
+    }
+    /// This TMA tiling with its A tiles multicast across a cluster of two channel blocks
+    /// (see [`Tiling::multicast`]).
+    pub fn with_multicast(self) -> Tiling {
+        Tiling {
+            multicast: self.tma,
+            ..self
+        }
+    }
+    /// Blocks of a cluster that share each A tile ([`Tiling::multicast`]): 2, else 1.
+    pub(super) fn peers(&self) -> usize {
+        if self.multicast {
+            2
+        } else {
+            1
         }
     }
     /// This tiling with K split `s` ways.
@@ -272,6 +295,9 @@ impl std::fmt::Display for Tiling {
         }
         if self.tma {
             write!(f, " tma")?;
+            if self.multicast {
+                write!(f, " mc2")?;
+            }
         } else if self.loaders > 0 && !self.halo {
             write!(f, " ws{}", self.loaders)?;
         }
@@ -493,7 +519,9 @@ fn wgmma_loop(t: Tiling, tile: usize) -> String {
 /// A warp-specialized tiling's mbarriers at `bar0` (shared offset `at` past the base): slot
 /// `s`'s "full" one at `bar0 + 8s` completes when the loaders' copies into it have landed
 /// (each loader arrives once for its `cp.async`s, once for its plain stores of padding), its
-/// "empty" one at `bar0 + 8(stages + s)` when every math warp is done reading it.
+/// "empty" one at `bar0 + 8(stages + s)` when every math warp is done reading it (of both
+/// blocks of a multicast cluster, whose loaders write both rings; the cluster then waits
+/// for both blocks' barriers before any copy).
 pub(super) fn ws_barriers(t: Tiling, at: usize) -> String {
     format!(
         r#"  const unsigned int bar0 = sbase + {at};
@@ -507,12 +535,17 @@ pub(super) fn ws_barriers(t: Tiling, at: usize) -> String {
     }}
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }}
-  __syncthreads();
+  {sync}
 "#,
         st = t.stages,
         // TMA: the first loader lane arrives once, and the copies' bytes complete the phase.
         full = if t.tma { 1 } else { 2 * t.load_threads() },
-        empty = t.math_threads() / 32,
+        empty = t.peers() * t.math_threads() / 32,
+        sync = if t.multicast {
+            CLUSTER_SYNC
+        } else {
+            "__syncthreads();"
+        },
     )
 }
 
@@ -551,6 +584,9 @@ fn ws_fill(t: Tiling, k: &str) -> String {
 /// maps and, for the ring's first round, announces each slot and copies its B tile (weights
 /// are constants, so they load while the previous kernel finishes), leaving `tma_load_a`
 /// to copy those slots' A tiles after the wait. Needs `bar0` ([`ws_barriers`]).
+///
+/// A multicast tiling's loader copies only its half of the A tile (rows `crank · BM/2` on),
+/// into the same place in both blocks' rings, whose "full" barriers each count its bytes.
 fn tma_loader(t: Tiling, (a, b): (usize, usize)) -> String {
     let copy = |dst: &str, map: usize, row: &str| {
         format!(
@@ -558,6 +594,17 @@ fn tma_loader(t: Tiling, (a, b): (usize, usize)) -> String {
                  :: "r"({dst}), "l"(p{map}), "r"(kt * 64), "r"({row}), "r"(fb) : "memory");
 "#
         )
+    };
+    let half = t.bm() / 2;
+    let ca = if t.multicast {
+        format!(
+            r#"    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {{%2, %3}}], [%4], %5;"
+                 :: "r"(sa + crank * {}), "l"(p{a}), "r"(kt * 64), "r"(lm0 + crank * {half}), "r"(fb), "h"((unsigned short)3) : "memory");
+"#,
+            half * 64
+        )
+    } else {
+        copy("sa", a, "lm0")
     };
     let announce = format!(
         r#"    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(fb), "r"({}) : "memory");
@@ -569,10 +616,7 @@ fn tma_loader(t: Tiling, (a, b): (usize, usize)) -> String {
 ",
         t.stage_bytes()
     );
-    let (ca, cb) = (
-        copy("sa", a, "lm0"),
-        copy(&format!("sa + {} * 64", t.bm()), b, "ln0"),
-    );
+    let cb = copy(&format!("sa + {} * 64", t.bm()), b, "ln0");
     format!(
         r#"  auto tma_load = [&](int stage, int kt) {{
 {slot}{announce}{ca}{cb}  }};
@@ -604,15 +648,31 @@ fn ws_take(t: Tiling, slot: usize, multiply: &str) -> String {
 }
 
 /// A math warp's release of item `it - 1`'s slot (lane 0 arrives on its "empty" barrier for
-/// the warp), once `when` holds and that item's wgmmas are done.
+/// the warp, and on the other block's too in a multicast cluster, whose loader writes this
+/// slot as well), once `when` holds and that item's wgmmas are done.
 fn ws_release(t: Tiling, when: &str) -> String {
+    let empty = format!("bar0 + ({st} + (it - 1) % {st}) * 8", st = t.stages);
+    if t.multicast {
+        return format!(
+            r#"      if ({when}) {{
+        const unsigned int e = {empty};
+        asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" :: "r"(e) : "memory");
+        asm volatile("{{ .reg .b32 r; mapa.shared::cluster.u32 r, %0, %1; mbarrier.arrive.release.cluster.shared::cluster.b64 _, [r]; }}" :: "r"(e), "r"(crank ^ 1) : "memory");
+      }}
+"#
+        );
+    }
     format!(
         r#"      if ({when})
-        asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" :: "r"(bar0 + ({st} + (it - 1) % {st}) * 8) : "memory");
-"#,
-        st = t.stages,
+        asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" :: "r"({empty}) : "memory");
+"#
     )
 }
+
+/// Every thread of both blocks of a cluster waits here for all of them (release/acquire, so
+/// mbarrier initialisation and earlier shared-memory use are seen by the other block).
+const CLUSTER_SYNC: &str = "asm volatile(\"barrier.cluster.arrive.release;\" ::: \"memory\");\n  \
+     asm volatile(\"barrier.cluster.wait.acquire;\" ::: \"memory\");";
 
 /// The K loop of a warp-specialized wgmma tiling: the loader warps fill slot `it % stages`
 /// (`load(slot, k step)`) once the math warps have released it and signal its "full" barrier;
@@ -918,6 +978,8 @@ impl SmemPlan {
             t.loaders = 0;
             t.tma = false;
         }
+        // A multicast pair shares the A tile of one whole K range.
+        t.multicast &= t.tma && t.splits == 1;
         let persist = t.ctas > 0 && t.splits == 1;
         let prefetch = p.residual.is_some() && t.splits == 1 && (persist || kt <= PREFETCH_K_TILES);
         let ring = t.stages * t.stage_bytes();
@@ -1041,7 +1103,7 @@ impl Gen {
                 node: 0,
                 rows: m,
                 row_bytes: c.cin,
-                box_rows: t.bm(),
+                box_rows: t.bm() / t.peers(),
             });
             let b = self.map(TensorMap2d {
                 base: params[2].0,
@@ -1306,7 +1368,19 @@ impl Gen {
   {early}GRID_SYNC();
   {fetch0}
 {prologue}  const int m0 = lm0, n0 = ln0;
-{tile_body}{reduce}{epilogue}"#,
+{tile_body}{arrive}{reduce}{epilogue}{wait}"#,
+                // A multicast block may leave only once the other one's math warps have
+                // released their last slots on its barriers.
+                arrive = if t.multicast {
+                    "  asm volatile(\"barrier.cluster.arrive.release;\" ::: \"memory\");\n"
+                } else {
+                    ""
+                },
+                wait = if t.multicast {
+                    "  asm volatile(\"barrier.cluster.wait.acquire;\" ::: \"memory\");\n"
+                } else {
+                    ""
+                },
                 fetch0 = fetch(""),
                 early = if t.tma {
                     format!(
@@ -1333,7 +1407,7 @@ extern "C" __global__ void __launch_bounds__({bounds}){cluster_dims} {name}({pli
 {smem_decl}
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wmi = warp % {warps_m}, wni = warp / {warps_m};
-  // The thread's place among the loaders (negative in a warp-specialized block's math warps).
+{crank}  // The thread's place among the loaders (negative in a warp-specialized block's math warps).
   const int lt = tid - {lt0}, col = lt & 3;
   int a_pix[{al}], a_iy[{al}], a_ix[{al}];
   int lm0 = 0, ln0 = 0;
@@ -1378,8 +1452,15 @@ extern "C" __global__ void __launch_bounds__({bounds}){cluster_dims} {name}({pli
             },
             cluster_dims = if t.cluster {
                 format!(" __cluster_dims__(1, 1, {})", t.splits)
+            } else if t.multicast {
+                " __cluster_dims__(1, 2, 1)".into()
             } else {
                 String::new()
+            },
+            crank = if t.multicast {
+                "  unsigned int crank;\n  asm(\"mov.u32 %0, %%cluster_ctarank;\" : \"=r\"(crank));\n"
+            } else {
+                ""
             },
             ohw = oh * ow,
             hw = h * w,
@@ -1826,6 +1907,57 @@ pub(super) mod tests {
         let mut g = Gen::new(false);
         g.qigemm(Arg::Val(0), 1, &p, t.persistent(9));
         assert!(g.maps.is_empty() && !g.src.contains("tma_load"));
+    }
+
+    #[test]
+    fn multicast_pairs_share_each_a_tile_across_a_two_block_cluster() {
+        // A 1x1 convolution over 256 channels into 256 (two 128-channel blocks a pixel tile).
+        let mut p = parts(256, 256, 256, false);
+        (p.geom.kh, p.geom.kw, p.geom.pt, p.geom.pl) = (1, 1, 0, 0);
+        let t = WG_TILINGS[1].with_tma().with_multicast();
+        assert!(t.multicast);
+        assert_eq!(t.to_string(), "wg128x128/6 tma mc2");
+        // Only a TMA tiling multicasts.
+        assert!(!WG_TILINGS[1].with_multicast().multicast);
+        let mut g = Gen::new(false);
+        let k = g.qigemm(Arg::Val(0), 1, &p, t);
+        let launch = k.launch.expect("tiled launch");
+        assert_eq!((launch.grid, launch.block), ((1, 2, 1), 288));
+        assert!(g.src.contains("__cluster_dims__(1, 2, 1)"));
+        // Each block copies 64 of the tile's 128 rows: the A map's boxes are half a tile,
+        // landing at the block's half of the slot in both rings; the weight tile stays whole.
+        assert_eq!((g.maps[0].box_rows, g.maps[1].box_rows), (64, 128));
+        assert!(g.src.contains(".multicast::cluster [%0]"));
+        assert!(g
+            .src
+            .contains(r#""r"(sa + crank * 4096), "l"(p5), "r"(kt * 64), "r"(lm0 + crank * 64)"#));
+        // The slot still expects its whole 16 KiB (half of A from each block, B from itself).
+        assert!(g.src.contains(r#""r"(fb), "r"(16384) : "memory");"#));
+        // "Empty" barriers count both blocks' eight math warps; each warp releases a slot on
+        // its own block's barrier and the other block's.
+        assert!(g
+            .src
+            .contains(r#""r"(bar0 + ({st} + s) * 8), "r"({empty}));"#
+                .replace("{st}", "6")
+                .replace("{empty}", "16")
+                .as_str()));
+        assert!(g.src.contains("mapa.shared::cluster.u32 r, %0, %1;"));
+        assert!(g.src.contains(r#""r"(e), "r"(crank ^ 1)"#));
+        // The cluster meets after the barriers' initialisation and before either block leaves.
+        let sync = g.src.find("barrier.cluster.wait.acquire;").expect("sync");
+        assert!(sync < g.src.find("GRID_SYNC();").expect("wait"));
+        assert!(
+            g.src.rfind("barrier.cluster.wait.acquire;").expect("end")
+                > g.src.find("bias2").expect("epilogue")
+        );
+        // Unicast TMA tilings and split ones are unchanged.
+        let mut g = Gen::new(false);
+        g.qigemm(Arg::Val(0), 1, &p, WG_TILINGS[1].with_tma());
+        assert!(!g.src.contains("cluster_ctarank") && !g.src.contains("__cluster_dims__"));
+        assert_eq!(g.maps[0].box_rows, 128);
+        let mut g = Gen::new(false);
+        g.qigemm(Arg::Val(0), 1, &p, t.split_serial(2));
+        assert!(!g.src.contains("multicast"));
     }
 
     #[test]

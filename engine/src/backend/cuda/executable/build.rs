@@ -96,6 +96,11 @@ pub(super) struct Builder<'a> {
     /// fill whole waves (`VIGIL_CUDA_SERIAL`: off unless `1` measures them or `force` takes
     /// only those where they apply).
     pub(super) serial: PathMode,
+    /// Whether TMA tilings whose grid has an even number of channel blocks are also timed as
+    /// multicast pairs (two channel blocks in a cluster share each A tile:
+    /// [`Tiling::multicast`]; `VIGIL_CUDA_MULTICAST`: off unless `1` measures them or `force`
+    /// takes only those where they apply).
+    pub(super) multicast: PathMode,
     /// What a library (cuBLASLt) step is charged against an implicit GEMM beyond their own
     /// timings, in ms, where programmatic launch is on (`VIGIL_CUDA_LIB_STEP_US`, negative
     /// favours cuBLASLt; 0 without programmatic launch).
@@ -133,6 +138,16 @@ pub(super) static SERIAL_SPLITS: std::sync::atomic::AtomicUsize =
 /// adds the others' sums) executables of this process have taken, for tests and reports.
 pub fn serial_split_kernels() -> usize {
     SERIAL_SPLITS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Multicast TMA kernels built so far in this process ([`Builder::push_igemm`]).
+pub(super) static MULTICASTS: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
+
+/// How many implicit-GEMM kernels with their A tiles multicast across a two-block cluster
+/// executables of this process have taken, for tests and reports.
+pub fn multicast_kernels() -> usize {
+    MULTICASTS.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Fused stem-and-pool kernels built so far in this process ([`Builder::stem_pool`]).
@@ -1415,6 +1430,9 @@ impl Builder<'_> {
         if t.serial {
             SERIAL_SPLITS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
+        if t.multicast {
+            MULTICASTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         self.scratch[idx] = partials + s2d.map_or(0, |sp| alit(space_to_depth_bytes(sp)));
         if t.partials() {
             let kr = self.gen.qrequant(y, 0, kp, t.splits);
@@ -1576,6 +1594,24 @@ impl Builder<'_> {
             .collect()
     }
 
+    /// Multicast pairs of the TMA tilings among `tilings` worth timing for `parts`
+    /// (`VIGIL_CUDA_MULTICAST`): those whose grid has an even number of channel blocks, so
+    /// every cluster is whole.
+    pub(super) fn multicast_tilings(&self, parts: &QConvParts, tilings: &[Tiling]) -> Vec<Tiling> {
+        if self.multicast == PathMode::Off {
+            return Vec::new();
+        }
+        let (m, n) = (
+            parts.geom.n * parts.geom.oh * parts.geom.ow,
+            parts.geom.cout,
+        );
+        tilings
+            .iter()
+            .filter(|t| t.tma && t.splits == 1 && t.grid(m, n).1.is_multiple_of(2))
+            .map(|t| t.with_multicast())
+            .collect()
+    }
+
     /// Serial K splits worth timing for `parts` ([`serial_tilings`]; TMA-fed too where
     /// `tilings` has those), on as many blocks of each as the SMs hold by shared memory (at
     /// most two an SM).
@@ -1648,6 +1684,9 @@ impl Builder<'_> {
             .add_candidates(&mut tilings, self.resident_tilings(parts));
         self.tma
             .add_candidates(&mut tilings, self.tma_tilings(parts));
+        let multicast = self.multicast_tilings(parts, &tilings);
+        let multicast_timed = !multicast.is_empty();
+        self.multicast.add_candidates(&mut tilings, multicast);
         let serial = self.serial_tilings(parts, &tilings);
         let serial_timed = !serial.is_empty();
         self.serial.add_candidates(&mut tilings, serial);
@@ -1673,6 +1712,9 @@ impl Builder<'_> {
         if serial_timed {
             // Only where it adds candidates: other convolutions keep their cached choices.
             key.push_str(&format!(" serial {:?}", self.serial));
+        }
+        if multicast_timed {
+            key.push_str(&format!(" multicast {:?}", self.multicast));
         }
         memoised(&CACHE, key.clone(), || {
             // The disk cache's choice, where it is one of this convolution's candidates.
@@ -1713,6 +1755,7 @@ impl Builder<'_> {
             };
             let counters = counters.as_ref().map_or(0, DeviceBuffer::ptr);
             let mut best: Option<(Tiling, f32)> = None;
+            let log_timings = std::env::var("VIGIL_CUDA_TIMING_LOG").is_ok_and(|v| v == "1");
             for ((t, g, k), ptx) in gens.into_iter().zip(ptx) {
                 // A candidate this device's compiler rejects (say, registers capped below
                 // what its wgmma accumulators need) is left out, not fatal.
@@ -1736,6 +1779,20 @@ impl Builder<'_> {
                 if t.partials() {
                     let sums = (buf + xb as u64, t.splits);
                     ms += self.requant_ms(parts, y, sums, buf + (xb + pb) as u64)?;
+                }
+                if log_timings {
+                    // A diagnostic (`VIGIL_CUDA_TIMING_LOG=1`): every candidate's time.
+                    eprintln!(
+                        "TIMING {}x{} s{} cin{} cout{} n{} {}res {t} {:.2} us",
+                        c.kh,
+                        c.kw,
+                        c.sh,
+                        c.cin,
+                        c.cout,
+                        c.n * c.oh * c.ow,
+                        if parts.residual.is_some() { "" } else { "no " },
+                        ms * 1000.0
+                    );
                 }
                 if best.is_none_or(|(_, b)| ms < b) {
                     best = Some((t, ms));

@@ -39,7 +39,7 @@ mod rewrite;
 mod run;
 
 use build::*;
-pub use build::{back_to_back_kernels, serial_split_kernels, stem_pool_kernels};
+pub use build::{back_to_back_kernels, multicast_kernels, serial_split_kernels, stem_pool_kernels};
 pub use lanes::LanedExecutable;
 use rewrite::*;
 pub use run::last_device_ms;
@@ -512,6 +512,7 @@ impl CudaExecutable {
             deep: PathMode::from_var("VIGIL_CUDA_DEEP"),
             tma: PathMode::from_var("VIGIL_CUDA_TMA"),
             serial: PathMode::opt_in("VIGIL_CUDA_SERIAL"),
+            multicast: PathMode::opt_in("VIGIL_CUDA_MULTICAST"),
             library_step_ms: library_step_ms(cc),
             b2b: PathMode::opt_in("VIGIL_CUDA_B2B"),
             stem_pool: PathMode::opt_in("VIGIL_CUDA_STEM_POOL"),
