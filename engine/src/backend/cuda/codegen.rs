@@ -25,7 +25,8 @@ mod stem_pool;
 pub use b2b::{b2b_fits, b2b_smem, B2bShape, B2B_SHAPES};
 pub use halo::{halo_fits, DEEP_HALO_TILINGS, HALO_TILINGS};
 pub use igemm::{
-    igemm_fits, igemm_smem, serial_tilings, tma_fits, Tiling, DEEP_WG_TILINGS, TILINGS, WG_TILINGS,
+    igemm_fits, igemm_smem, multicast_versions, serial_tilings, tma_fits, Tiling, DEEP_WG_TILINGS,
+    TILINGS, WG_TILINGS,
 };
 pub use narrow_gemm::{narrow_dequantize_fits, narrow_gemm_fits};
 pub use probe::{probe_variant, Probe};

@@ -52,12 +52,13 @@ fn tiling_fields(t: &Tiling) -> String {
         t.min_blocks,
         u8::from(t.tma),
         u8::from(t.serial),
-        u8::from(t.multicast)
+        u8::from(t.multicast) | (u8::from(t.multicast_b) << 1)
     )
 }
 
-/// Parses [`tiling_fields`]' form, the fourteen fields written before [`Tiling::multicast`]
-/// (not multicast), the thirteen written before [`Tiling::serial`] (not serial), the twelve written before [`Tiling::tma`] (not TMA),
+/// Parses [`tiling_fields`]' form (the fifteenth field holds [`Tiling::multicast`] in bit 0
+/// and [`Tiling::multicast_b`] in bit 1), the fourteen fields written before multicast tilings
+/// (neither), the thirteen written before [`Tiling::serial`] (not serial), the twelve written before [`Tiling::tma`] (not TMA),
 /// the eleven written before [`Tiling::min_blocks`] (none), or the nine written before
 /// warp-specialized and halo tilings (neither); None for anything else.
 fn parse_tiling(s: &str) -> Option<Tiling> {
@@ -97,7 +98,11 @@ fn parse_tiling(s: &str) -> Option<Tiling> {
         halo: flag(halo)?,
         min_blocks,
         tma: flag(tma)?,
-        multicast: flag(multicast)?,
+        multicast: flag(multicast & 1)?,
+        multicast_b: match multicast {
+            0..=3 => multicast >> 1 == 1,
+            _ => return None,
+        },
     })
 }
 
@@ -214,6 +219,11 @@ mod tests {
         let multicast = WG_TILINGS[1].with_tma().with_multicast();
         c.record("H200 cc9.0", "conv i", (multicast, 0.08))
             .expect("write");
+        let both = multicast.with_multicast_b();
+        c.record("H200 cc9.0", "conv j", (both, 0.09))
+            .expect("write");
+        let b = WG_TILINGS[2].with_tma().with_multicast_b();
+        c.record("H200 cc9.0", "conv k", (b, 0.1)).expect("write");
         let again = TimingCache::open(&path);
         assert_eq!(again.get("H200 cc9.0", "conv a"), Some((split, 0.0102)));
         assert_eq!(again.get("H200 cc9.0", "conv\tb"), Some((TILINGS[2], 0.5)));
@@ -238,6 +248,9 @@ mod tests {
         assert_ne!(serial, WG_TILINGS[2].with_tma().split(3));
         assert_eq!(again.get("H200 cc9.0", "conv i"), Some((multicast, 0.08)));
         assert_ne!(multicast, WG_TILINGS[1].with_tma());
+        assert_eq!(again.get("H200 cc9.0", "conv j"), Some((both, 0.09)));
+        assert_eq!(again.get("H200 cc9.0", "conv k"), Some((b, 0.1)));
+        assert_ne!(both, multicast);
         let _ = std::fs::remove_file(&path);
     }
 

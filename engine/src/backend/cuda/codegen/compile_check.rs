@@ -6,7 +6,9 @@
 //! unpacked; the NVRTC lib folder on `LD_LIBRARY_PATH`); `scripts/kernel-compile-check.sh`
 //! fetches both and runs this. Without NVRTC it prints SKIP.
 
-use super::{halo_fits, serial_tilings, tma_fits, Arg, Gen, QConvParts, Tiling};
+use super::{
+    halo_fits, multicast_versions, serial_tilings, tma_fits, Arg, Gen, QConvParts, Tiling,
+};
 use super::{igemm_smem, DEEP_HALO_TILINGS, DEEP_WG_TILINGS, HALO_TILINGS, TILINGS, WG_TILINGS};
 use crate::backend::cpu::kernels::ConvGeometry;
 
@@ -78,13 +80,7 @@ fn candidates(p: &QConvParts) -> Vec<Tiling> {
             .chain(&DEEP_WG_TILINGS)
             .map(|t| t.with_tma())
             .collect();
-        // Multicast pairs where the channel blocks pair up.
-        let m = c.n * c.oh * c.ow;
-        out.extend(
-            tma.iter()
-                .filter(|t| t.grid(m, n).1.is_multiple_of(2))
-                .map(|t| t.with_multicast()),
-        );
+        out.extend(multicast_versions(&tma, c.n * c.oh * c.ow, n));
         out.extend(tma);
     }
     if kt >= 8 {
@@ -207,7 +203,7 @@ fn resnet50_int8_kernels_compile_for_sm90a() {
                 .find(|(n, ..)| n == name)
                 .unwrap_or_else(|| panic!("{shape:?}: ptxas did not report {name} ({t})"));
             println!("{shape:?} {t}: {regs} registers, {spill} bytes spilled");
-            if t.multicast {
+            if t.clustered() {
                 // The cluster's bookkeeping adds no spills either.
                 multicast += 1;
                 assert_eq!(spill, 0, "{shape:?} {t} spills");

@@ -59,11 +59,15 @@ pub struct Tiling {
     /// lane copies each slot's A and B tiles with two `cp.async.bulk.tensor`s); 1x1 stride-1
     /// convolutions only ([`tma_fits`]).
     pub tma: bool,
-    /// A TMA tiling whose two channel blocks of one pixel tile form a thread-block cluster:
-    /// each block's loader copies half of the shared A tile and multicasts it into both
-    /// blocks' rings, so A crosses L2 once for both; a slot is refilled once both blocks'
-    /// math warps have released it.
+    /// A TMA tiling whose two channel blocks of one pixel tile are in one thread-block
+    /// cluster: each block's loader copies half of their shared A tile and multicasts it
+    /// into both blocks' rings, so A crosses L2 once for both; a slot is refilled once every
+    /// block that writes it has released it.
     pub multicast: bool,
+    /// The same for B: two pixel blocks of one channel tile share each weight tile (with
+    /// [`Tiling::multicast`] too, a 2×2 cluster). A grid of an odd number of pixel blocks gets
+    /// one more, which loads zeros and stores nothing.
+    pub multicast_b: bool,
 }
 
 impl Tiling {
@@ -154,6 +158,7 @@ impl Tiling {
             min_blocks: 0,
             tma: false,
             multicast: false,
+            multicast_b: false,
         }
     }
     /// A wgmma tiling: `groups` warpgroups along M, each `m64 × bn`, over `stages` stages.
@@ -174,6 +179,7 @@ impl Tiling {
             min_blocks: 0,
             tma: false,
             multicast: false,
+            multicast_b: false,
         }
     }
     /// This wgmma tiling fed by TMA (see [`Tiling::tma`]): one loader warp.
@@ -192,13 +198,28 @@ impl Tiling {
             ..self
         }
     }
-    /// Blocks of a cluster that share each A tile ([`Tiling::multicast`]): 2, else 1.
-    pub(super) fn peers(&self) -> usize {
-        if self.multicast {
-            2
-        } else {
-            1
+    /// This TMA tiling with its B tiles multicast across a cluster of two pixel blocks
+    /// (see [`Tiling::multicast_b`]).
+    pub fn with_multicast_b(self) -> Tiling {
+        Tiling {
+            multicast_b: self.tma,
+            ..self
         }
+    }
+    /// Whether the blocks form multicast clusters.
+    pub fn clustered(&self) -> bool {
+        self.multicast || self.multicast_b
+    }
+    /// The multicast cluster's blocks along pixels and along channels.
+    pub(super) fn cluster_dims(&self) -> (usize, usize) {
+        (
+            1 + usize::from(self.multicast_b),
+            1 + usize::from(self.multicast),
+        )
+    }
+    /// Blocks that write into each block's ring: itself, and its A and B peers.
+    fn writers(&self) -> usize {
+        1 + usize::from(self.multicast) + usize::from(self.multicast_b)
     }
     /// This tiling with K split `s` ways.
     pub fn split(self, s: usize) -> Tiling {
@@ -295,8 +316,11 @@ impl std::fmt::Display for Tiling {
         }
         if self.tma {
             write!(f, " tma")?;
-            if self.multicast {
-                write!(f, " mc2")?;
+            match (self.multicast, self.multicast_b) {
+                (true, true) => write!(f, " mcAB")?,
+                (true, false) => write!(f, " mcA")?,
+                (false, true) => write!(f, " mcB")?,
+                (false, false) => {}
             }
         } else if self.loaders > 0 && !self.halo {
             write!(f, " ws{}", self.loaders)?;
@@ -379,6 +403,23 @@ pub fn serial_tilings(p: &QConvParts, tma: bool, slots: impl Fn(Tiling) -> usize
                 .map(move |s| t.split_serial(s))
         })
         .collect()
+}
+
+/// The multicast versions of the unsplit TMA tilings among `tilings` for an `m` × `n` output:
+/// B tiles shared by pixel-block pairs, and where the channel blocks pair up, A tiles shared
+/// by them, alone and with B in a 2×2 cluster.
+pub fn multicast_versions(tilings: &[Tiling], m: usize, n: usize) -> Vec<Tiling> {
+    let mut out = Vec::new();
+    for t in tilings
+        .iter()
+        .filter(|t| t.tma && t.splits == 1 && !t.clustered())
+    {
+        out.push(t.with_multicast_b());
+        if t.grid(m, n).1.is_multiple_of(2) {
+            out.extend([t.with_multicast(), t.with_multicast().with_multicast_b()]);
+        }
+    }
+    out
 }
 
 /// Convolutions with at most this many K tiles fetch their residual with the first one.
@@ -519,9 +560,9 @@ fn wgmma_loop(t: Tiling, tile: usize) -> String {
 /// A warp-specialized tiling's mbarriers at `bar0` (shared offset `at` past the base): slot
 /// `s`'s "full" one at `bar0 + 8s` completes when the loaders' copies into it have landed
 /// (each loader arrives once for its `cp.async`s, once for its plain stores of padding), its
-/// "empty" one at `bar0 + 8(stages + s)` when every math warp is done reading it (of both
-/// blocks of a multicast cluster, whose loaders write both rings; the cluster then waits
-/// for both blocks' barriers before any copy).
+/// "empty" one at `bar0 + 8(stages + s)` when every math warp is done reading it (of every
+/// block of a multicast cluster whose loader writes this ring; the cluster then waits for
+/// all its blocks' barriers before any copy).
 pub(super) fn ws_barriers(t: Tiling, at: usize) -> String {
     format!(
         r#"  const unsigned int bar0 = sbase + {at};
@@ -540,8 +581,8 @@ pub(super) fn ws_barriers(t: Tiling, at: usize) -> String {
         st = t.stages,
         // TMA: the first loader lane arrives once, and the copies' bytes complete the phase.
         full = if t.tma { 1 } else { 2 * t.load_threads() },
-        empty = t.peers() * t.math_threads() / 32,
-        sync = if t.multicast {
+        empty = t.writers() * t.math_threads() / 32,
+        sync = if t.clustered() {
             CLUSTER_SYNC
         } else {
             "__syncthreads();"
@@ -585,8 +626,9 @@ fn ws_fill(t: Tiling, k: &str) -> String {
 /// are constants, so they load while the previous kernel finishes), leaving `tma_load_a`
 /// to copy those slots' A tiles after the wait. Needs `bar0` ([`ws_barriers`]).
 ///
-/// A multicast tiling's loader copies only its half of the A tile (rows `crank · BM/2` on),
-/// into the same place in both blocks' rings, whose "full" barriers each count its bytes.
+/// A multicast tiling's loader copies only its half of a shared tile (the A tile's rows
+/// `cy · BM/2` on, the B tile's `cx · BN/2` on, by its place in the cluster) into the same
+/// place in both sharing blocks' rings, whose "full" barriers each count its bytes.
 fn tma_loader(t: Tiling, (a, b): (usize, usize)) -> String {
     let copy = |dst: &str, map: usize, row: &str| {
         format!(
@@ -595,14 +637,18 @@ fn tma_loader(t: Tiling, (a, b): (usize, usize)) -> String {
 "#
         )
     };
-    let half = t.bm() / 2;
-    let ca = if t.multicast {
+    // Half a tile of `rows` at `dst`, by the block at place `at` of the pair, to both.
+    let multicast = |dst: &str, map: usize, row: &str, (rows, at, mask): (usize, &str, &str)| {
+        let half = rows / 2;
         format!(
             r#"    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {{%2, %3}}], [%4], %5;"
-                 :: "r"(sa + crank * {}), "l"(p{a}), "r"(kt * 64), "r"(lm0 + crank * {half}), "r"(fb), "h"((unsigned short)3) : "memory");
+                 :: "r"({dst} + {at} * {}), "l"(p{map}), "r"(kt * 64), "r"({row} + {at} * {half}), "r"(fb), "h"((unsigned short)({mask})) : "memory");
 "#,
             half * 64
         )
+    };
+    let ca = if t.multicast {
+        multicast("sa", a, "lm0", (t.bm(), "cy", "amask"))
     } else {
         copy("sa", a, "lm0")
     };
@@ -616,7 +662,12 @@ fn tma_loader(t: Tiling, (a, b): (usize, usize)) -> String {
 ",
         t.stage_bytes()
     );
-    let cb = copy(&format!("sa + {} * 64", t.bm()), b, "ln0");
+    let sb = format!("sa + {} * 64", t.bm());
+    let cb = if t.multicast_b {
+        multicast(&sb, b, "ln0", (t.bn(), "cx", "bmask"))
+    } else {
+        copy(&sb, b, "ln0")
+    };
     format!(
         r#"  auto tma_load = [&](int stage, int kt) {{
 {slot}{announce}{ca}{cb}  }};
@@ -648,17 +699,27 @@ fn ws_take(t: Tiling, slot: usize, multiply: &str) -> String {
 }
 
 /// A math warp's release of item `it - 1`'s slot (lane 0 arrives on its "empty" barrier for
-/// the warp, and on the other block's too in a multicast cluster, whose loader writes this
-/// slot as well), once `when` holds and that item's wgmmas are done.
+/// the warp, and on its multicast peers' too, whose loaders write this slot as well), once
+/// `when` holds and that item's wgmmas are done.
 fn ws_release(t: Tiling, when: &str) -> String {
     let empty = format!("bar0 + ({st} + (it - 1) % {st}) * 8", st = t.stages);
-    if t.multicast {
+    if t.clustered() {
+        let remote = |peer: &str| {
+            format!(
+                r#"        asm volatile("{{ .reg .b32 r; mapa.shared::cluster.u32 r, %0, %1; mbarrier.arrive.release.cluster.shared::cluster.b64 _, [r]; }}" :: "r"(e), "r"({peer}) : "memory");
+"#
+            )
+        };
+        let peers = [(t.multicast, "apeer"), (t.multicast_b, "bpeer")]
+            .iter()
+            .filter(|(on, _)| *on)
+            .map(|(_, peer)| remote(peer))
+            .collect::<String>();
         return format!(
             r#"      if ({when}) {{
         const unsigned int e = {empty};
         asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" :: "r"(e) : "memory");
-        asm volatile("{{ .reg .b32 r; mapa.shared::cluster.u32 r, %0, %1; mbarrier.arrive.release.cluster.shared::cluster.b64 _, [r]; }}" :: "r"(e), "r"(crank ^ 1) : "memory");
-      }}
+{peers}      }}
 "#
         );
     }
@@ -978,8 +1039,9 @@ impl SmemPlan {
             t.loaders = 0;
             t.tma = false;
         }
-        // A multicast pair shares the A tile of one whole K range.
+        // A multicast pair shares the tiles of one whole K range.
         t.multicast &= t.tma && t.splits == 1;
+        t.multicast_b &= t.tma && t.splits == 1;
         let persist = t.ctas > 0 && t.splits == 1;
         let prefetch = p.residual.is_some() && t.splits == 1 && (persist || kt <= PREFETCH_K_TILES);
         let ring = t.stages * t.stage_bytes();
@@ -1103,14 +1165,14 @@ impl Gen {
                 node: 0,
                 rows: m,
                 row_bytes: c.cin,
-                box_rows: t.bm() / t.peers(),
+                box_rows: t.bm() / t.cluster_dims().1,
             });
             let b = self.map(TensorMap2d {
                 base: params[2].0,
                 node: 0,
                 rows: n,
                 row_bytes: kp,
-                box_rows: t.bn(),
+                box_rows: t.bn() / t.cluster_dims().0,
             });
             params.extend([(a, "const u8"), (b, "const u8")]);
             tma_loader(t, (ia, ia + 1))
@@ -1192,13 +1254,16 @@ impl Gen {
         // its row `r`, column `c` and global byte offset `g`. Out-of-range pieces are skipped,
         // with a test only where the tile count or an edge tile calls for one.
         let pieces = bm * bnv;
+        // Pixel blocks sharing B tiles come in pairs: an odd grid gets one block past the end.
+        let (gx, gy) = t.grid(m, n);
+        let gx_launch = gx.next_multiple_of(t.cluster_dims().0);
         let mut guards = Vec::new();
         if !pieces.is_multiple_of(th) {
             guards.push(format!("q < {pieces}u"));
         }
         let tile_loop = |m0: &str, n0: &str, body: &str| {
             let mut guards = guards.clone();
-            if !m.is_multiple_of(bm) {
+            if !m.is_multiple_of(bm) || gx_launch > gx {
                 guards.push(format!("{m0} + r < {m}"));
             }
             if !n.is_multiple_of(bn) {
@@ -1290,7 +1355,6 @@ impl Gen {
                 ystore = tile_copy("p1 + g", &shared),
             )
         };
-        let (gx, gy) = t.grid(m, n);
         let tiles = gx * gy;
         let zfetch = if prefetch {
             let op = if v == 16 { "cg" } else { "ca" };
@@ -1371,12 +1435,12 @@ impl Gen {
 {tile_body}{arrive}{reduce}{epilogue}{wait}"#,
                 // A multicast block may leave only once the other one's math warps have
                 // released their last slots on its barriers.
-                arrive = if t.multicast {
+                arrive = if t.clustered() {
                     "  asm volatile(\"barrier.cluster.arrive.release;\" ::: \"memory\");\n"
                 } else {
                     ""
                 },
-                wait = if t.multicast {
+                wait = if t.clustered() {
                     "  asm volatile(\"barrier.cluster.wait.acquire;\" ::: \"memory\");\n"
                 } else {
                     ""
@@ -1452,15 +1516,27 @@ extern "C" __global__ void __launch_bounds__({bounds}){cluster_dims} {name}({pli
             },
             cluster_dims = if t.cluster {
                 format!(" __cluster_dims__(1, 1, {})", t.splits)
-            } else if t.multicast {
-                " __cluster_dims__(1, 2, 1)".into()
+            } else if t.clustered() {
+                let (cm, cn) = t.cluster_dims();
+                format!(" __cluster_dims__({cm}, {cn}, 1)")
             } else {
                 String::new()
             },
-            crank = if t.multicast {
-                "  unsigned int crank;\n  asm(\"mov.u32 %0, %%cluster_ctarank;\" : \"=r\"(crank));\n"
+            crank = if t.clustered() {
+                // Ranks run x-major: the A peer differs in y, the B peer in x; each half-tile
+                // copy goes to the block itself and its peer.
+                format!(
+                    "  unsigned int crank, cx, cy;\n  \
+                     asm(\"mov.u32 %0, %%cluster_ctarank;\" : \"=r\"(crank));\n  \
+                     asm(\"mov.u32 %0, %%cluster_ctaid.x;\" : \"=r\"(cx));\n  \
+                     asm(\"mov.u32 %0, %%cluster_ctaid.y;\" : \"=r\"(cy));\n  \
+                     const unsigned int apeer = cx + (cy ^ 1u) * {cm}, bpeer = (cx ^ 1u) + cy * {cm};\n  \
+                     const unsigned int amask = (1u << crank) | (1u << apeer), bmask = (1u << crank) | (1u << bpeer);\n  \
+                     (void)apeer; (void)bpeer; (void)amask; (void)bmask;\n",
+                    cm = t.cluster_dims().0
+                )
             } else {
-                ""
+                String::new()
             },
             ohw = oh * ow,
             hw = h * w,
@@ -1470,7 +1546,7 @@ extern "C" __global__ void __launch_bounds__({bounds}){cluster_dims} {name}({pli
         let grid = if persist {
             (t.ctas.min(tiles) as u32, 1, 1)
         } else {
-            (gx as u32, gy as u32, t.splits as u32)
+            (gx_launch as u32, gy as u32, t.splits as u32)
         };
         GenKernel {
             name,
@@ -1916,7 +1992,7 @@ pub(super) mod tests {
         (p.geom.kh, p.geom.kw, p.geom.pt, p.geom.pl) = (1, 1, 0, 0);
         let t = WG_TILINGS[1].with_tma().with_multicast();
         assert!(t.multicast);
-        assert_eq!(t.to_string(), "wg128x128/6 tma mc2");
+        assert_eq!(t.to_string(), "wg128x128/6 tma mcA");
         // Only a TMA tiling multicasts.
         assert!(!WG_TILINGS[1].with_multicast().multicast);
         let mut g = Gen::new(false);
@@ -1930,7 +2006,8 @@ pub(super) mod tests {
         assert!(g.src.contains(".multicast::cluster [%0]"));
         assert!(g
             .src
-            .contains(r#""r"(sa + crank * 4096), "l"(p5), "r"(kt * 64), "r"(lm0 + crank * 64)"#));
+            .contains(r#""r"(sa + cy * 4096), "l"(p5), "r"(kt * 64), "r"(lm0 + cy * 64), "r"(fb), "h"((unsigned short)(amask))"#));
+        assert!(g.src.contains("apeer = cx + (cy ^ 1u) * 1,"));
         // The slot still expects its whole 16 KiB (half of A from each block, B from itself).
         assert!(g.src.contains(r#""r"(fb), "r"(16384) : "memory");"#));
         // "Empty" barriers count both blocks' eight math warps; each warp releases a slot on
@@ -1942,7 +2019,8 @@ pub(super) mod tests {
                 .replace("{empty}", "16")
                 .as_str()));
         assert!(g.src.contains("mapa.shared::cluster.u32 r, %0, %1;"));
-        assert!(g.src.contains(r#""r"(e), "r"(crank ^ 1)"#));
+        assert!(g.src.contains(r#""r"(e), "r"(apeer)"#));
+        assert!(!g.src.contains(r#""r"(e), "r"(bpeer)"#));
         // The cluster meets after the barriers' initialisation and before either block leaves.
         let sync = g.src.find("barrier.cluster.wait.acquire;").expect("sync");
         assert!(sync < g.src.find("GRID_SYNC();").expect("wait"));
@@ -1958,6 +2036,56 @@ pub(super) mod tests {
         let mut g = Gen::new(false);
         g.qigemm(Arg::Val(0), 1, &p, t.split_serial(2));
         assert!(!g.src.contains("multicast"));
+    }
+
+    #[test]
+    fn multicast_b_pairs_pixel_blocks_and_pads_an_odd_grid() {
+        // 2 x 8 x 8 = 128 pixels: one 128-row pixel block, which needs no row guard alone.
+        let mut p = parts(256, 256, 256, false);
+        (p.geom.kh, p.geom.kw, p.geom.pt, p.geom.pl) = (1, 1, 0, 0);
+        (p.geom.h, p.geom.w, p.geom.oh, p.geom.ow) = (8, 8, 8, 8);
+        let unicast = WG_TILINGS[1].with_tma();
+        let mut g = Gen::new(false);
+        g.qigemm(Arg::Val(0), 1, &p, unicast);
+        assert!(!g.src.contains("m0 + r < 128"));
+        let t = unicast.with_multicast_b();
+        assert_eq!(t.to_string(), "wg128x128/6 tma mcB");
+        let mut g = Gen::new(false);
+        let k = g.qigemm(Arg::Val(0), 1, &p, t);
+        // A second pixel block past the end pairs with the first: it loads zeros (TMA fills
+        // rows past the tensor) and its stores are guarded off.
+        assert_eq!(k.launch.expect("tiled launch").grid, (2, 2, 1));
+        assert!(g.src.contains("__cluster_dims__(2, 1, 1)"));
+        assert!(g.src.contains("m0 + r < 128"));
+        // Half weight tiles, by the block's x place, to both pixel blocks' rings.
+        assert_eq!((g.maps[0].box_rows, g.maps[1].box_rows), (128, 64));
+        assert!(g.src.contains(
+            r#""r"(sa + 128 * 64 + cx * 4096), "l"(p6), "r"(kt * 64), "r"(ln0 + cx * 64), "r"(fb), "h"((unsigned short)(bmask))"#
+        ));
+        assert!(g.src.contains(r#""r"(e), "r"(bpeer)"#));
+        assert!(!g.src.contains(r#""r"(e), "r"(apeer)"#));
+        // Both: a 2×2 cluster whose "empty" barriers count three blocks' math warps (its own,
+        // its A peer's and its B peer's), each of which releases on all three.
+        let both = t.with_multicast();
+        assert_eq!(both.to_string(), "wg128x128/6 tma mcAB");
+        let mut g = Gen::new(false);
+        let k = g.qigemm(Arg::Val(0), 1, &p, both);
+        assert_eq!(k.launch.expect("tiled launch").grid, (2, 2, 1));
+        assert!(g.src.contains("__cluster_dims__(2, 2, 1)"));
+        assert!(g
+            .src
+            .contains("apeer = cx + (cy ^ 1u) * 2, bpeer = (cx ^ 1u) + cy * 2;"));
+        assert_eq!((g.maps[0].box_rows, g.maps[1].box_rows), (64, 64));
+        assert!(g.src.contains(r#""r"(bar0 + (6 + s) * 8), "r"(24));"#));
+        assert!(g.src.contains(r#""r"(e), "r"(apeer)"#) && g.src.contains(r#""r"(e), "r"(bpeer)"#));
+        // Tilings with either kind: B alone everywhere, A (alone and with B) only where the
+        // channel blocks pair up; none of a split or a unicast cp.async tiling.
+        let tilings = [unicast, WG_TILINGS[1], unicast.split_serial(2)];
+        assert_eq!(
+            multicast_versions(&tilings, 128, 256),
+            vec![t, unicast.with_multicast(), both]
+        );
+        assert_eq!(multicast_versions(&tilings, 128, 384), vec![t]);
     }
 
     #[test]

@@ -1594,9 +1594,8 @@ impl Builder<'_> {
             .collect()
     }
 
-    /// Multicast pairs of the TMA tilings among `tilings` worth timing for `parts`
-    /// (`VIGIL_CUDA_MULTICAST`): those whose grid has an even number of channel blocks, so
-    /// every cluster is whole.
+    /// Multicast versions of the TMA tilings among `tilings` worth timing for `parts`
+    /// (`VIGIL_CUDA_MULTICAST`): [`multicast_versions`].
     pub(super) fn multicast_tilings(&self, parts: &QConvParts, tilings: &[Tiling]) -> Vec<Tiling> {
         if self.multicast == PathMode::Off {
             return Vec::new();
@@ -1605,11 +1604,7 @@ impl Builder<'_> {
             parts.geom.n * parts.geom.oh * parts.geom.ow,
             parts.geom.cout,
         );
-        tilings
-            .iter()
-            .filter(|t| t.tma && t.splits == 1 && t.grid(m, n).1.is_multiple_of(2))
-            .map(|t| t.with_multicast())
-            .collect()
+        multicast_versions(tilings, m, n)
     }
 
     /// Serial K splits worth timing for `parts` ([`serial_tilings`]; TMA-fed too where

@@ -12,10 +12,11 @@ use cudarc::driver::{result as drv, sys, CudaContext, CudaEvent, CudaGraph, Cuda
 
 use super::codegen::{
     b2b_fits, b2b_smem, dequantize_pool_quantize_fits, halo_fits, igemm_fits, igemm_smem,
-    narrow_dequantize_fits, narrow_gemm_fits, probe_variant, quantize_transpose_fits,
-    serial_tilings, space_to_depth_bytes, stem_pool_fits, stem_pool_smem, tma_fits, Arg, B2bShape,
-    Gen, GenKernel, Im2col, LaunchDims, Probe, QConvParts, StemPool, TensorMap2d, Tiling,
-    B2B_SHAPES, DEEP_HALO_TILINGS, DEEP_WG_TILINGS, HALO_TILINGS, TILINGS, WG_TILINGS,
+    multicast_versions, narrow_dequantize_fits, narrow_gemm_fits, probe_variant,
+    quantize_transpose_fits, serial_tilings, space_to_depth_bytes, stem_pool_fits, stem_pool_smem,
+    tma_fits, Arg, B2bShape, Gen, GenKernel, Im2col, LaunchDims, Probe, QConvParts, StemPool,
+    TensorMap2d, Tiling, B2B_SHAPES, DEEP_HALO_TILINGS, DEEP_WG_TILINGS, HALO_TILINGS, TILINGS,
+    WG_TILINGS,
 };
 use super::device::{
     alloc_arena, drv_err, igemm_capable, programmatic_launch_capable, upload_tensor_maps, Arena,
