@@ -28,6 +28,9 @@ export VIGIL_ONNX_NODE_TESTS
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
+# The engine without its default `cuda` feature (a CPU-only build) lints clean too; the CUDA
+# test files compile to nothing there.
+cargo clippy -p vigil-engine --no-default-features --all-targets -- -D warnings
 # The API docs build without a broken or private link.
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 cargo test --workspace -- --nocapture 2>&1 | tee target/test-output.log

@@ -23,7 +23,7 @@ use vigil_engine::memory::{
 mod fake_region;
 #[path = "common/workload.rs"]
 mod workload;
-use fake_region::{FakePagedRegion, FakeRegion, PAGED_ADDRESS};
+use fake_region::{FakePagedRegion, FakeRegion};
 use workload::{window_peak_live, Workload, TABLE, WINDOW};
 
 /// Region of the pools in the first run of each row.
@@ -519,6 +519,7 @@ fn pool_rows<R: Region>(
 mod device {
     //! cuMemAllocAsync/cuMemFreeAsync on the device's default memory pool, and the fixed pool
     //! over a cudaMalloc'd region with a CUDA-event clock.
+    use super::fake_region::PAGED_ADDRESS;
     use super::*;
     use cudarc::driver::{result, sys, CudaContext, CudaStream};
     use vigil_engine::memory::cuda::{

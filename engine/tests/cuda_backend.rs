@@ -1,6 +1,7 @@
 //! The CUDA backend against the CPU backend: both shared models, per-op ONNX conformance cases,
 //! and zero device allocations in the steady state. Every test skips (with a visible message)
 //! on machines without a usable CUDA device.
+#![cfg(feature = "cuda")]
 
 use std::path::{Path, PathBuf};
 

@@ -9,6 +9,7 @@
 //! synthetic outputs and on random boxes (same classes and order, boxes within 1e-3), and the
 //! model facade's GPU path (a CUDA model's `Preprocessor`) against the CPU path on the eval photos.
 //! Every test skips (with a visible message) without a usable CUDA device.
+#![cfg(feature = "cuda")]
 
 use std::path::PathBuf;
 use std::time::Instant;
