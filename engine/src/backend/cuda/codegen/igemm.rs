@@ -583,9 +583,9 @@ pub(super) fn ws_barriers(t: Tiling, at: usize) -> String {
         full = if t.tma { 1 } else { 2 * t.load_threads() },
         empty = t.writers() * t.math_threads() / 32,
         sync = if t.clustered() {
-            CLUSTER_SYNC
+            format!("{CLUSTER_ARRIVE}\n  {CLUSTER_WAIT}")
         } else {
-            "__syncthreads();"
+            "__syncthreads();".into()
         },
     )
 }
@@ -730,10 +730,40 @@ fn ws_release(t: Tiling, when: &str) -> String {
     )
 }
 
-/// Every thread of both blocks of a cluster waits here for all of them (release/acquire, so
-/// mbarrier initialisation and earlier shared-memory use are seen by the other block).
-const CLUSTER_SYNC: &str = "asm volatile(\"barrier.cluster.arrive.release;\" ::: \"memory\");\n  \
-     asm volatile(\"barrier.cluster.wait.acquire;\" ::: \"memory\");";
+/// A multicast block's threads arrive at the cluster barrier (release: what they did before,
+/// such as mbarrier initialisation or remote arrivals, is seen by the blocks that wait) ...
+const CLUSTER_ARRIVE: &str = "asm volatile(\"barrier.cluster.arrive.release;\" ::: \"memory\");";
+/// ... and wait until every thread of every block of the cluster has arrived.
+const CLUSTER_WAIT: &str = "asm volatile(\"barrier.cluster.wait.acquire;\" ::: \"memory\");";
+
+/// A multicast block's place in its cluster (`cx`, `cy`; ranks run x-major) and, per shared
+/// operand, its peer's rank (`apeer` differs in y, `bpeer` in x) and the mask of the two blocks
+/// its half-tile copies go to (`amask`, `bmask`); nothing for other tilings.
+fn cluster_places(t: Tiling) -> String {
+    if !t.clustered() {
+        return String::new();
+    }
+    let cm = t.cluster_dims().0;
+    let mut s = String::from(
+        "  unsigned int crank, cx, cy;\n  \
+         asm(\"mov.u32 %0, %%cluster_ctarank;\" : \"=r\"(crank));\n  \
+         asm(\"mov.u32 %0, %%cluster_ctaid.x;\" : \"=r\"(cx));\n  \
+         asm(\"mov.u32 %0, %%cluster_ctaid.y;\" : \"=r\"(cy));\n",
+    );
+    if t.multicast {
+        let _ = writeln!(
+            s,
+            "  const unsigned int apeer = cx + (cy ^ 1u) * {cm}, amask = (1u << crank) | (1u << apeer);"
+        );
+    }
+    if t.multicast_b {
+        let _ = writeln!(
+            s,
+            "  const unsigned int bpeer = (cx ^ 1u) + cy * {cm}, bmask = (1u << crank) | (1u << bpeer);"
+        );
+    }
+    s
+}
 
 /// The K loop of a warp-specialized wgmma tiling: the loader warps fill slot `it % stages`
 /// (`load(slot, k step)`) once the math warps have released it and signal its "full" barrier;
@@ -1433,17 +1463,17 @@ impl Gen {
   {fetch0}
 {prologue}  const int m0 = lm0, n0 = ln0;
 {tile_body}{arrive}{reduce}{epilogue}{wait}"#,
-                // A multicast block may leave only once the other one's math warps have
-                // released their last slots on its barriers.
+                // A multicast block may leave only once its peers' math warps have released
+                // their last slots on its barriers.
                 arrive = if t.clustered() {
-                    "  asm volatile(\"barrier.cluster.arrive.release;\" ::: \"memory\");\n"
+                    format!("  {CLUSTER_ARRIVE}\n")
                 } else {
-                    ""
+                    String::new()
                 },
                 wait = if t.clustered() {
-                    "  asm volatile(\"barrier.cluster.wait.acquire;\" ::: \"memory\");\n"
+                    format!("  {CLUSTER_WAIT}\n")
                 } else {
-                    ""
+                    String::new()
                 },
                 fetch0 = fetch(""),
                 early = if t.tma {
@@ -1522,22 +1552,7 @@ extern "C" __global__ void __launch_bounds__({bounds}){cluster_dims} {name}({pli
             } else {
                 String::new()
             },
-            crank = if t.clustered() {
-                // Ranks run x-major: the A peer differs in y, the B peer in x; each half-tile
-                // copy goes to the block itself and its peer.
-                format!(
-                    "  unsigned int crank, cx, cy;\n  \
-                     asm(\"mov.u32 %0, %%cluster_ctarank;\" : \"=r\"(crank));\n  \
-                     asm(\"mov.u32 %0, %%cluster_ctaid.x;\" : \"=r\"(cx));\n  \
-                     asm(\"mov.u32 %0, %%cluster_ctaid.y;\" : \"=r\"(cy));\n  \
-                     const unsigned int apeer = cx + (cy ^ 1u) * {cm}, bpeer = (cx ^ 1u) + cy * {cm};\n  \
-                     const unsigned int amask = (1u << crank) | (1u << apeer), bmask = (1u << crank) | (1u << bpeer);\n  \
-                     (void)apeer; (void)bpeer; (void)amask; (void)bmask;\n",
-                    cm = t.cluster_dims().0
-                )
-            } else {
-                String::new()
-            },
+            crank = cluster_places(t),
             ohw = oh * ow,
             hw = h * w,
             smem_decl = ring_smem(),
@@ -2008,6 +2023,7 @@ pub(super) mod tests {
             .src
             .contains(r#""r"(sa + cy * 4096), "l"(p5), "r"(kt * 64), "r"(lm0 + cy * 64), "r"(fb), "h"((unsigned short)(amask))"#));
         assert!(g.src.contains("apeer = cx + (cy ^ 1u) * 1,"));
+        assert!(!g.src.contains("bpeer"));
         // The slot still expects its whole 16 KiB (half of A from each block, B from itself).
         assert!(g.src.contains(r#""r"(fb), "r"(16384) : "memory");"#));
         // "Empty" barriers count both blocks' eight math warps; each warp releases a slot on
@@ -2072,9 +2088,8 @@ pub(super) mod tests {
         let k = g.qigemm(Arg::Val(0), 1, &p, both);
         assert_eq!(k.launch.expect("tiled launch").grid, (2, 2, 1));
         assert!(g.src.contains("__cluster_dims__(2, 2, 1)"));
-        assert!(g
-            .src
-            .contains("apeer = cx + (cy ^ 1u) * 2, bpeer = (cx ^ 1u) + cy * 2;"));
+        assert!(g.src.contains("apeer = cx + (cy ^ 1u) * 2,"));
+        assert!(g.src.contains("bpeer = (cx ^ 1u) + cy * 2,"));
         assert_eq!((g.maps[0].box_rows, g.maps[1].box_rows), (64, 64));
         assert!(g.src.contains(r#""r"(bar0 + (6 + s) * 8), "r"(24));"#));
         assert!(g.src.contains(r#""r"(e), "r"(apeer)"#) && g.src.contains(r#""r"(e), "r"(bpeer)"#));
