@@ -58,8 +58,8 @@ fn tiling_fields(t: &Tiling) -> String {
 
 /// Parses [`tiling_fields`]' form (the fifteenth field holds [`Tiling::multicast`] in bit 0
 /// and [`Tiling::multicast_b`] in bit 1), the fourteen fields written before multicast tilings
-/// (neither), the thirteen written before [`Tiling::serial`] (not serial), the twelve written before [`Tiling::tma`] (not TMA),
-/// the eleven written before [`Tiling::min_blocks`] (none), or the nine written before
+/// (neither), the thirteen written before [`Tiling::serial`] (not serial), the twelve written
+/// before [`Tiling::tma`] (not TMA), the eleven written before [`Tiling::min_blocks`] (none), or the nine written before
 /// warp-specialized and halo tilings (neither); None for anything else.
 fn parse_tiling(s: &str) -> Option<Tiling> {
     let v: Vec<usize> = s
@@ -75,6 +75,9 @@ fn parse_tiling(s: &str) -> Option<Tiling> {
     };
     // The flags added one at a time since: TMA, serial, multicast (absent: off).
     let [tma, serial, multicast] = [12, 13, 14].map(|i| v.get(i).copied().unwrap_or(0));
+    if multicast > 3 {
+        return None;
+    }
     let [warps_m, warps_n, wm, wn, stages, wgmma, splits, ctas, cluster] = nine[..] else {
         return None;
     };
@@ -98,11 +101,8 @@ fn parse_tiling(s: &str) -> Option<Tiling> {
         halo: flag(halo)?,
         min_blocks,
         tma: flag(tma)?,
-        multicast: flag(multicast & 1)?,
-        multicast_b: match multicast {
-            0..=3 => multicast >> 1 == 1,
-            _ => return None,
-        },
+        multicast: multicast & 1 != 0,
+        multicast_b: multicast & 2 != 0,
     })
 }
 
@@ -272,10 +272,12 @@ mod tests {
         let thirteen = tma.split(' ').take(13).collect::<Vec<_>>().join(" ");
         // And from before multicast pairs (fourteen fields, read as unicast).
         let fourteen = tma.split(' ').take(14).collect::<Vec<_>>().join(" ");
+        // A multicast field with bits beyond A and B is not a tiling.
+        let bad_flags = format!("{fourteen} 4");
         let body = format!(
             "dev\tshort\t1 2 3\t0.1\ndev\tbad\t{}\tfast\ndev\tnine\t{nine}\t0.5\n\
              dev\televen\t{eleven}\t0.6\ndev\ttwelve\t{twelve}\t0.7\n\
-             dev\tthirteen\t{thirteen}\t0.8\ndev\tfourteen\t{fourteen}\t0.9\n{good}\n",
+             dev\tthirteen\t{thirteen}\t0.8\ndev\tfourteen\t{fourteen}\t0.9\ndev\tflags\t{bad_flags}\t0.95\n{good}\n",
             tiling_fields(&TILINGS[1])
         );
         std::fs::write(&path, format!("{}\n{body}", header())).expect("write");
@@ -294,6 +296,7 @@ mod tests {
             c.get("dev", "fourteen"),
             Some((WG_TILINGS[1].with_tma(), 0.9))
         );
+        assert!(c.get("dev", "flags").is_none());
         // Another version's file: nothing is read, and the first record starts it afresh.
         std::fs::write(&path, format!("vigil-cuda-timing-cache 0 old\n{good}\n")).expect("write");
         let mut c = TimingCache::open(&path);

@@ -96,10 +96,10 @@ pub(super) struct Builder<'a> {
     /// fill whole waves (`VIGIL_CUDA_SERIAL`: off unless `1` measures them or `force` takes
     /// only those where they apply).
     pub(super) serial: PathMode,
-    /// Whether TMA tilings whose grid has an even number of channel blocks are also timed as
-    /// multicast pairs (two channel blocks in a cluster share each A tile:
-    /// [`Tiling::multicast`]; `VIGIL_CUDA_MULTICAST`: off unless `1` measures them or `force`
-    /// takes only those where they apply).
+    /// Whether TMA tilings are also timed in multicast clusters (blocks that share an A or a
+    /// B tile copy half of it each into both rings: [`Tiling::multicast`],
+    /// [`Tiling::multicast_b`]; `VIGIL_CUDA_MULTICAST`: off unless `1` measures them or
+    /// `force` takes only those where they apply).
     pub(super) multicast: PathMode,
     /// What a library (cuBLASLt) step is charged against an implicit GEMM beyond their own
     /// timings, in ms, where programmatic launch is on (`VIGIL_CUDA_LIB_STEP_US`, negative
@@ -144,8 +144,8 @@ pub fn serial_split_kernels() -> usize {
 pub(super) static MULTICASTS: std::sync::atomic::AtomicUsize =
     std::sync::atomic::AtomicUsize::new(0);
 
-/// How many implicit-GEMM kernels with their A tiles multicast across a two-block cluster
-/// executables of this process have taken, for tests and reports.
+/// How many implicit-GEMM kernels with A or B tiles multicast across a cluster executables of
+/// this process have taken, for tests and reports.
 pub fn multicast_kernels() -> usize {
     MULTICASTS.load(std::sync::atomic::Ordering::Relaxed)
 }
@@ -1430,7 +1430,7 @@ impl Builder<'_> {
         if t.serial {
             SERIAL_SPLITS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
-        if t.multicast {
+        if t.clustered() {
             MULTICASTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         self.scratch[idx] = partials + s2d.map_or(0, |sp| alit(space_to_depth_bytes(sp)));
